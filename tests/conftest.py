@@ -1,0 +1,82 @@
+"""Shared fixtures: tiny random models of each supported family, and the real offline model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+TINY = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+)
+
+CONFIGS = {
+    "llama": lambda: LlamaConfig(**TINY),
+    "mistral": lambda: MistralConfig(**TINY, sliding_window=None),
+    "qwen2": lambda: Qwen2Config(**TINY),
+    "qwen3": lambda: Qwen3Config(**TINY, head_dim=16),
+}
+
+
+def make_tiny(family: str, *, seed: int = 0, attn_implementation: str = "eager", **overrides):
+    """A tiny random causal LM of ``family`` (weights seeded, float32, eval mode)."""
+    if family == "gpt2":
+        config = GPT2Config(
+            vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0, **overrides
+        )
+    else:
+        config = CONFIGS[family]()
+        for key, value in overrides.items():
+            setattr(config, key, value)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+    return model.eval()
+
+
+@pytest.fixture(params=sorted(CONFIGS))
+def tiny_family(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def tiny_model(tiny_family):
+    return make_tiny(tiny_family)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of the real offline SmolLM2-135M (float32, eval). Skips if not installed."""
+    from hf_posenc.offline import smollm2_gguf
+
+    try:
+        folder, name = smollm2_gguf()
+    except FileNotFoundError as error:
+        pytest.skip(str(error))
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    return model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def essay_ids(smollm2) -> torch.Tensor:
+    """The bundled essays joined and tokenized once: a (1, ~154k) LongTensor."""
+    from hf_posenc.offline import essays_dir
+
+    _, tokenizer = smollm2
+    text = "\n\n".join(p.read_text(encoding="utf-8") for p in sorted(essays_dir().glob("*.txt")))
+    return tokenizer(text, return_tensors="pt").input_ids

@@ -106,9 +106,16 @@ def _check_rope_model(model: nn.Module, method: Method) -> list[nn.Module]:
 
 
 def _trained_context(config: Any, params: dict[str, Any]) -> int:
+    """``L``: given, else recorded by the config (``original_max_position_embeddings``), else guessed
+    from ``max_position_embeddings`` with a log line."""
     given = params.pop("original_max_position_embeddings", None)
     if given is not None:
         return given
+    recorded = config.rope_parameters.get("original_max_position_embeddings") or getattr(
+        config, "original_max_position_embeddings", None
+    )
+    if recorded:
+        return recorded
     context = config.max_position_embeddings
     logger.warning(
         "hf_posenc: original_max_position_embeddings not given; using the config's max_position_embeddings "

@@ -77,6 +77,7 @@ class _Plan:
     updates: dict[str, Any]
     modules: list[nn.Module]
     native: bool
+    ours: Callable[[int | None], tuple[torch.Tensor, float]]  # our float64 math for this model
 
 
 def _check_rope_model(model: nn.Module, method: Method) -> list[nn.Module]:
@@ -183,7 +184,7 @@ def _plan(model: nn.Module, method_name: str, params: dict[str, Any]) -> _Plan:
     if not native:
         rope_parameters = own_rope_parameters(method, resolved, config)
     updates = config_updates(method, resolved, config, rope_parameters)
-    return _Plan(method, resolved, updates, modules, native)
+    return _Plan(method, resolved, updates, modules, native, ours)
 
 
 def _frequency_source(plan: _Plan, config: Any) -> Frequencies:
@@ -195,10 +196,9 @@ def _frequency_source(plan: _Plan, config: Any) -> Frequencies:
     if plan.native:
         module = plan.modules[0]
         return lambda seq_len, device: transformers_frequencies(config, module, seq_len, device)
-    head_dim, base = rotary_dim(config), config.rope_parameters["rope_theta"]
 
     def ours(seq_len, device):
-        inv_freq, factor = plan.method.frequencies(plan.params, head_dim=head_dim, base=base, seq_len=seq_len)
+        inv_freq, factor = plan.ours(seq_len)
         return inv_freq.to(device=device, dtype=torch.float32), factor
 
     return ours

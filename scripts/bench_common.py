@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import platform
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -56,12 +57,15 @@ def synchronize(device: torch.device) -> None:
 
 
 def time_rounds(variants: dict[str, Callable[[], object]], device: torch.device, repeats: int) -> dict[str, float]:
-    """Median seconds per call of each variant, measured in interleaved rounds (drift hits all alike)."""
+    """Median seconds per call of each variant, measured in interleaved rounds in a shuffled order
+    (drift and the position within a round hit all variants alike)."""
     for run in variants.values():  # warm-up
         run()
     times: dict[str, list[float]] = {name: [] for name in variants}
+    order = random.Random(0)
     for _ in range(repeats):
-        for name, run in variants.items():
+        for name in order.sample(list(variants), len(variants)):
+            run = variants[name]
             synchronize(device)
             start = time.perf_counter()
             run()

@@ -227,3 +227,42 @@ def test_trained_context_recorded_by_the_config_is_used(caplog):
         hf_posenc.patch(model, "yarn", factor=2)
     assert "trained context" not in caplog.text
     assert hf_posenc.get_patch(model).params["original_max_position_embeddings"] == 32
+
+
+GENERIC = {
+    "gpt_neox": lambda T: T.GPTNeoXConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64, rotary_pct=0.5),
+    "phi": lambda T: T.PhiConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64, partial_rotary_factor=0.5),
+    "gemma": lambda T: T.GemmaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("model_type", sorted(GENERIC))
+def test_other_rope_decoders_are_patched_by_the_same_code(model_type, ids):
+    """Not in the architecture table: found by their rotary module (GPT-NeoX and Phi rotate only half the head)."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(GENERIC[model_type](transformers)).eval()
+    rotary = next(m for m in model.modules() if "inv_freq" in m._buffers)
+    d = 2 * rotary.inv_freq.numel()
+    with torch.no_grad():
+        reference = model(ids).logits
+    before = snapshot(model)
+    hf_posenc.patch(model, "yarn", factor=4)
+    inv_freq, _ = paper.yarn(d, 10000.0, L, 4)
+    torch.testing.assert_close(rotary.inv_freq.double(), torch.tensor(inv_freq, dtype=torch.float64), rtol=1e-6, atol=0)
+    with torch.no_grad():
+        assert (model(ids).logits - reference).abs().max() > 1e-3
+    hf_posenc.unpatch(model)
+    assert_same(before, snapshot(model))
+
+
+def test_per_layer_type_rope_is_refused_clearly():
+    import transformers
+
+    config = transformers.Gemma3TextConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="no rotary-embedding module hf_posenc can patch.*Gemma 3"):
+        hf_posenc.patch(model, "yarn", factor=4)
+    assert_same(before, snapshot(model))

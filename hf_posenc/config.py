@@ -99,13 +99,23 @@ def transformers_frequencies(
 
 
 def own_rope_init(config: Any, device: Any = None, seq_len: Any = None, layer_type: Any = None):
-    """transformers rope-init function for hf_posenc's rope types (``ROPE_INIT_FUNCTIONS`` signature)."""
-    rope = config.rope_parameters
-    params = {key: value for key, value in rope.items() if key not in _OWN_KEYS}
+    """transformers rope-init function for hf_posenc's rope types (``ROPE_INIT_FUNCTIONS`` signature).
+
+    Reads the ``hf_posenc`` record when the config has one (a patched model whose rotary modules
+    transformers re-initializes), else the method written into ``rope_parameters``.
+    """
+    record = getattr(config, CONFIG_KEY, None)
+    if record:
+        method, params = record["method"], record["params"]
+        base = record["base"]["rope_parameters"]["rope_theta"]
+    else:
+        rope = config.rope_parameters
+        method, base = rope["method"], rope["rope_theta"]
+        params = {key: value for key, value in rope.items() if key not in _OWN_KEYS}
     inv_freq, attention = rope_frequencies(
-        rope["method"],
+        method,
         head_dim=rotary_dim(config),
-        base=rope["rope_theta"],
+        base=base,
         seq_len=None if seq_len is None else int(seq_len),
         **params,
     )

@@ -33,7 +33,6 @@ from .registry import Method, get_method
 
 logger = logging.getLogger("hf_posenc")
 
-PATCHED_ROPE_TYPE = OWN_ROPE_TYPE  # what a patched rotary module reports: transformers' decorator skips it
 NATIVE_RTOL = 1e-5  # transformers' float32 math against ours in float64
 _MISSING = object()
 
@@ -251,6 +250,9 @@ def _apply(model: nn.Module, plan: _Plan) -> None:
         for key, value in plan.updates.items():
             setattr(config, key, copy.deepcopy(value))
         source = _frequency_source(plan, config)
+        # What the patched modules report as rope_type: transformers' dynamic decorator skips both
+        # kinds, and its weight init rebuilds them exactly (native static type, or ours via the record).
+        module_rope_type = record.info.rope_type if plan.native and not plan.method.dynamic else OWN_ROPE_TYPE
         for module in plan.modules:
             before = _snapshot(module)
             record.modules_before.append((module, before))
@@ -258,7 +260,7 @@ def _apply(model: nn.Module, plan: _Plan) -> None:
             module.inv_freq = inv_freq
             module.original_inv_freq = inv_freq.clone()
             module.attention_scaling = factor
-            module.rope_type = PATCHED_ROPE_TYPE
+            module.rope_type = module_rope_type
             if plan.method.dynamic:
                 module.forward = _dynamic_forward(module, source, plan, before)
     except BaseException:

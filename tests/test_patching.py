@@ -266,3 +266,14 @@ def test_per_layer_type_rope_is_refused_clearly():
     with pytest.raises(ValueError, match="no rotary-embedding module hf_posenc can patch.*Gemma 3"):
         hf_posenc.patch(model, "yarn", factor=4)
     assert_same(before, snapshot(model))
+
+
+@pytest.mark.parametrize("method", hf_posenc.available_methods())
+def test_transformers_weight_init_rebuilds_the_patched_frequencies(method):
+    """transformers' _init_weights recomputes rotary buffers from module.rope_type and the config."""
+    model = make_tiny("llama")
+    hf_posenc.patch(model, method, **method_params(method, 8))
+    rotary = model.model.rotary_emb
+    before = rotary.inv_freq.clone()
+    model._init_weights(rotary)
+    torch.testing.assert_close(rotary.inv_freq, before, rtol=1e-6, atol=0)

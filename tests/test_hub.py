@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 import tempfile
 import traceback
+from pathlib import Path
 
 import pytest
 import torch
@@ -180,3 +184,45 @@ def test_config_only_push_needs_a_hub_base(fake_hub, tmp_path):
     with pytest.raises(ValueError, match="needs the Hub id of the base model"):
         hub.push_to_hub(model, "me/tiny-yarn")
     assert fake_hub.requests == []
+
+
+CLI = """
+import argparse, sys
+from hf_posenc import hub_cli
+parser = argparse.ArgumentParser(prog="hf-posenc")
+hub_cli.add_parser(parser.add_subparsers(required=True))
+args = parser.parse_args(sys.argv[1:])
+sys.exit(args.func(args))
+"""
+
+
+def run_cli(*argv: str) -> subprocess.CompletedProcess:
+    """The subcommands in a fresh interpreter, where HF_ENDPOINT is read at import as for a user."""
+    env = {**os.environ, "PYTHONPATH": str(Path(hf_posenc.__file__).parents[1])}
+    return subprocess.run([sys.executable, "-c", CLI, *argv], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_push_and_card(fake_hub, tmp_path):
+    upload_base()
+    results = write_results(tmp_path, {"yarn:factor=4": YARN_PPL, "none": BASE_PPL})
+    method = ["--model", BASE_REPO, "--method", "yarn:factor=4,original_max_position_embeddings=64"]
+    push = [*method, "--repo", "me/cli-yarn", "--results", str(results), "--private", "--revision", "exp"]
+
+    done = run_cli("push", *push, "--commit-message", "from the CLI")
+    assert done.returncode == 0, done.stderr
+    repo = fake_hub.repos["me/cli-yarn"]
+    assert repo.private and repo.messages[repo.branches["exp"]] == "from the CLI"
+    assert done.stdout.strip().endswith(repo.branches["exp"])  # prints the commit URL
+    pushed = fake_hub.files("me/cli-yarn", "exp")
+    assert json.loads(pushed["config.json"])["rope_parameters"]["rope_type"] == "yarn"
+    assert not any(r.path.endswith(".safetensors") for r in fake_hub.requests)  # config-only: no weights read
+
+    card = tmp_path / "card.md"
+    done = run_cli("card", *method, "--repo", "me/cli-yarn", "--results", str(results), "--output", str(card))
+    assert done.returncode == 0, done.stderr
+    assert card.read_bytes() == pushed["README.md"]  # the card renders exactly what push pushes
+
+    wrong = "hf_WrongCliTokenThatMustNeverBePrinted7"
+    failed = run_cli("push", *push, "--token", wrong)
+    assert failed.returncode == 1 and "401" in failed.stderr
+    assert wrong not in failed.stderr + failed.stdout

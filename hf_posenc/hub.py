@@ -52,7 +52,7 @@ class HubPushError(HubError):
 
 
 @dataclass(frozen=True)
-class BaseModel:
+class BaseRef:
     """The Hub repo and commit the patched model's weights come from."""
 
     repo_id: str
@@ -152,7 +152,7 @@ class _PushPlan:
     record: PatchRecord
     eval_table: EvalTable | None
     base_id: str
-    base: BaseModel | None
+    base: BaseRef | None
     with_weights: bool
     license_info: dict[str, str]
 
@@ -283,11 +283,11 @@ def _is_hub_id(name: str | None) -> bool:
     return bool(name) and not Path(name).exists() and name.count("/") <= 1
 
 
-def _resolve_base(api: HfApi, repo_id: str, revision: str | None) -> BaseModel:
+def _resolve_base(api: HfApi, repo_id: str, revision: str | None) -> BaseRef:
     """The base model's commit for ``revision`` and the license fields of its card."""
     info = api.model_info(repo_id, revision=revision)
     card = info.card_data.to_dict() if info.card_data else {}
-    return BaseModel(
+    return BaseRef(
         repo_id=repo_id,
         revision=info.sha,
         license_info={key: card[key] for key in _LICENSE_FIELDS if card.get(key)},
@@ -296,8 +296,8 @@ def _resolve_base(api: HfApi, repo_id: str, revision: str | None) -> BaseModel:
 
 @contextlib.contextmanager
 def _config_restored(model: PreTrainedModel) -> Iterator[None]:
-    """``save_pretrained`` fills in ``config.architectures`` and ``dtype``; put the config back after."""
-    before = copy.deepcopy(model.config.__dict__)
+    """``save_pretrained`` assigns ``config.architectures`` and ``dtype``; put the old values back after."""
+    before = dict(model.config.__dict__)
     try:
         yield
     finally:

@@ -218,3 +218,12 @@ def test_unpatch_follows_a_device_or_dtype_move(ids):
     hf_posenc.unpatch(model)
     restored = model.model.rotary_emb.inv_freq
     assert restored.dtype == torch.float64 and torch.equal(restored, original.double())
+
+
+def test_trained_context_recorded_by_the_config_is_used(caplog):
+    model = make_tiny("llama")
+    model.config.original_max_position_embeddings = 32  # Phi-3 style: recorded outside rope_parameters
+    with caplog.at_level(logging.WARNING, logger="hf_posenc"):
+        hf_posenc.patch(model, "yarn", factor=2)
+    assert "trained context" not in caplog.text
+    assert hf_posenc.get_patch(model).params["original_max_position_embeddings"] == 32

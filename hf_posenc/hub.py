@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx2
 from huggingface_hub import CommitInfo, HfApi, ModelCard, get_token, hf_hub_download
-from huggingface_hub.errors import RemoteEntryNotFoundError
+from huggingface_hub.errors import EntryNotFoundError
 from transformers import AutoConfig, PreTrainedModel
 
 from . import __version__
@@ -33,6 +33,7 @@ METADATA_FILE = "hf_posenc.json"
 METADATA_FORMAT = 1
 RESULTS_FILE = "eval_results.json"
 _LICENSE_FIELDS = ("license", "license_name", "license_link")
+_HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
 
 
 class HubError(RuntimeError):
@@ -236,7 +237,7 @@ def from_pretrained(pretrained_model_name_or_path: str, **kwargs: Any) -> PreTra
         **kwargs: ``revision`` (of this repo), ``token``, ``cache_dir`` and anything
             ``AutoModelForCausalLM.from_pretrained`` takes (``dtype``, ``device_map``, ...).
     """
-    hub_kwargs = {key: kwargs[key] for key in ("revision", "token", "cache_dir") if key in kwargs}
+    hub_kwargs = {key: kwargs[key] for key in _HUB_KWARGS if key in kwargs}
     metadata = read_metadata(pretrained_model_name_or_path, **hub_kwargs)
     if metadata is None or metadata["weights"]:
         return _load_saved_model(pretrained_model_name_or_path, **kwargs)
@@ -251,8 +252,10 @@ def read_metadata(
     revision: str | None = None,
     token: str | None = None,
     cache_dir: str | Path | None = None,
+    local_files_only: bool = False,
 ) -> dict[str, Any] | None:
-    """The ``hf_posenc.json`` record of a repo or folder, or None when it has none."""
+    """The ``hf_posenc.json`` record of a repo or folder, or None when it has none (or, offline, when none
+    is cached: the regular loading path then reports what is missing)."""
     local = Path(pretrained_model_name_or_path)
     if local.is_dir():
         path = local / METADATA_FILE
@@ -262,10 +265,15 @@ def read_metadata(
         try:
             path = Path(
                 hf_hub_download(
-                    pretrained_model_name_or_path, METADATA_FILE, revision=revision, token=token, cache_dir=cache_dir
+                    pretrained_model_name_or_path,
+                    METADATA_FILE,
+                    revision=revision,
+                    token=token,
+                    cache_dir=cache_dir,
+                    local_files_only=local_files_only,
                 )
             )
-        except RemoteEntryNotFoundError:
+        except EntryNotFoundError:  # remote 404, or offline without it in the cache
             return None
     metadata = json.loads(path.read_text(encoding="utf-8"))
     if metadata.get("format") != METADATA_FORMAT:

@@ -237,3 +237,17 @@ def test_local_folders_without_or_with_a_newer_record(tmp_path):
     (tmp_path / hub.METADATA_FILE).write_text(json.dumps({"format": 2, "weights": False, "base_model": "org/x"}))
     with pytest.raises(ValueError, match="Upgrade hf_posenc"):
         hf_posenc.hub.from_pretrained(str(tmp_path))
+
+
+def test_plain_saved_model_on_the_hub_loads_online_then_offline(fake_hub):
+    model = hf_posenc.patch(make_tiny("llama"), "ntk", factor=2, original_max_position_embeddings=64)
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)  # what transformers' own push_to_hub uploads: no hf_posenc.json
+        HfApi(token=TOKEN).create_repo("me/plain")
+        HfApi(token=TOKEN).upload_folder(repo_id="me/plain", folder_path=folder, commit_message="plain")
+    online = hf_posenc.hub.from_pretrained("me/plain", attn_implementation="eager")
+    fake_hub.stop()
+    offline = hf_posenc.hub.from_pretrained("me/plain", attn_implementation="eager", local_files_only=True)
+    for loaded in (online, offline):
+        assert hf_posenc.get_patch(loaded) == hf_posenc.get_patch(model)
+        torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)

@@ -5,7 +5,7 @@ and ``hf_posenc.json``, a small record naming the base model and the exact commi
 from; :func:`from_pretrained` downloads those base weights and applies the config. With
 ``with_weights=True`` the repo holds the full model (safetensors) instead. Everything is written to a
 local temporary folder first and sent in one commit, so a failed push changes nothing locally and
-leaves no half-written commit on the Hub.
+leaves no partial commit on the Hub (the repo itself may have been created, empty).
 """
 
 from __future__ import annotations

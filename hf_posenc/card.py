@@ -20,7 +20,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from hf_posenc.registry import get_method
 from hf_posenc.spec import NONE_METHOD, format_method_spec, parse_method_spec
 
-TEMPLATE_PATH = Path(__file__).resolve().parent.parent / "model_cards" / "posenc_model.md"
+TEMPLATE_PATH = Path(__file__).resolve().parent / "model_cards" / "posenc_model.md"
 PLOT_FILE = "ppl_vs_length.png"
 
 ARXIV_ID = re.compile(r"arXiv (\d{4}\.\d{4,5})")

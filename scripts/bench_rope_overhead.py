@@ -80,6 +80,8 @@ def bench(args: argparse.Namespace) -> dict:
         "benchmark": "rope_overhead",
         "shape": args.shape,
         "dtype": args.dtype,
+        "note": args.note,
+        "repeats": args.repeats,
         **environment(device),
         "results": results,
     }
@@ -95,6 +97,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--note", default="", help="free text stored in the JSON (machine conditions)")
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/rope_overhead.json"))
     args = parser.parse_args(argv)
     args.method = args.method or ["yarn:factor=4", "dynamic-ntk:factor=4", "dynamic-yarn"]

@@ -56,7 +56,12 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_rounds(variants: dict[str, Callable[[], object]], device: torch.device, repeats: int) -> dict[str, float]:
+def time_rounds(
+    variants: dict[str, Callable[[], object]],
+    device: torch.device,
+    repeats: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, float]:
     """Median seconds per call of each variant, measured in interleaved rounds in a shuffled order
     (drift and the position within a round hit all variants alike)."""
     for run in variants.values():  # warm-up
@@ -67,10 +72,10 @@ def time_rounds(variants: dict[str, Callable[[], object]], device: torch.device,
         for name in order.sample(list(variants), len(variants)):
             run = variants[name]
             synchronize(device)
-            start = time.perf_counter()
+            start = clock()
             run()
             synchronize(device)
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return {name: statistics.median(values) for name, values in times.items()}
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -26,6 +27,8 @@ from bench_common import SHAPES, environment, time_rounds, write_json  # noqa: E
 
 import hf_posenc  # noqa: E402
 from hf_posenc.spec import parse_method_spec  # noqa: E402
+
+CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
 
 
 def build_model(shape: str, dtype: torch.dtype, device: torch.device):
@@ -62,7 +65,7 @@ def bench(args: argparse.Namespace) -> dict:
         for length in args.lengths:
             ids = torch.randint(0, model.config.vocab_size, (1, length), device=device)
             variants = {key: forward_with(model, rotary, ids) for key, rotary in rotaries.items()}
-            seconds = time_rounds(variants, device, args.repeats)
+            seconds = time_rounds(variants, device, args.repeats, CLOCKS[args.clock])
             row = {"method": spec, "native": info.native, "length": length}
             row.update({f"{key}_tokens_per_s": round(length / value, 1) for key, value in seconds.items()})
             row.update(
@@ -82,6 +85,7 @@ def bench(args: argparse.Namespace) -> dict:
         "dtype": args.dtype,
         "note": args.note,
         "repeats": args.repeats,
+        "clock": args.clock,
         **environment(device),
         "results": results,
     }
@@ -97,6 +101,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall: elapsed time (GPU); process: this process's CPU time, steadier on a shared CPU",
+    )
     parser.add_argument("--note", default="", help="free text stored in the JSON (machine conditions)")
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/rope_overhead.json"))
     args = parser.parse_args(argv)

@@ -58,6 +58,21 @@ def own_rope_parameters(method: Method, params: Any, config: Any) -> dict[str, A
     }
 
 
+def patch_record(
+    method: str, params: dict[str, Any], native: bool, base: dict[str, Any], **extra: Any
+) -> dict[str, Any]:
+    """The ``config.hf_posenc`` record: the method, its resolved parameters and the base values of every
+    config attribute the patch changed (what :func:`split_patched_config` puts back)."""
+    return {
+        "method": method,
+        "params": params,
+        "native": native,
+        "base": copy.deepcopy(base),
+        **extra,
+        "version": __version__,
+    }
+
+
 def config_updates(method: Method, params: Any, config: Any, rope_parameters: dict[str, Any]) -> dict[str, Any]:
     """New values of the config attributes a patch sets (``rope_parameters``, ``max_position_embeddings``,
     ``hf_posenc``). Static methods announce the extended context ``round(s * L)``; dynamic ones keep
@@ -66,19 +81,11 @@ def config_updates(method: Method, params: Any, config: Any, rope_parameters: di
     factor = getattr(params, "factor", None)
     max_positions = context if method.dynamic or factor is None else round(factor * context)
     native = rope_parameters["rope_type"] not in (OWN_ROPE_TYPE, OWN_DYNAMIC_ROPE_TYPE)
+    base = {"rope_parameters": config.rope_parameters, "max_position_embeddings": config.max_position_embeddings}
     return {
         "rope_parameters": rope_parameters,
         "max_position_embeddings": max_positions,
-        CONFIG_KEY: {
-            "method": method.name,
-            "params": params_to_dict(params),
-            "native": native,
-            "base": {
-                "rope_parameters": copy.deepcopy(config.rope_parameters),
-                "max_position_embeddings": config.max_position_embeddings,
-            },
-            "version": __version__,
-        },
+        CONFIG_KEY: patch_record(method.name, params_to_dict(params), native, base),
     }
 
 
@@ -119,12 +126,16 @@ ROPE_INIT_FUNCTIONS.setdefault(OWN_DYNAMIC_ROPE_TYPE, own_rope_init)
 
 def split_patched_config(config: Any) -> tuple[Any, str | None, dict[str, Any]]:
     """``(base_config, method, params)``: a copy of ``config`` with any hf_posenc patch undone, and the
-    patch it carried (``(copy, None, {})`` for an unpatched config)."""
+    patch it carried (``(copy, None, {})`` for an unpatched config).
+
+    A ``baked`` record (GPT-2 ``pi``: the resampled table is in the weights, the config is plain
+    transformers) describes the model as saved: it loads as is, with nothing to redo.
+    """
     base = copy.deepcopy(config)
     record = getattr(base, CONFIG_KEY, None)
-    if not record:
+    if not record or record.get("baked"):
         return base, None, {}
-    base.rope_parameters = copy.deepcopy(record["base"]["rope_parameters"])
-    base.max_position_embeddings = record["base"]["max_position_embeddings"]
+    for key, value in record["base"].items():
+        setattr(base, key, copy.deepcopy(value))
     delattr(base, CONFIG_KEY)
     return base, record["method"], dict(record["params"])

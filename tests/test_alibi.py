@@ -286,3 +286,17 @@ def test_flex_memory_is_linear_in_length():
     with torch.no_grad():
         model(ids, logits_to_keep=1)
     assert torch.cuda.max_memory_allocated() < 2 * 1024**3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_distances_count_real_tokens_only(backend):
+    """Left padding leaves index distances right; a masked-out stretch inside a row does not. The row
+    with tokens 5..8 masked must give the logits of the row without them: positions from the mask."""
+    model = tiny("llama", backend=backend)
+    ids = torch.randint(1, 97, (1, 30), generator=torch.Generator().manual_seed(10))
+    mask = torch.ones_like(ids)
+    mask[0, 5:9] = 0
+    with torch.no_grad():
+        holed = model(ids, attention_mask=mask).logits[mask.bool()]
+        removed = model(ids[mask.bool()][None]).logits[0]
+    torch.testing.assert_close(holed, removed, rtol=1e-5, atol=1e-5)

@@ -1,9 +1,10 @@
 """ALiBi attention masks for transformers' mask interface: what a mask says, plus each token's position.
 
-The bias ``-m_h * (i - j)`` needs the positions of query ``i`` and key ``j`` *in their own sequence*: with
-left padding the index is not the position. Positions are counted over the 2D attention mask (padding
-does not count), from the cache offsets transformers passes to every mask function; a per-row constant
-cancels in ``i - j``, so sliced caches and sliding windows give the same distances.
+The bias ``-m_h * (i - j)`` needs the positions of query ``i`` and key ``j`` *in their own sequence*, not
+their indices in the batch row. Positions are counted over the 2D attention mask, so masked tokens do not
+count wherever they are (with left padding index differences happen to be right; a masked stretch inside
+a row shows the difference), from the cache offsets transformers passes to every mask function; a per-row
+constant cancels in ``i - j``, so sliced caches and sliding windows give the same distances.
 """
 
 from __future__ import annotations

@@ -33,10 +33,17 @@ def _check_mask(attention_mask: Any, expected: type, backend: str) -> None:
         )
 
 
+def slopes_on(module: nn.Module, device: torch.device) -> torch.Tensor:
+    """The module's float32 slopes on ``device``; moved there once (a plain attribute, not a buffer, so that
+    ``model.to(dtype)`` cannot round them)."""
+    if module.alibi_slopes.device != device:
+        module.alibi_slopes = module.alibi_slopes.to(device)
+    return module.alibi_slopes
+
+
 def alibi_bias(module: nn.Module, distance: torch.Tensor) -> torch.Tensor:
     """``(B, 1, q, kv)`` negative distances -> ``(B, H, q, kv)`` float32 bias ``-m_h * (i - j)``."""
-    slopes = module.alibi_slopes.to(device=distance.device, dtype=torch.float32)
-    return distance * slopes[None, :, None, None]
+    return distance * slopes_on(module, distance.device)[None, :, None, None]
 
 
 def alibi_eager_attention(
@@ -103,7 +110,7 @@ def alibi_flex_attention(
     _check_mask(attention_mask, AlibiBlockMask, "flex")
     if dropout and module.training:
         raise ValueError("The ALiBi flex backend has no attention dropout; use backend='sdpa' or set it to 0.")
-    slopes = module.alibi_slopes.to(device=query.device, dtype=torch.float32)
+    slopes = slopes_on(module, query.device)
     queries, keys = attention_mask.query_positions, attention_mask.key_positions
 
     def score_mod(score, batch, head, q_idx, kv_idx):

@@ -108,8 +108,11 @@ def alibi_flex_mask(
     if attention_mask is not None and not attention_mask.all():
         padding = prepare_padding_mask(attention_mask.to(device=device, dtype=torch.bool), kv_length, kv_offset)
         mask_function = and_masks(mask_function, padding_mask_function(padding))
+    # Offsets as tensors: a compiled mask_mod that captured them as ints would recompile at every decoding
+    # step, and past dynamo's recompile limit fall back to the uncompiled n x n path.
+    offsets = torch.as_tensor(q_offset, device=device), torch.as_tensor(kv_offset, device=device)
     block_mask = create_block_mask(
-        mask_mod=add_offsets_to_mask_function(mask_function, q_offset, kv_offset),
+        mask_mod=add_offsets_to_mask_function(mask_function, *offsets),
         B=batch_size,
         H=None,
         Q_LEN=q_length,

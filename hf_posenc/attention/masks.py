@@ -23,8 +23,6 @@ from transformers.masking_utils import (
     sdpa_mask,
 )
 
-MASKED = torch.finfo(torch.float32).min  # times a slope in (0, 1): large, finite, so no NaN on padded rows
-
 
 def token_positions(
     batch_size: int,
@@ -61,8 +59,9 @@ def alibi_distance_mask(
 
     Returns:
         `torch.Tensor`: ``(B, 1, q, kv)`` float32, ``-(i - j)`` (positions as in :func:`token_positions`)
-        where the query attends to the key, :data:`MASKED` where it does not. The attention function
-        multiplies it by each head's slope.
+        where the query attends to the key, ``-inf`` where it does not. The attention function multiplies
+        it by each head's slope (> 0). A query that may attend to nothing (a padding token) attends to
+        every key instead: its output is unused, and so it stays finite in the forward and the backward.
     """
     allowed = sdpa_mask(
         batch_size=batch_size,
@@ -76,9 +75,10 @@ def alibi_distance_mask(
         use_vmap=use_vmap,
         device=device,
     )  # (B, 1, q, kv) bool
+    allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
     queries, keys = token_positions(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask, device)
     distance = queries[:, None, :, None] - keys[:, None, None, :]  # (B, 1, q, kv)
-    return torch.where(allowed, -distance.float(), MASKED)
+    return torch.where(allowed, -distance.float(), -torch.inf)
 
 
 @dataclass

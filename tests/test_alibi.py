@@ -326,3 +326,15 @@ def test_beam_search_with_cache_equals_without():
     kwargs = dict(attention_mask=mask, max_new_tokens=20, num_beams=3, do_sample=False, pad_token_id=0)
     cached = model.generate(prompt, **kwargs)
     assert torch.equal(cached, model.generate(prompt, use_cache=False, **kwargs))
+
+
+def test_static_cache_generates_as_the_dynamic_cache():
+    """A static cache is longer than the sequence (keys past it are masked): distances must not change."""
+    model = tiny("llama", backend="sdpa")
+    model.generation_config.eos_token_id = None
+    prompt = torch.randint(1, 97, (2, 12), generator=torch.Generator().manual_seed(13))
+    mask = torch.ones_like(prompt)
+    mask[1, :4] = 0
+    kwargs = dict(attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=0)
+    dynamic = model.generate(prompt, **kwargs)
+    assert torch.equal(model.generate(prompt, cache_implementation="static", **kwargs), dynamic)

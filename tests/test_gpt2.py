@@ -94,6 +94,17 @@ def test_pi_resamples_the_table_as_the_paper_says():
     assert model.config.hf_posenc["baked"] and model.config.hf_posenc["base"] == {"n_positions": N}
 
 
+def test_pi_unpatch_follows_a_dtype_move():
+    model = make_tiny("gpt2")
+    original = model.transformer.wpe.weight.detach().clone()
+    hf_posenc.patch(model, "pi", factor=2)
+    model.to(torch.float64)
+    hf_posenc.unpatch(model)
+    restored = model.transformer.wpe.weight
+    assert isinstance(restored, torch.nn.Parameter) and restored.dtype == torch.float64
+    assert torch.equal(restored, original.double()) and model.config.n_positions == N
+
+
 @pytest.mark.parametrize(("method", "params"), [("alibi", {"backend": "sdpa"}), ("pi", {"factor": 3})])
 def test_3000_tokens_run_past_the_1024_table(method, params):
     model = make_tiny("gpt2", n_positions=1024)

@@ -23,7 +23,7 @@ from .attention import IMPLEMENTATIONS
 from .config import CONFIG_KEY, params_to_dict, patch_record
 from .learned_patch import gpt2_position_table
 from .methods.alibi import alibi_slopes
-from .plan import PatchInfo, Plan
+from .plan import ModuleChange, PatchInfo, Plan
 from .registry import Method
 from .rope_patch import PATCHED_ROPE_TYPE, check_rope_model
 
@@ -81,7 +81,7 @@ def _no_positions(module: nn.Module) -> None:
 
 def _plan(
     model: nn.Module, method: Method, params: dict[str, Any], config_changes: dict[str, Any], rope_type: str | None
-) -> tuple[PatchInfo, dict[str, Any], list]:
+) -> tuple[PatchInfo, dict[str, Any], list[tuple[nn.Module, ModuleChange]]]:
     resolved = _resolve(model, method, params)
     config = model.config
     info = PatchInfo(method.name, params_to_dict(resolved), native=False, rope_type=rope_type)

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from .registry import methods_for
+from .registry import Method, methods_for
 
 
 @dataclass(frozen=True)
@@ -57,14 +57,17 @@ def positions_of(model: nn.Module) -> Positions:
     return ROPE if rotary_modules(model) else Positions("unknown")
 
 
-def unsupported(model: nn.Module, method: str, positions: Positions) -> ValueError:
+KIND_NAMES = {"rope": "rotary embeddings (RoPE)", "learned": "a learned absolute position table"}
+
+
+def unsupported(model: nn.Module, method: Method, positions: Positions) -> ValueError:
     """The error for ``method`` on a model whose positions it cannot patch; names what does apply."""
     model_type = getattr(getattr(model, "config", None), "model_type", "?")
     if positions.kind == "unknown":
         return ValueError(
             f"{type(model).__name__} (model_type {model_type!r}) has no rotary-embedding module hf_posenc can "
             f"patch (one with an `inv_freq` buffer, a `rope_type` and the config; per-layer-type RoPE such as "
-            f"Gemma 3's is not supported yet), so method {method!r} does not apply."
+            f"Gemma 3's is not supported yet), so method {method.name!r} does not apply."
         )
     applicable = methods_for(positions.kind)
     alternatives = (
@@ -73,9 +76,10 @@ def unsupported(model: nn.Module, method: str, positions: Positions) -> ValueErr
         else f"No registered method patches {positions.kind} positions yet."
     )
     where = f" ({positions.where})" if positions.where else ""
+    needs = " or ".join(KIND_NAMES.get(kind, kind) for kind in sorted(method.applies_to, reverse=True))
     return ValueError(
         f"{type(model).__name__} (model_type {model_type!r}) encodes position as {positions.kind}{where}; "
-        f"method {method!r} needs rotary embeddings (RoPE). {alternatives}"
+        f"method {method.name!r} needs {needs}. {alternatives}"
     )
 
 

@@ -20,7 +20,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from . import __version__
 from .architectures import rotary_dim
 from .methods import rope_frequencies
-from .registry import Method
+from .registry import Method, get_method
 
 CONFIG_KEY = "hf_posenc"
 OWN_ROPE_TYPE = "hf_posenc"
@@ -58,6 +58,21 @@ def own_rope_parameters(method: Method, params: Any, config: Any) -> dict[str, A
     }
 
 
+def patch_record(
+    method: str, params: dict[str, Any], native: bool, base: dict[str, Any], **extra: Any
+) -> dict[str, Any]:
+    """The ``config.hf_posenc`` record: the method, its resolved parameters and the base values of every
+    config attribute the patch changed (what :func:`split_patched_config` puts back)."""
+    return {
+        "method": method,
+        "params": params,
+        "native": native,
+        "base": copy.deepcopy(base),
+        **extra,
+        "version": __version__,
+    }
+
+
 def config_updates(method: Method, params: Any, config: Any, rope_parameters: dict[str, Any]) -> dict[str, Any]:
     """New values of the config attributes a patch sets (``rope_parameters``, ``max_position_embeddings``,
     ``hf_posenc``). Static methods announce the extended context ``round(s * L)``; dynamic ones keep
@@ -66,19 +81,11 @@ def config_updates(method: Method, params: Any, config: Any, rope_parameters: di
     factor = getattr(params, "factor", None)
     max_positions = context if method.dynamic or factor is None else round(factor * context)
     native = rope_parameters["rope_type"] not in (OWN_ROPE_TYPE, OWN_DYNAMIC_ROPE_TYPE)
+    base = {"rope_parameters": config.rope_parameters, "max_position_embeddings": config.max_position_embeddings}
     return {
         "rope_parameters": rope_parameters,
         "max_position_embeddings": max_positions,
-        CONFIG_KEY: {
-            "method": method.name,
-            "params": params_to_dict(params),
-            "native": native,
-            "base": {
-                "rope_parameters": copy.deepcopy(config.rope_parameters),
-                "max_position_embeddings": config.max_position_embeddings,
-            },
-            "version": __version__,
-        },
+        CONFIG_KEY: patch_record(method.name, params_to_dict(params), native, base),
     }
 
 
@@ -102,9 +109,12 @@ def own_rope_init(config: Any, device: Any = None, seq_len: Any = None, layer_ty
     """transformers rope-init function for hf_posenc's rope types (``ROPE_INIT_FUNCTIONS`` signature).
 
     Reads the ``hf_posenc`` record when the config has one (a patched model whose rotary modules
-    transformers re-initializes), else the method written into ``rope_parameters``.
+    transformers re-initializes), else the method written into ``rope_parameters``. A patch without
+    rotation (ALiBi) gives zero frequencies: the identity rotation it installed.
     """
     record = getattr(config, CONFIG_KEY, None)
+    if record and get_method(record["method"]).frequencies is None:
+        return torch.zeros(rotary_dim(config) // 2, device=device), 1.0
     if record:
         method, params = record["method"], record["params"]
         base = record["base"]["rope_parameters"]["rope_theta"]
@@ -129,12 +139,16 @@ ROPE_INIT_FUNCTIONS.setdefault(OWN_DYNAMIC_ROPE_TYPE, own_rope_init)
 
 def split_patched_config(config: Any) -> tuple[Any, str | None, dict[str, Any]]:
     """``(base_config, method, params)``: a copy of ``config`` with any hf_posenc patch undone, and the
-    patch it carried (``(copy, None, {})`` for an unpatched config)."""
+    patch it carried (``(copy, None, {})`` for an unpatched config).
+
+    A ``baked`` record (GPT-2 ``pi``: the resampled table is in the weights, the config is plain
+    transformers) describes the model as saved: it loads as is, with nothing to redo.
+    """
     base = copy.deepcopy(config)
     record = getattr(base, CONFIG_KEY, None)
-    if not record:
+    if not record or record.get("baked"):
         return base, None, {}
-    base.rope_parameters = copy.deepcopy(record["base"]["rope_parameters"])
-    base.max_position_embeddings = record["base"]["max_position_embeddings"]
+    for key, value in record["base"].items():
+        setattr(base, key, copy.deepcopy(value))
     delattr(base, CONFIG_KEY)
     return base, record["method"], dict(record["params"])

@@ -21,10 +21,11 @@ class Method:
         name (`str`): canonical name (``"yarn"``).
         params (`type`): frozen, keyword-only dataclass of the method's parameters; validates in
             ``__post_init__``.
-        frequencies (`Callable`): pure math, ``fn(params, *, head_dim, base, seq_len, dtype, device)
-            -> (inv_freq, attention_factor)``; ``inv_freq`` has ``head_dim // 2`` entries.
-        native (`Callable`): ``fn(params, head_dim, base) -> rope_parameters`` in transformers' own
-            vocabulary (without ``rope_theta`` unless the method changes it), or ``None`` when
+        frequencies (`Callable`, *optional*): RoPE methods' pure math, ``fn(params, *, head_dim, base,
+            seq_len, dtype, device) -> (inv_freq, attention_factor)``; ``inv_freq`` has ``head_dim // 2``
+            entries. ``None`` for methods that replace RoPE rather than rescale it (ALiBi).
+        native (`Callable`, *optional*): ``fn(params, head_dim, base) -> rope_parameters`` in transformers'
+            own vocabulary (without ``rope_theta`` unless the method changes it), or ``None`` when
             transformers cannot express it.
         dynamic (`bool`): the frequencies depend on the current sequence length.
         unchanged_within_context (`bool`): for ``seq_len <= original_max_position_embeddings`` the
@@ -36,8 +37,8 @@ class Method:
 
     name: str
     params: type
-    frequencies: FrequencyFn
-    native: NativeFn
+    frequencies: FrequencyFn | None = None
+    native: NativeFn | None = None
     dynamic: bool = False
     unchanged_within_context: bool = False
     applies_to: frozenset[str] = frozenset({"rope"})

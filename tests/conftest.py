@@ -36,9 +36,8 @@ CONFIGS = {
 def make_tiny(family: str, *, seed: int = 0, attn_implementation: str = "eager", **overrides):
     """A tiny random causal LM of ``family`` (weights seeded, float32, eval mode)."""
     if family == "gpt2":
-        config = GPT2Config(
-            vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0, **overrides
-        )
+        defaults = dict(vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0)
+        config = GPT2Config(**{**defaults, **overrides})
     else:
         config = CONFIGS[family]()
         for key, value in overrides.items():

@@ -52,7 +52,10 @@ def test_frequencies_match_the_papers(method, params, seq_len, reference):
 
 
 def test_every_method_is_covered():
-    assert {case[0] for case in CASES} == set(hf_posenc.available_methods())
+    """Every method with RoPE frequencies; ALiBi (no frequencies) is covered in test_alibi.py."""
+    rope_scaling = {name for name in hf_posenc.available_methods() if get_method(name).frequencies is not None}
+    assert {case[0] for case in CASES} == rope_scaling
+    assert set(hf_posenc.available_methods()) - rope_scaling == {"alibi"}
 
 
 def test_llama2_correction_range_is_pairs_20_to_46():
@@ -138,7 +141,7 @@ def test_ratio_ramp_differs_from_transformers_yarn():
 @pytest.mark.parametrize(
     ("method", "params", "error", "match"),
     [
-        ("nope", {"factor": 2}, ValueError, "Available methods: dynamic-ntk, dynamic-yarn"),
+        ("nope", {"factor": 2}, ValueError, "Available methods: alibi, dynamic-ntk, dynamic-yarn"),
         ("yarn", {"factor": 0}, ValueError, "factor must be >= 1"),
         ("yarn", {"factor": -2}, ValueError, "factor must be >= 1"),
         ("pi", {"factor": 0.5}, ValueError, "got 0.5"),

@@ -7,7 +7,8 @@ from typing import Any
 import torch
 
 from ..registry import get_method
-from . import llama3, longrope, ntk, pi, yarn  # noqa: F401  (registration)
+from . import alibi, llama3, longrope, ntk, pi, yarn  # noqa: F401  (registration)
+from .alibi import alibi_slopes  # noqa: F401  (public: hf_posenc.alibi_slopes)
 
 
 def rope_frequencies(
@@ -37,7 +38,7 @@ def rope_frequencies(
         multiplies cos and sin.
     """
     spec = get_method(method)
-    if "rope" not in spec.applies_to:
+    if spec.frequencies is None:
         raise ValueError(f"Method {spec.name!r} is not a RoPE method.")
     resolved = spec.make_params(original_max_position_embeddings=original_max_position_embeddings, **params)
     return spec.frequencies(resolved, head_dim=head_dim, base=base, seq_len=seq_len, dtype=dtype, device=device)

@@ -1,11 +1,14 @@
-"""Position Interpolation (Chen et al. 2023, arXiv 2306.15595): positions squeezed by ``s``."""
+"""Position Interpolation (Chen et al. 2023, arXiv 2306.15595): positions squeezed by ``s``.
+
+For RoPE the frequencies are divided by ``s``; for a learned table (GPT-2) the table is resampled to
+``s`` times as many rows (:func:`interpolate_positions`)."""
 
 from __future__ import annotations
 
 import torch
 
 from ..registry import Method, register
-from ._common import ScaledRopeParams, rope_inv_freq
+from ._common import ScaledRopeParams, rope_inv_freq, scale_factor
 
 
 def pi_frequencies(
@@ -32,7 +35,30 @@ register(
         params=ScaledRopeParams,
         frequencies=pi_frequencies,
         native=pi_native,
+        applies_to=frozenset({"rope", "learned"}),
         paper="Chen et al. 2023, Extending Context Window of LLMs via Position Interpolation (arXiv 2306.15595)",
-        summary="Needs a short fine-tune (1000 steps in the paper); without one it hurts at every length.",
+        summary="Needs a short fine-tune (1000 steps in the paper); without one it hurts at every length. "
+        "GPT-2: resamples wpe to factor x n_positions rows.",
     )
 )
+
+
+def interpolate_positions(table: torch.Tensor, factor: float) -> torch.Tensor:
+    """PI for a learned absolute table (GPT-2 ``wpe``): ``round(s * L)`` rows, row ``p'`` read at ``p' / s``.
+
+    The paper's ``f'(x, m) = f(x, m L / L')`` applied to a table: linear interpolation between the two
+    nearest trained rows (so row ``s * k`` is trained row ``k`` for integer ``s``); past the last trained
+    row, where ``p' / s > L - 1``, that row is repeated. Computed in float64, returned in the table's dtype.
+
+    Args:
+        table (`torch.Tensor`): ``(L, D)`` trained position embeddings.
+        factor (`float`): ``s = L'/L`` >= 1.
+    """
+    factor = scale_factor(factor)
+    rows = table.shape[0]
+    source = torch.arange(round(factor * rows), dtype=torch.float64, device=table.device) / factor  # (L',)
+    low = source.floor().long().clamp(max=rows - 1)
+    high = (low + 1).clamp(max=rows - 1)
+    weight = (source - low).clamp(max=1.0)[:, None]  # (L', 1)
+    trained = table.double()
+    return (trained[low] * (1 - weight) + trained[high] * weight).to(table.dtype)  # (L', D)

@@ -1,0 +1,110 @@
+"""Planners for ALiBi (Press et al. 2022) on RoPE decoders and on GPT-2.
+
+RoPE becomes the identity rotation (``inv_freq = 0``: ``cos = 1``, ``sin = 0`` exactly) and GPT-2's
+``wpe`` contributes zeros; the attention implementation becomes one of hf_posenc's ALiBi backends,
+registered with transformers' attention and mask interfaces, so transformers' own dispatch adds the bias.
+Each attention module gets its heads' slopes as an instance attribute.
+
+The saved config cannot load silently without hf_posenc: RoPE models get ``rope_type
+"hf_posenc_alibi"`` (plain transformers: ``KeyError``), GPT-2 gets ``activation_function
+"hf_posenc_alibi"`` (plain transformers: ``KeyError`` from its activation table). ``config.hf_posenc``
+keeps the base values, which :func:`hf_posenc.from_pretrained` puts back before patching again.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import nn
+
+from .attention import IMPLEMENTATIONS
+from .config import CONFIG_KEY, OWN_ROPE_TYPE, params_to_dict, patch_record
+from .learned_patch import gpt2_position_table
+from .methods.alibi import alibi_slopes
+from .plan import ModuleChange, PatchInfo, Plan
+from .registry import Method
+from .rope_patch import check_rope_model
+
+ALIBI_ROPE_TYPE = "hf_posenc_alibi"
+ALIBI_GPT2_ACTIVATION = "hf_posenc_alibi"
+ATTENTION = "_attn_implementation_internal"  # the config attribute behind config._attn_implementation
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The self-attention modules (those dispatching through the attention interface), one per layer."""
+    modules = [
+        module
+        for module in model.modules()
+        if getattr(module, "is_causal", False) and hasattr(module, "layer_idx") and hasattr(module, "config")
+    ]
+    if len(modules) != model.config.num_hidden_layers:
+        raise ValueError(
+            f"Found {len(modules)} attention modules in {type(model).__name__} for "
+            f"{model.config.num_hidden_layers} layers; ALiBi cannot be applied to this architecture."
+        )
+    return modules
+
+
+def _resolve(model: nn.Module, method: Method, params: dict[str, Any]) -> Any:
+    """Parameters with the backend chosen (``auto``: flex on CUDA, sdpa elsewhere) and the slopes filled in."""
+    resolved = method.make_params(**params)
+    heads = model.config.num_attention_heads
+    if resolved.slopes is not None and len(resolved.slopes) != heads:
+        raise ValueError(f"{len(resolved.slopes)} ALiBi slopes given; this model has {heads} query heads.")
+    backend = resolved.backend
+    if backend == "auto":
+        backend = "flex" if next(model.parameters()).is_cuda else "sdpa"
+    slopes = resolved.slopes or tuple(alibi_slopes(heads).tolist())
+    return method.make_params(backend=backend, slopes=slopes)
+
+
+def _set_slopes(slopes: tuple[float, ...], module: nn.Module) -> None:
+    module.alibi_slopes = torch.tensor(slopes, dtype=torch.float32)
+
+
+def _no_rotation(module: nn.Module) -> None:
+    module.inv_freq = torch.zeros_like(module.inv_freq)
+    module.original_inv_freq = module.inv_freq.clone()
+    module.attention_scaling = 1.0
+    module.rope_type = OWN_ROPE_TYPE  # transformers' dynamic update skips it; its weight init gives zeros
+
+
+def _no_positions(module: nn.Module) -> None:
+    def forward(position_ids: torch.Tensor) -> torch.Tensor:
+        shape = (*position_ids.shape, module.embedding_dim)
+        return torch.zeros(shape, dtype=module.weight.dtype, device=position_ids.device)
+
+    module.forward = forward
+
+
+def _plan(
+    model: nn.Module, method: Method, params: dict[str, Any], config_changes: dict[str, Any], rope_type: str | None
+) -> tuple[PatchInfo, dict[str, Any], list[tuple[nn.Module, ModuleChange]]]:
+    resolved = _resolve(model, method, params)
+    config = model.config
+    info = PatchInfo(method.name, params_to_dict(resolved), native=False, rope_type=rope_type)
+    base = {key: getattr(config, key) for key in config_changes}
+    updates = {
+        **config_changes,
+        ATTENTION: IMPLEMENTATIONS[resolved.backend],
+        CONFIG_KEY: patch_record(method.name, info.params, False, base),
+    }
+    slopes = [(module, functools.partial(_set_slopes, resolved.slopes)) for module in attention_modules(model)]
+    return info, updates, slopes
+
+
+def plan_alibi_rope(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
+    """ALiBi on a RoPE decoder (Llama, Mistral, Qwen2/3): no rotation, the bias in attention."""
+    rotary = check_rope_model(model)
+    rope_parameters = {**model.config.rope_parameters, "rope_type": ALIBI_ROPE_TYPE}
+    info, updates, slopes = _plan(model, method, params, {"rope_parameters": rope_parameters}, ALIBI_ROPE_TYPE)
+    return Plan(info, updates, [(module, _no_rotation) for module in rotary] + slopes)
+
+
+def plan_alibi_learned(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
+    """ALiBi on GPT-2: ``wpe`` returns zeros (any length runs), the bias in attention."""
+    table = gpt2_position_table(model)
+    info, updates, slopes = _plan(model, method, params, {"activation_function": ALIBI_GPT2_ACTIVATION}, None)
+    return Plan(info, updates, [(table, _no_positions), *slopes])

@@ -1,0 +1,28 @@
+"""ALiBi attention backends, registered with transformers' attention and mask interfaces.
+
+The names are namespaced and the registrations additive: models that do not select them are unaffected.
+A patched model selects one through its config's attention implementation, so transformers' own
+dispatch calls it; the matching mask function makes padding and the KV cache reach it.
+"""
+
+from __future__ import annotations
+
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+from .functions import alibi_eager_attention, alibi_flex_attention, alibi_sdpa_attention
+from .masks import alibi_distance_mask, alibi_flex_mask
+
+IMPLEMENTATIONS = {
+    "eager": "hf_posenc_alibi_eager",
+    "sdpa": "hf_posenc_alibi_sdpa",
+    "flex": "hf_posenc_alibi_flex",
+}
+
+for _backend, (_attention, _mask) in {
+    "eager": (alibi_eager_attention, alibi_distance_mask),
+    "sdpa": (alibi_sdpa_attention, alibi_distance_mask),
+    "flex": (alibi_flex_attention, alibi_flex_mask),
+}.items():
+    AttentionInterface.register(IMPLEMENTATIONS[_backend], _attention)
+    AttentionMaskInterface.register(IMPLEMENTATIONS[_backend], _mask)

@@ -1,0 +1,129 @@
+"""ALiBi attention functions with transformers' attention-function signature, one per backend.
+
+Each receives what the model's attention module passes to any attention implementation: ``module``,
+``query (B, H, q, D)``, ``key``/``value (B, H_kv, kv, D)``, the mask built by the matching function of
+:mod:`hf_posenc.attention.masks`, ``scaling`` and ``dropout``. The slopes are the patched attention
+module's ``alibi_slopes`` buffer (one per query head: with grouped-query attention they follow the
+query heads). Press et al. 2022, §3: ``softmax(q_i K^T * scaling - m_h * (i - j))``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.attention.flex_attention import flex_attention
+
+from .masks import AlibiBlockMask
+
+
+def _repeat_kv(states: torch.Tensor, groups: int) -> torch.Tensor:
+    """``(B, H_kv, n, D)`` -> ``(B, H_kv * groups, n, D)``: each key/value head serves ``groups`` query heads."""
+    return states if groups == 1 else states.repeat_interleave(groups, dim=1)
+
+
+def _check_mask(attention_mask: Any, expected: type, backend: str) -> None:
+    if not isinstance(attention_mask, expected):
+        raise TypeError(
+            f"The ALiBi {backend} attention got an attention mask of type {type(attention_mask).__name__}; it needs "
+            f"the {expected.__name__} its mask function builds from a 2D attention mask. Pass a 2D (batch, length) "
+            "attention_mask, not a prepared 4D mask."
+        )
+
+
+def slopes_on(module: nn.Module, device: torch.device) -> torch.Tensor:
+    """The module's float32 slopes on ``device``; moved there once (a plain attribute, not a buffer, so that
+    ``model.to(dtype)`` cannot round them)."""
+    if module.alibi_slopes.device != device:
+        module.alibi_slopes = module.alibi_slopes.to(device)
+    return module.alibi_slopes
+
+
+def alibi_bias(module: nn.Module, distance: torch.Tensor) -> torch.Tensor:
+    """``(B, 1, q, kv)`` negative distances -> ``(B, H, q, kv)`` float32 bias ``-m_h * (i - j)``."""
+    return distance * slopes_on(module, distance.device)[None, :, None, None]
+
+
+def alibi_eager_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: scores and softmax in float32, the full ``(B, H, q, kv)`` bias materialised."""
+    _check_mask(attention_mask, torch.Tensor, "eager")
+    groups = query.shape[1] // key.shape[1]
+    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    scores = torch.matmul(query.float(), key.float().transpose(2, 3)) * scaling  # (B, H, q, kv)
+    weights = torch.softmax(scores + alibi_bias(module, attention_mask), dim=-1).to(value.dtype)
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, q, H, D)
+    return output, weights
+
+
+def alibi_sdpa_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``scaled_dot_product_attention`` with the bias as a float mask built per call (O(n^2) memory)."""
+    _check_mask(attention_mask, torch.Tensor, "sdpa")
+    groups = query.shape[1] // key.shape[1]
+    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    bias = alibi_bias(module, attention_mask).to(query.dtype)  # (B, H, q, kv)
+    output = nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=bias, dropout_p=dropout if module.training else 0.0, scale=scaling
+    )
+    return output.transpose(1, 2).contiguous(), None  # (B, q, H, D)
+
+
+@functools.cache
+def _compiled_flex_attention():
+    return torch.compile(flex_attention, dynamic=True)
+
+
+def alibi_flex_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: AlibiBlockMask,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``flex_attention`` with an ALiBi score_mod: the bias is computed per block, memory O(n).
+
+    Compiled (one compilation, dynamic shapes) on CUDA; on CPU it runs uncompiled, as a small-size check.
+    """
+    _check_mask(attention_mask, AlibiBlockMask, "flex")
+    if dropout and module.training:
+        raise ValueError("The ALiBi flex backend has no attention dropout; use backend='sdpa' or set it to 0.")
+    slopes = slopes_on(module, query.device)
+    queries, keys = attention_mask.query_positions, attention_mask.key_positions
+
+    def score_mod(score, batch, head, q_idx, kv_idx):
+        return score + slopes[head] * (keys[batch, kv_idx] - queries[batch, q_idx])
+
+    attend = _compiled_flex_attention() if query.is_cuda else flex_attention
+    output = attend(
+        query,
+        key,
+        value,
+        score_mod=score_mod,
+        block_mask=attention_mask.block_mask,
+        scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+    return output.transpose(1, 2).contiguous(), None  # (B, q, H, D)

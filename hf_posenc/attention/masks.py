@@ -1,0 +1,124 @@
+"""ALiBi attention masks for transformers' mask interface: what a mask says, plus each token's position.
+
+The bias ``-m_h * (i - j)`` needs the positions of query ``i`` and key ``j`` *in their own sequence*, not
+their indices in the batch row. Positions are counted over the 2D attention mask, so masked tokens do not
+count wherever they are (with left padding index differences happen to be right; a masked stretch inside
+a row shows the difference), from the cache offsets transformers passes to every mask function; a per-row
+constant cancels in ``i - j``, so sliced caches and sliding windows give the same distances.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+from transformers.masking_utils import (
+    add_offsets_to_mask_function,
+    and_masks,
+    causal_mask_function,
+    padding_mask_function,
+    prepare_padding_mask,
+    sdpa_mask,
+)
+
+
+def token_positions(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int | torch.Tensor,
+    kv_offset: int,
+    attention_mask: torch.Tensor | None,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(query_positions (B, q), key_positions (B, kv))``, int64, counting non-padding tokens only."""
+    queries = torch.arange(q_length, device=device) + q_offset  # absolute cache indices
+    keys = torch.arange(kv_length, device=device) + kv_offset
+    if attention_mask is None:
+        return queries.expand(batch_size, -1), keys.expand(batch_size, -1)
+    keep = prepare_padding_mask(attention_mask.to(device=device, dtype=torch.bool), kv_length, kv_offset)
+    counts = keep.long().cumsum(-1)  # (B, >= kv_offset + kv_length): non-padding tokens up to each index
+    return counts[:, queries], counts[:, keys]
+
+
+def alibi_distance_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int | torch.Tensor = 0,
+    kv_offset: int = 0,
+    mask_function: Callable = causal_mask_function,
+    attention_mask: torch.Tensor | None = None,
+    use_vmap: bool = False,
+    device: torch.device | str = "cpu",
+    **kwargs,
+) -> torch.Tensor:
+    """Mask function for the eager and SDPA ALiBi backends.
+
+    Returns:
+        `torch.Tensor`: ``(B, 1, q, kv)`` float32, ``-(i - j)`` (positions as in :func:`token_positions`)
+        where the query attends to the key, ``-inf`` where it does not. The attention function multiplies
+        it by each head's slope (> 0). A query that may attend to nothing (a padding token) attends to
+        every key instead: its output is unused, and so it stays finite in the forward and the backward.
+    """
+    allowed = sdpa_mask(
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        mask_function=mask_function,
+        attention_mask=attention_mask,
+        allow_is_causal_skip=False,
+        use_vmap=use_vmap,
+        device=device,
+    )  # (B, 1, q, kv) bool
+    allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
+    queries, keys = token_positions(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask, device)
+    distance = queries[:, None, :, None] - keys[:, None, None, :]  # (B, 1, q, kv)
+    return torch.where(allowed, -distance.float(), -torch.inf)
+
+
+@dataclass
+class AlibiBlockMask:
+    """What the flex backend gets as ``attention_mask``: a block mask and O(n) positions, no n x n tensor."""
+
+    block_mask: BlockMask
+    query_positions: torch.Tensor  # (B, q) int64
+    key_positions: torch.Tensor  # (B, kv) int64
+
+
+def alibi_flex_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int | torch.Tensor = 0,
+    kv_offset: int = 0,
+    mask_function: Callable = causal_mask_function,
+    attention_mask: torch.Tensor | None = None,
+    device: torch.device | str = "cpu",
+    **kwargs,
+) -> AlibiBlockMask:
+    """Mask function for the flex ALiBi backend: the block mask (causal, padding) and the token positions.
+
+    The block mask is built compiled on CUDA: uncompiled, ``create_block_mask`` materialises an n x n mask.
+    """
+    if attention_mask is not None and not attention_mask.all():
+        padding = prepare_padding_mask(attention_mask.to(device=device, dtype=torch.bool), kv_length, kv_offset)
+        mask_function = and_masks(mask_function, padding_mask_function(padding))
+    # Offsets as tensors: a compiled mask_mod that captured them as ints would recompile at every decoding
+    # step, and past dynamo's recompile limit fall back to the uncompiled n x n path.
+    offsets = torch.as_tensor(q_offset, device=device), torch.as_tensor(kv_offset, device=device)
+    block_mask = create_block_mask(
+        mask_mod=add_offsets_to_mask_function(mask_function, *offsets),
+        B=batch_size,
+        H=None,
+        Q_LEN=q_length,
+        KV_LEN=kv_length,
+        device=device,
+        _compile=torch.device(device).type == "cuda",
+    )
+    queries, keys = token_positions(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask, device)
+    return AlibiBlockMask(block_mask, queries, keys)

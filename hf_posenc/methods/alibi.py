@@ -1,0 +1,76 @@
+"""ALiBi (Press, Smith, Lewis 2022, "Train Short, Test Long", arXiv 2108.12409): no position embedding;
+the logit of query ``i`` and key ``j <= i`` gets ``-m_h * (i - j)``, one fixed slope ``m_h`` per head."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..registry import Method, register
+
+BACKENDS = ("auto", "eager", "sdpa", "flex")
+
+
+def alibi_slopes(num_heads: int, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The paper's head slopes (§3 and its reference code), for any number of heads.
+
+    For ``n`` a power of two, ``m_h = 2^(-8h/n)``, ``h = 1 .. n``: a geometric sequence starting at, and with
+    ratio, ``2^(-8/n)``. Otherwise, with ``c`` the largest power of two below ``n``: the slopes for ``c``
+    heads followed by the first ``n - c`` of the slopes for ``2c`` heads taken at even indices.
+
+    Args:
+        num_heads (`int`): number of (query) heads ``n`` >= 1.
+        dtype (`torch.dtype`, defaults to float64): dtype of the result.
+
+    Returns:
+        `torch.Tensor`: ``(num_heads,)`` slopes, the first head's the largest.
+    """
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}.")
+    closest = 2 ** math.floor(math.log2(num_heads))
+    slopes = _power_of_two_slopes(closest)
+    if closest != num_heads:
+        slopes = torch.cat([slopes, _power_of_two_slopes(2 * closest)[0::2][: num_heads - closest]])
+    return slopes.to(dtype)
+
+
+def _power_of_two_slopes(n: int) -> torch.Tensor:
+    exponents = torch.arange(1, n + 1, dtype=torch.float64)  # h = 1 .. n
+    return 2.0 ** (-8.0 * exponents / n)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlibiParams:
+    """Args:
+    backend (`str`, defaults to ``"auto"``): attention backend: ``"eager"`` (reference), ``"sdpa"`` (a bias
+        built per call; fine on CPU), ``"flex"`` (``flex_attention`` with a score_mod: memory linear in the
+        sequence length; compiled on CUDA), or ``"auto"``: flex on CUDA, sdpa elsewhere.
+    slopes (`tuple[float, ...]`, *optional*): one slope per query head; ``patch`` fills in the paper's
+        (:func:`alibi_slopes`).
+    """
+
+    backend: str = "auto"
+    slopes: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"Unknown ALiBi backend {self.backend!r}. Available backends: {', '.join(BACKENDS)}.")
+        if self.slopes is not None:
+            slopes = tuple(float(s) for s in self.slopes)
+            if not slopes or not all(math.isfinite(s) and s > 0 for s in slopes):
+                raise ValueError(f"ALiBi slopes must be finite and > 0, got {self.slopes!r}.")
+            object.__setattr__(self, "slopes", slopes)
+
+
+register(
+    Method(
+        name="alibi",
+        params=AlibiParams,
+        applies_to=frozenset({"rope", "learned"}),
+        paper="Press, Smith, Lewis 2022, Train Short, Test Long: Attention with Linear Biases (arXiv 2108.12409)",
+        summary="Replaces RoPE or learned positions by linear attention biases; a RoPE- or wpe-trained model "
+        "needs fine-tuning to work well with it.",
+    )
+)

@@ -1,0 +1,173 @@
+"""ALiBi attention speed against causal SDPA without bias, in one run: forward and forward+backward.
+
+Attention alone (B=1, H=32, D=128 by default, causal), the way a patched model calls it: our backend
+function with the mask its mask function builds (built once per forward, outside the timing, as the
+model builds it once for all layers). Variants:
+
+* ``sdpa_causal``: ``scaled_dot_product_attention(is_causal=True)`` without bias, cuDNN backend on CUDA
+  (the target's reference);
+* ``alibi_flex``: hf_posenc's flex backend (compiled ``flex_attention`` + ALiBi score_mod, O(n) memory);
+* ``alibi_sdpa``: hf_posenc's sdpa backend (an n x n bias per call), only up to ``--sdpa-max``.
+
+Before timing, each ALiBi backend is checked against the eager reference at a small length. Reports
+median ms, TFLOP/s (causal: forward 2·B·H·n²·D, backward 2.5x that) and peak memory, as JSON.
+
+On an H100:
+    python scripts/bench_alibi.py --lengths 4096,16384,32768,131072 --out benchmarks/results/alibi_h100.json
+CPU smoke run (flex uncompiled, no cuDNN):
+    python scripts/bench_alibi.py --device cpu --dtype float32 --heads 4 --lengths 256,512 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import environment, time_rounds, write_json  # noqa: E402
+
+from hf_posenc.attention.functions import (  # noqa: E402
+    alibi_eager_attention,
+    alibi_flex_attention,
+    alibi_sdpa_attention,
+)
+from hf_posenc.attention.masks import alibi_distance_mask, alibi_flex_mask  # noqa: E402
+from hf_posenc.methods import alibi_slopes  # noqa: E402
+
+BACKENDS = {
+    "alibi_flex": (alibi_flex_attention, alibi_flex_mask),
+    "alibi_sdpa": (alibi_sdpa_attention, alibi_distance_mask),
+}
+
+
+def make_inputs(length: int, args: argparse.Namespace, device: torch.device, grad: bool):
+    dtype = getattr(torch, args.dtype)
+    generator = torch.Generator(device).manual_seed(length)
+    shape = (args.batch, args.heads, length, args.head_dim)  # (B, H, T, D)
+    return [torch.randn(shape, generator=generator, device=device, dtype=dtype).requires_grad_(grad) for _ in range(3)]
+
+
+def module_stub(heads: int) -> SimpleNamespace:
+    """What the attention functions read from the attention module: the slopes, and training off."""
+    return SimpleNamespace(alibi_slopes=alibi_slopes(heads, dtype=torch.float32), training=False)
+
+
+def causal_sdpa(q, k, v, device: torch.device):
+    backends = [SDPBackend.CUDNN_ATTENTION] if device.type == "cuda" else [SDPBackend.MATH]
+    with sdpa_kernel(backends):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def alibi_call(name: str, q, k, v, device: torch.device, heads: int):
+    attention, mask_function = BACKENDS[name]
+    batch, length = q.shape[0], q.shape[2]
+    mask = mask_function(batch_size=batch, q_length=length, kv_length=length, device=device)
+    module = module_stub(heads)
+    return lambda q, k, v: attention(module, q, k, v, mask, scaling=q.shape[-1] ** -0.5)[0]
+
+
+def check_against_eager(args: argparse.Namespace, device: torch.device) -> dict[str, float]:
+    """Max |difference| of each backend against the eager reference (float32 math) at 1024 tokens."""
+    q, k, v = make_inputs(1024, args, device, grad=False)
+    mask = alibi_distance_mask(batch_size=args.batch, q_length=1024, kv_length=1024, device=device)
+    module = module_stub(args.heads)
+    reference = alibi_eager_attention(module, q, k, v, mask, scaling=args.head_dim**-0.5)[0].float()
+    errors = {}
+    for name in BACKENDS:
+        with torch.no_grad():
+            out = alibi_call(name, q, k, v, device, args.heads)(q, k, v)
+        errors[name] = (out.float() - reference).abs().max().item()
+    return errors
+
+
+def timed(run, q, k, v, backward: bool):
+    if not backward:
+
+        def forward():
+            with torch.no_grad():
+                return run(q, k, v)
+
+        return forward
+    grad = torch.randn_like(q).transpose(1, 2)  # outputs are (B, T, H, D) from our functions
+
+    def forward_backward():
+        out = run(q, k, v)
+        out = out if out.shape == grad.shape else out.transpose(1, 2)
+        out.backward(grad)
+        q.grad = k.grad = v.grad = None
+
+    return forward_backward
+
+
+def bench(args: argparse.Namespace) -> dict:
+    device = torch.device(args.device)
+    results = []
+    for length in args.lengths:
+        for backward in (False, True):
+            q, k, v = make_inputs(length, args, device, grad=backward)
+            variants = {"sdpa_causal": timed(lambda q, k, v: causal_sdpa(q, k, v, device), q, k, v, backward)}
+            for name in BACKENDS:
+                if name == "alibi_sdpa" and length > args.sdpa_max:
+                    continue
+                if name == "alibi_flex" and backward and device.type != "cuda":
+                    continue  # flex_attention has no backward on CPU
+                variants[name] = timed(alibi_call(name, q, k, v, device, args.heads), q, k, v, backward)
+            flops = 2 * args.batch * args.heads * length**2 * args.head_dim * (3.5 if backward else 1.0)
+            for name, run in variants.items():
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats(device)
+                seconds = time_rounds({name: run}, device, args.repeats)[name]
+                peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+                row = {
+                    "length": length,
+                    "pass": "forward+backward" if backward else "forward",
+                    "variant": name,
+                    "ms": seconds * 1e3,
+                    "tflops": flops / seconds / 1e12,
+                    "peak_gib": peak,
+                }
+                results.append(row)
+                print(row, flush=True)
+    for row in results:
+        base = next(
+            r
+            for r in results
+            if r["length"] == row["length"] and r["pass"] == row["pass"] and r["variant"] == "sdpa_causal"
+        )
+        row["vs_sdpa_causal"] = base["ms"] / row["ms"]
+    return {
+        "benchmark": "alibi_attention",
+        "args": vars(args),
+        "environment": environment(device),
+        "max_abs_error_vs_eager_at_1024": check_against_eager(args, device),
+        "results": results,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 16384, 32768, 131072]
+    )
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sdpa-max", type=int, default=16384, help="longest length for the n x n-bias sdpa backend")
+    parser.add_argument("--out", type=Path, default=None, help="results JSON (printed only when omitted)")
+    args = parser.parse_args()
+    payload = bench(args)
+    if args.out is not None:
+        write_json(args.out, {**payload, "args": {**payload["args"], "out": str(args.out)}})
+
+
+if __name__ == "__main__":
+    main()

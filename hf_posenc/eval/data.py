@@ -214,8 +214,9 @@ def _sliding(doc: int, n: int, span: int, stride: int, bos: bool) -> list[Window
     windows, prev_end = [], 0
     for start in range(0, n, stride):
         end = min(start + span, n)
-        first = start if bos else start + 1
-        windows.append(Window(doc, start, end, max(prev_end, first)))
+        score_from = max(prev_end, start if bos else start + 1)
+        if score_from < end:  # with stride == span, a last one-token span has nothing to score
+            windows.append(Window(doc, start, end, score_from))
         prev_end = end
         if end == n:
             break

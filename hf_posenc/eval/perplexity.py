@@ -3,7 +3,7 @@
 The base model (``model.get_decoder()``) runs once over the window; the output head is applied to
 ``chunk_size`` positions at a time and only where a token is scored, so the full-vocabulary logits of
 a long window never exist at once (at 128k tokens and 32k vocabulary they would be 16 GiB in float32).
-Log-probabilities are taken in float32 and summed in float64.
+Log-probabilities are taken in float32 (float64 for a float64 model) and summed in float64.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def _logit_chunks(
     targets = input_ids[:, score_from:]  # (B, S)
     head = model.get_output_embeddings()
     for begin in range(0, targets.shape[1], chunk_size):
-        logits = head(hidden[:, begin : begin + chunk_size]).float()  # (B, C, V)
+        logits = head(hidden[:, begin : begin + chunk_size])  # (B, C, V)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         yield logits, targets[:, begin : begin + chunk_size]
 
 

@@ -1,5 +1,26 @@
-"""hf_posenc: change how a pretrained transformers model encodes position, and measure it."""
+"""hf_posenc: change how a pretrained transformers model encodes position, and measure it.
+
+>>> model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-0.5B")
+>>> hf_posenc.patch(model, "yarn", factor=4)
+>>> hf_posenc.unpatch(model)      # the original, bit for bit
+"""
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+from .loading import from_pretrained  # noqa: E402
+from .methods import rope_frequencies  # noqa: E402
+from .patching import PatchInfo, get_patch, patch, patched, unpatch  # noqa: E402
+from .registry import available_methods  # noqa: E402
+
+__all__ = [
+    "PatchInfo",
+    "available_methods",
+    "from_pretrained",
+    "get_patch",
+    "patch",
+    "patched",
+    "rope_frequencies",
+    "unpatch",
+]

@@ -1,0 +1,72 @@
+"""Llama-3.1 style RoPE scaling (Meta 2024, the Llama 3 herd of models): a blend over wavelength."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..registry import Method, register
+from ._common import RopeParams, positive_number, rope_inv_freq, scale_factor, wavelengths
+
+
+@dataclass(frozen=True, kw_only=True)
+class Llama3Params(RopeParams):
+    """Args:
+    factor (`float`): ``s`` >= 1 (8 for Llama 3.1).
+    low_freq_factor (`float`, defaults to 1): wavelengths above ``L / low_freq_factor`` are divided by s.
+    high_freq_factor (`float`, defaults to 4): wavelengths below ``L / high_freq_factor`` are kept.
+    """
+
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set("factor", scale_factor(self.factor))
+        self._set("low_freq_factor", positive_number("low_freq_factor", self.low_freq_factor))
+        self._set("high_freq_factor", positive_number("high_freq_factor", self.high_freq_factor))
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                f"high_freq_factor must be greater than low_freq_factor, got high_freq_factor="
+                f"{self.high_freq_factor} and low_freq_factor={self.low_freq_factor}."
+            )
+
+
+def llama3_frequencies(
+    params: Llama3Params, *, head_dim: int, base: float, seq_len=None, dtype=torch.float64, device=None
+) -> tuple[torch.Tensor, float]:
+    """``lambda < L/high``: ``theta``; ``lambda > L/low``: ``theta/s``; between, with
+    ``smooth = (L/lambda - low) / (high - low)``: ``(1 - smooth) theta/s + smooth theta``."""
+    theta = rope_inv_freq(head_dim, base, device=device)
+    wavelength = wavelengths(theta)
+    context, low, high = params.context, params.low_freq_factor, params.high_freq_factor
+    smooth = ((context / wavelength - low) / (high - low)).clamp(0, 1)
+    blended = (1 - smooth) * theta / params.factor + smooth * theta
+    inv_freq = torch.where(wavelength < context / high, theta, blended)
+    inv_freq = torch.where(wavelength > context / low, theta / params.factor, inv_freq)
+    return inv_freq.to(dtype), 1.0
+
+
+def llama3_native(params: Llama3Params, head_dim: int, base: float) -> dict:
+    return {
+        "rope_type": "llama3",
+        "factor": params.factor,
+        "low_freq_factor": params.low_freq_factor,
+        "high_freq_factor": params.high_freq_factor,
+        "original_max_position_embeddings": params.context,
+    }
+
+
+register(
+    Method(
+        name="llama3",
+        aliases=("llama-3",),
+        params=Llama3Params,
+        frequencies=llama3_frequencies,
+        native=llama3_native,
+        paper="Meta 2024, The Llama 3 Herd of Models (arXiv 2407.21783); reference code in llama-models",
+        summary="What Llama 3.1 shipped with (s = 8 from 8k to 128k, after long-context training).",
+    )
+)

@@ -1,0 +1,95 @@
+"""LongRoPE (Ding et al. 2024, arXiv 2402.13753): searched per-pair rescale factors."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..registry import Method, register
+from ._common import RopeParams, positive_number, rope_inv_freq, scale_factor
+
+
+def _factor_list(name: str, values) -> tuple[float, ...]:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a list of numbers (one per rotary pair), got {values!r}.")
+    return tuple(positive_number(f"{name}[{i}]", value) for i, value in enumerate(values))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LongRoPEParams(RopeParams):
+    """Args:
+    factor (`float`): ``s = L'/L`` >= 1; sets the default attention factor.
+    long_factor (`list[float]`): ``lambda_i`` per pair (``head_dim // 2`` values), used past ``L``.
+    short_factor (`list[float]`, *optional*): used up to ``L``; defaults to all ones (the unpatched model).
+    attention_factor (`float`, *optional*): defaults to ``sqrt(1 + ln s / ln L)`` (paper §3.3 / Phi-3).
+    """
+
+    factor: float
+    long_factor: tuple[float, ...]
+    short_factor: tuple[float, ...] | None = None
+    attention_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set("factor", scale_factor(self.factor))
+        self._set("long_factor", _factor_list("long_factor", self.long_factor))
+        if self.short_factor is not None:
+            self._set("short_factor", _factor_list("short_factor", self.short_factor))
+        if self.attention_factor is not None:
+            self._set("attention_factor", positive_number("attention_factor", self.attention_factor))
+        elif self.original_max_position_embeddings is not None:
+            self._set("attention_factor", longrope_attention_factor(self.factor, self.context))
+
+
+def longrope_attention_factor(factor: float, context: int) -> float:
+    """``sqrt(1 + ln s / ln L)`` (1 for ``s <= 1``)."""
+    return math.sqrt(1 + math.log(factor) / math.log(context)) if factor > 1 else 1.0
+
+
+def _rescale(params: LongRoPEParams, head_dim: int, seq_len: int | None) -> tuple[float, ...]:
+    pairs = head_dim // 2
+    for name in ("long_factor", "short_factor"):
+        values = getattr(params, name)
+        if values is not None and len(values) != pairs:
+            raise ValueError(
+                f"{name} has {len(values)} values; this model's rotary dimension {head_dim} needs {pairs} "
+                f"(one per pair)."
+            )
+    if seq_len is not None and seq_len > params.context:
+        return params.long_factor
+    return params.short_factor or (1.0,) * pairs
+
+
+def longrope_frequencies(
+    params: LongRoPEParams, *, head_dim: int, base: float, seq_len=None, dtype=torch.float64, device=None
+) -> tuple[torch.Tensor, float]:
+    """``theta_i' = theta_i / lambda_i`` with the long factors past ``L``, the short ones up to it."""
+    rescale = torch.tensor(_rescale(params, head_dim, seq_len), dtype=torch.float64, device=device)
+    attention = params.attention_factor or longrope_attention_factor(params.factor, params.context)
+    return (rope_inv_freq(head_dim, base, device=device) / rescale).to(dtype), attention
+
+
+def longrope_native(params: LongRoPEParams, head_dim: int, base: float) -> dict:
+    return {
+        "rope_type": "longrope",
+        "factor": params.factor,
+        "long_factor": list(params.long_factor),
+        "short_factor": list(params.short_factor or (1.0,) * (head_dim // 2)),
+        "original_max_position_embeddings": params.context,
+        "attention_factor": params.attention_factor,
+    }
+
+
+register(
+    Method(
+        name="longrope",
+        params=LongRoPEParams,
+        frequencies=longrope_frequencies,
+        native=longrope_native,
+        dynamic=True,
+        paper="Ding et al. 2024, LongRoPE (arXiv 2402.13753)",
+        summary="Per-pair factors found by search (e.g. Phi-3's); give your own long_factor list.",
+    )
+)

@@ -1,0 +1,81 @@
+"""NTK-aware base change (bloc97 2023) and its dynamic form (emozilla 2023)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..registry import Method, register
+from ._common import RopeParams, rope_inv_freq, scale_factor
+
+
+@dataclass(frozen=True, kw_only=True)
+class NTKParams(RopeParams):
+    """Args:
+    factor (`float`): ``s = L'/L`` >= 1.
+    """
+
+    factor: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set("factor", scale_factor(self.factor))
+
+
+def ntk_base(base: float, factor: float, head_dim: int) -> float:
+    """NTK-aware base, YaRN paper §3.1: ``b' = b * s^(d / (d - 2))``."""
+    return base * factor ** (head_dim / (head_dim - 2))
+
+
+def ntk_frequencies(
+    params: NTKParams, *, head_dim: int, base: float, seq_len: int | None = None, dtype=torch.float64, device=None
+) -> tuple[torch.Tensor, float]:
+    """Static NTK-aware: RoPE with the base ``b'``; the highest frequency is kept, the lowest divided by s."""
+    return rope_inv_freq(head_dim, ntk_base(base, params.factor, head_dim), dtype=dtype, device=device), 1.0
+
+
+def ntk_native(params: NTKParams, head_dim: int, base: float) -> dict:
+    return {"rope_type": "default", "rope_theta": ntk_base(base, params.factor, head_dim)}
+
+
+def dynamic_ntk_frequencies(
+    params: NTKParams, *, head_dim: int, base: float, seq_len: int | None = None, dtype=torch.float64, device=None
+) -> tuple[torch.Tensor, float]:
+    """Dynamic NTK (emozilla 2023; YaRN paper §3.3), for the current length ``l``:
+    ``b' = b * ((s * l / L) - (s - 1))^(d / (d - 2))`` when ``l > L``, the unscaled base otherwise.
+    """
+    length = max(seq_len or 0, params.context)
+    scale = params.factor * length / params.context - (params.factor - 1)
+    return rope_inv_freq(head_dim, base * scale ** (head_dim / (head_dim - 2)), dtype=dtype, device=device), 1.0
+
+
+def dynamic_ntk_native(params: NTKParams, head_dim: int, base: float) -> dict:
+    # transformers' "dynamic" takes L from config.max_position_embeddings; the patch sets it to L.
+    return {"rope_type": "dynamic", "factor": params.factor}
+
+
+register(
+    Method(
+        name="ntk",
+        aliases=("ntk-aware",),
+        params=NTKParams,
+        frequencies=ntk_frequencies,
+        native=ntk_native,
+        paper="bloc97 2023, NTK-Aware Scaled RoPE (reddit r/LocalLLaMA); YaRN paper §3.1",
+        summary="Training-free, good for small s (2-4); a larger base resolves short distances less well.",
+    )
+)
+register(
+    Method(
+        name="dynamic-ntk",
+        aliases=("dynamic", "ntk-dynamic"),
+        params=NTKParams,
+        frequencies=dynamic_ntk_frequencies,
+        native=dynamic_ntk_native,
+        dynamic=True,
+        unchanged_within_context=True,
+        paper="emozilla 2023, Dynamically Scaled RoPE (reddit r/LocalLLaMA); YaRN paper §3.3",
+        summary="Training-free; the unpatched model up to L, NTK scaling that grows with the length past it.",
+    )
+)

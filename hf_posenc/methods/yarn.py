@@ -1,0 +1,198 @@
+"""NTK-by-parts and YaRN, static and dynamic (Peng, Quesnelle, Fan, Shippole 2023, arXiv 2309.00071).
+
+The blend between keeping a pair's frequency (high frequencies, many rotations inside the trained
+context) and interpolating it by ``s`` (low frequencies) has two forms:
+
+* ``ramp="index"`` (default): linear over the pair index between the "correction dims" of
+  ``beta_fast`` and ``beta_slow``, floored/ceiled when ``truncate``. This is the paper authors'
+  released code, what transformers' ``rope_type: "yarn"`` computes and what published YaRN models
+  were fine-tuned with, so a patched config loads natively. Over ``r`` it is linear in ``log r``.
+* ``ramp="ratio"``: the paper's §3.2 definition verbatim, linear in ``r = L / lambda``:
+  ``gamma(r) = 0 if r < alpha; 1 if r > beta; (r - alpha) / (beta - alpha) otherwise`` with
+  ``alpha = beta_slow``, ``beta = beta_fast``. transformers cannot express it; it is recorded under
+  hf_posenc's own rope type.
+
+Both agree outside the blend band and in direction: ``gamma = 1`` keeps ``theta``, ``gamma = 0``
+gives ``theta / s``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..registry import Method, register
+from ._common import RopeParams, positive_number, real_number, rope_inv_freq, scale_factor
+
+RAMPS = ("index", "ratio")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RampParams(RopeParams):
+    """Args:
+    beta_fast (`float`, defaults to 32): rotations over ``L`` above which a pair is kept (``beta``).
+    beta_slow (`float`, defaults to 1): rotations over ``L`` below which a pair is interpolated (``alpha``).
+    ramp (`str`, defaults to ``"index"``): ``"index"`` (released code / transformers) or ``"ratio"``
+        (the paper's §3.2 formula); see the module docstring.
+    truncate (`bool`, defaults to True): floor/ceil the correction dims (``ramp="index"`` only).
+    """
+
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    ramp: str = "index"
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set("beta_fast", positive_number("beta_fast", self.beta_fast))
+        self._set("beta_slow", positive_number("beta_slow", self.beta_slow))
+        if self.beta_fast <= self.beta_slow:
+            raise ValueError(
+                f"beta_fast must be greater than beta_slow (the paper's beta > alpha), got "
+                f"beta_fast={self.beta_fast} and beta_slow={self.beta_slow}."
+            )
+        if self.ramp not in RAMPS:
+            raise ValueError(f"ramp must be one of {RAMPS}, got {self.ramp!r}.")
+        if not isinstance(self.truncate, bool):
+            raise TypeError(f"truncate must be True or False, got {self.truncate!r}.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NTKByPartsParams(RampParams):
+    """Args:
+    factor (`float`): ``s = L'/L`` >= 1.
+    """
+
+    factor: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set("factor", scale_factor(self.factor))
+
+
+@dataclass(frozen=True, kw_only=True)
+class YaRNParams(NTKByPartsParams):
+    """Args:
+    attention_factor (`float`, *optional*): ``sqrt(1/t)``, multiplying cos and sin (so q.k by its
+        square). Defaults to the paper's ``0.1 ln(s) + 1`` (§3.4).
+    """
+
+    attention_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.attention_factor is None:
+            self._set("attention_factor", yarn_attention_factor(self.factor))
+        else:
+            self._set("attention_factor", positive_number("attention_factor", self.attention_factor))
+
+
+def yarn_attention_factor(factor: float) -> float:
+    """YaRN §3.4: ``sqrt(1/t) = 0.1 ln(s) + 1`` (1 for ``s <= 1``)."""
+    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def correction_dim(rotations: float, head_dim: int, base: float, context: int) -> float:
+    """The (fractional) pair index whose wavelength fits ``rotations`` times into ``context``:
+    ``d * ln(L / (2 pi n)) / (2 ln b)`` (inverse of ``r(i) = L / lambda_i``, YaRN §3.2)."""
+    return head_dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+
+def keep_fraction(params: RampParams, inv_freq: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:
+    """``gamma_i`` in [0, 1]: 1 keeps ``theta_i`` (extrapolate), 0 divides it by ``s`` (interpolate)."""
+    context = params.context
+    if params.ramp == "ratio":
+        ratio = context * inv_freq / (2 * math.pi)  # r = L / lambda
+        return ((ratio - params.beta_slow) / (params.beta_fast - params.beta_slow)).clamp(0, 1)
+    low = correction_dim(params.beta_fast, head_dim, base, context)
+    high = correction_dim(params.beta_slow, head_dim, base, context)
+    if params.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # a single-index band; the released code widens it the same way
+    index = torch.arange(head_dim // 2, dtype=inv_freq.dtype, device=inv_freq.device)
+    return 1 - ((index - low) / (high - low)).clamp(0, 1)
+
+
+def by_parts_inv_freq(
+    params: RampParams, factor: float, *, head_dim: int, base: float, dtype=torch.float64, device=None
+) -> torch.Tensor:
+    """NTK-by-parts, YaRN §3.2: ``theta_i' = (1 - gamma_i) theta_i / s + gamma_i theta_i``."""
+    theta = rope_inv_freq(head_dim, base, device=device)
+    gamma = keep_fraction(params, theta, head_dim, base)
+    return ((1 - gamma) * theta / factor + gamma * theta).to(dtype)
+
+
+def ntk_by_parts_frequencies(
+    params: NTKByPartsParams, *, head_dim: int, base: float, seq_len=None, dtype=torch.float64, device=None
+) -> tuple[torch.Tensor, float]:
+    inv_freq = by_parts_inv_freq(params, params.factor, head_dim=head_dim, base=base, dtype=dtype, device=device)
+    return inv_freq, 1.0
+
+
+def yarn_frequencies(
+    params: YaRNParams, *, head_dim: int, base: float, seq_len=None, dtype=torch.float64, device=None
+) -> tuple[torch.Tensor, float]:
+    """YaRN = NTK-by-parts (§3.2) + attention temperature (§3.4)."""
+    inv_freq = by_parts_inv_freq(params, params.factor, head_dim=head_dim, base=base, dtype=dtype, device=device)
+    return inv_freq, params.attention_factor
+
+
+def dynamic_yarn_frequencies(
+    params: RampParams, *, head_dim: int, base: float, seq_len: int | None = None, dtype=torch.float64, device=None
+) -> tuple[torch.Tensor, float]:
+    """Dynamic YaRN, §3.3: YaRN with ``s = max(1, l / L)`` for the current length ``l``."""
+    factor = max(1.0, real_number("seq_len", seq_len or 0) / params.context)
+    inv_freq = by_parts_inv_freq(params, factor, head_dim=head_dim, base=base, dtype=dtype, device=device)
+    return inv_freq, yarn_attention_factor(factor)
+
+
+def _yarn_native(params: NTKByPartsParams, attention_factor: float) -> dict | None:
+    if params.ramp != "index":
+        return None
+    return {
+        "rope_type": "yarn",
+        "factor": params.factor,
+        "original_max_position_embeddings": params.context,
+        "beta_fast": params.beta_fast,
+        "beta_slow": params.beta_slow,
+        "attention_factor": attention_factor,
+        "truncate": params.truncate,
+    }
+
+
+register(
+    Method(
+        name="ntk-by-parts",
+        params=NTKByPartsParams,
+        frequencies=ntk_by_parts_frequencies,
+        native=lambda params, head_dim, base: _yarn_native(params, 1.0),
+        paper="Peng et al. 2023, YaRN (arXiv 2309.00071) §3.2",
+        summary="YaRN without the attention temperature: high frequencies kept, low ones interpolated.",
+    )
+)
+register(
+    Method(
+        name="yarn",
+        params=YaRNParams,
+        frequencies=yarn_frequencies,
+        native=lambda params, head_dim, base: _yarn_native(params, params.attention_factor),
+        paper="Peng et al. 2023, YaRN: Efficient Context Window Extension of LLMs (arXiv 2309.00071) §3.4",
+        summary="Best training-free choice at small s; with a short fine-tune the paper reaches 128k.",
+    )
+)
+register(
+    Method(
+        name="dynamic-yarn",
+        params=RampParams,
+        frequencies=dynamic_yarn_frequencies,
+        native=lambda params, head_dim, base: None,
+        dynamic=True,
+        unchanged_within_context=True,
+        paper="Peng et al. 2023, YaRN (arXiv 2309.00071) §3.3",
+        summary="Training-free; the unpatched model up to L, YaRN with s = l/L past it.",
+    )
+)

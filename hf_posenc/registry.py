@@ -1,0 +1,95 @@
+"""Method registry: name -> :class:`Method`, with aliases. Registering a name twice is an error."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+FrequencyFn = Callable[..., tuple[torch.Tensor, float]]
+NativeFn = Callable[[Any, int, float], "dict[str, Any] | None"]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A position-encoding method: its parameters, its math and how transformers can say it.
+
+    Attributes:
+        name (`str`): canonical name (``"yarn"``).
+        params (`type`): frozen, keyword-only dataclass of the method's parameters; validates in
+            ``__post_init__``.
+        frequencies (`Callable`): pure math, ``fn(params, *, head_dim, base, seq_len, dtype, device)
+            -> (inv_freq, attention_factor)``; ``inv_freq`` has ``head_dim // 2`` entries.
+        native (`Callable`): ``fn(params, head_dim, base) -> rope_parameters`` in transformers' own
+            vocabulary (without ``rope_theta`` unless the method changes it), or ``None`` when
+            transformers cannot express it.
+        dynamic (`bool`): the frequencies depend on the current sequence length.
+        unchanged_within_context (`bool`): for ``seq_len <= original_max_position_embeddings`` the
+            method is the unpatched model exactly (dynamic NTK, dynamic YaRN).
+        applies_to (`frozenset[str]`): position kinds it patches (``"rope"``, ``"learned"``).
+        paper (`str`): reference, shown in errors, the README and model cards.
+        summary (`str`): one line on when to use it.
+    """
+
+    name: str
+    params: type
+    frequencies: FrequencyFn
+    native: NativeFn
+    dynamic: bool = False
+    unchanged_within_context: bool = False
+    applies_to: frozenset[str] = frozenset({"rope"})
+    aliases: tuple[str, ...] = ()
+    paper: str = ""
+    summary: str = field(default="", compare=False)
+
+    def make_params(self, **kwargs: Any) -> Any:
+        """Build (and so validate) the parameters; unknown names raise with the valid ones listed."""
+        names = [f.name for f in dataclasses.fields(self.params)]
+        unknown = sorted(set(kwargs) - set(names))
+        if unknown:
+            raise TypeError(
+                f"Unknown parameter(s) {', '.join(map(repr, unknown))} for method {self.name!r}. "
+                f"Valid parameters: {', '.join(names)}."
+            )
+        try:
+            return self.params(**kwargs)
+        except TypeError as error:  # a required parameter is missing
+            raise TypeError(f"Method {self.name!r}: {error}. Valid parameters: {', '.join(names)}.") from None
+
+
+_METHODS: dict[str, Method] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def register(method: Method) -> Method:
+    """Add ``method`` under its name and aliases; a name already taken raises ``ValueError``."""
+    for name in (method.name, *method.aliases):
+        if name in _METHODS or name in _ALIASES:
+            raise ValueError(f"Method name {name!r} is already registered.")
+    _METHODS[method.name] = method
+    _ALIASES.update({alias: method.name for alias in method.aliases})
+    return method
+
+
+def get_method(name: str) -> Method:
+    """The registered method called ``name`` (or an alias of it)."""
+    if not isinstance(name, str):
+        raise TypeError(f"A method name must be a string, got {type(name).__name__}: {name!r}.")
+    key = name.strip().lower().replace("_", "-")
+    key = _ALIASES.get(key, key)
+    if key not in _METHODS:
+        raise ValueError(f"Unknown method {name!r}. Available methods: {', '.join(available_methods())}.")
+    return _METHODS[key]
+
+
+def available_methods() -> list[str]:
+    """Canonical names of all registered methods, sorted."""
+    return sorted(_METHODS)
+
+
+def methods_for(kind: str) -> list[str]:
+    """Names of the methods that patch position encodings of ``kind`` (``"rope"``, ``"learned"``)."""
+    return sorted(name for name, method in _METHODS.items() if kind in method.applies_to)

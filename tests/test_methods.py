@@ -1,0 +1,172 @@
+"""The pure math against formulas written from the papers, and against transformers where native."""
+
+from __future__ import annotations
+
+import math
+
+import paper_formulas as paper
+import pytest
+import torch
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+import hf_posenc
+from hf_posenc.methods.yarn import correction_dim
+from hf_posenc.registry import Method, get_method, register
+
+D, B, L = 64, 100000.0, 8192  # SmolLM2-135M
+LONG = [1.0 + i / 16 for i in range(D // 2)]
+SHORT = [1.0 + i / 64 for i in range(D // 2)]
+
+# (method, params, seq_len, reference) for every registered method; test_every_method_is_covered
+# fails when a method is added without a case here.
+CASES = [
+    ("pi", {"factor": 4}, None, lambda: paper.pi(D, B, L, 4)),
+    ("pi", {"factor": 2.5}, None, lambda: paper.pi(D, B, L, 2.5)),
+    ("ntk", {"factor": 4}, None, lambda: paper.ntk(D, B, L, 4)),
+    ("dynamic-ntk", {"factor": 4}, 4000, lambda: paper.dynamic_ntk(D, B, L, 4, 4000)),
+    ("dynamic-ntk", {"factor": 4}, 20000, lambda: paper.dynamic_ntk(D, B, L, 4, 20000)),
+    ("ntk-by-parts", {"factor": 4}, None, lambda: (paper.by_parts(D, B, L, 4), 1.0)),
+    ("yarn", {"factor": 4}, None, lambda: paper.yarn(D, B, L, 4)),
+    ("yarn", {"factor": 16, "ramp": "ratio"}, None, lambda: paper.yarn(D, B, L, 16, ramp="ratio")),
+    ("yarn", {"factor": 8, "beta_fast": 16, "beta_slow": 2}, None, lambda: paper.yarn(D, B, L, 8, beta_fast=16, beta_slow=2)),
+    ("yarn", {"factor": 4, "truncate": False}, None, lambda: paper.yarn(D, B, L, 4, truncate=False)),
+    ("dynamic-yarn", {}, 6000, lambda: paper.dynamic_yarn(D, B, L, 6000)),
+    ("dynamic-yarn", {}, 30000, lambda: paper.dynamic_yarn(D, B, L, 30000)),
+    ("llama3", {"factor": 8}, None, lambda: paper.llama3(D, B, L, 8)),
+    ("llama3", {"factor": 4, "low_freq_factor": 2, "high_freq_factor": 8}, None, lambda: paper.llama3(D, B, L, 4, 2, 8)),
+    ("longrope", {"factor": 4, "long_factor": LONG, "short_factor": SHORT}, 9000, lambda: paper.longrope(D, B, L, 4, LONG, SHORT, 9000)),
+    ("longrope", {"factor": 4, "long_factor": LONG, "short_factor": SHORT}, 100, lambda: paper.longrope(D, B, L, 4, LONG, SHORT, 100)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("method", "params", "seq_len", "reference"), CASES)
+def test_frequencies_match_the_papers(method, params, seq_len, reference):
+    inv_freq, factor = hf_posenc.rope_frequencies(
+        method, head_dim=D, base=B, original_max_position_embeddings=L, seq_len=seq_len, **params
+    )
+    expected, expected_factor = reference()
+    assert inv_freq.dtype == torch.float64
+    torch.testing.assert_close(inv_freq, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=0)
+    assert factor == pytest.approx(expected_factor, rel=1e-12)
+
+
+def test_every_method_is_covered():
+    assert {case[0] for case in CASES} == set(hf_posenc.available_methods())
+
+
+def test_llama2_correction_range_is_pairs_20_to_46():
+    """Background: for LLaMA-2 (b=1e4, d=128, L=4096) the ramp runs over pairs 20 ... 46."""
+    assert math.floor(correction_dim(32, 128, 1e4, 4096)) == 20
+    assert math.ceil(correction_dim(1, 128, 1e4, 4096)) == 46
+    inv_freq, _ = hf_posenc.rope_frequencies(
+        "ntk-by-parts", head_dim=128, base=1e4, original_max_position_embeddings=4096, factor=8
+    )
+    theta = torch.tensor(paper.theta(128, 1e4), dtype=torch.float64)
+    assert torch.equal(inv_freq[:21], theta[:21])  # kept: high frequencies
+    torch.testing.assert_close(inv_freq[46:], theta[46:] / 8, rtol=1e-15, atol=0)  # interpolated like PI
+    assert ((inv_freq[21:46] < theta[21:46]) & (inv_freq[21:46] > theta[21:46] / 8)).all()
+
+
+def test_ramp_direction_keeps_high_frequencies():
+    """The paper, not the text that states it backwards: pairs with many rotations (r > beta) are kept."""
+    for ramp in ("index", "ratio"):
+        inv_freq, _ = hf_posenc.rope_frequencies(
+            "yarn", head_dim=D, base=B, original_max_position_embeddings=L, factor=4, ramp=ramp
+        )
+        theta = torch.tensor(paper.theta(D, B), dtype=torch.float64)
+        ratio = L * theta / (2 * math.pi)
+        assert torch.equal(inv_freq[ratio > 32], theta[ratio > 32])
+        torch.testing.assert_close(inv_freq[ratio < 1], theta[ratio < 1] / 4, rtol=1e-15, atol=0)
+
+
+def test_yarn_attention_factor_is_the_papers():
+    for s, expected in [(2, 1.0693147), (4, 1.1386294), (16, 1.2772589), (32, 1.3465736)]:
+        _, factor = hf_posenc.rope_frequencies("yarn", head_dim=D, base=B, original_max_position_embeddings=L, factor=s)
+        assert factor == pytest.approx(expected, abs=1e-7)
+
+
+def test_dynamic_methods_are_the_unscaled_rope_inside_the_context():
+    theta = torch.tensor(paper.theta(D, B), dtype=torch.float64)
+    for method, params in [("dynamic-ntk", {"factor": 4}), ("dynamic-yarn", {})]:
+        for seq_len in (None, 1, L):
+            inv_freq, factor = hf_posenc.rope_frequencies(
+                method, head_dim=D, base=B, original_max_position_embeddings=L, seq_len=seq_len, **params
+            )
+            torch.testing.assert_close(inv_freq, theta, rtol=1e-15, atol=0)
+            assert factor == 1.0
+
+
+def _transformers(rope_parameters: dict, seq_len=None) -> tuple[torch.Tensor, float]:
+    config = LlamaConfig(
+        hidden_size=D * 4, num_attention_heads=4, max_position_embeddings=L, rope_parameters=dict(rope_parameters)
+    )
+    return ROPE_INIT_FUNCTIONS[config.rope_parameters["rope_type"]](config, None, seq_len=seq_len)
+
+
+NATIVE = [
+    ("pi", {"factor": 4}, {"rope_type": "linear", "factor": 4.0}, None),
+    ("dynamic-ntk", {"factor": 4}, {"rope_type": "dynamic", "factor": 4.0}, 20000),
+    ("yarn", {"factor": 4}, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L}, None),
+    ("ntk-by-parts", {"factor": 4}, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L, "attention_factor": 1.0}, None),
+    ("llama3", {"factor": 8}, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": L}, None),
+    ("longrope", {"factor": 4, "long_factor": LONG}, {"rope_type": "longrope", "factor": 4.0, "long_factor": LONG, "short_factor": [1.0] * (D // 2), "original_max_position_embeddings": L}, 9000),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("method", "params", "rope_parameters", "seq_len"), NATIVE)
+def test_native_methods_equal_transformers(method, params, rope_parameters, seq_len):
+    inv_freq, factor = hf_posenc.rope_frequencies(
+        method, head_dim=D, base=B, original_max_position_embeddings=L, seq_len=seq_len, **params
+    )
+    theirs, their_factor = _transformers({"rope_theta": B, **rope_parameters}, seq_len)
+    torch.testing.assert_close(inv_freq, theirs.double(), rtol=1e-6, atol=0)
+    assert factor == pytest.approx(their_factor, rel=1e-6)
+
+
+def test_ratio_ramp_differs_from_transformers_yarn():
+    """The paper's gamma(r) is linear in r; the released code's ramp is linear in log r. Not the same."""
+    ours, _ = hf_posenc.rope_frequencies(
+        "yarn", head_dim=D, base=B, original_max_position_embeddings=L, factor=4, ramp="ratio"
+    )
+    theirs, _ = _transformers(
+        {"rope_theta": B, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L}
+    )
+    assert (ours - theirs.double()).abs().max() / theirs.max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "error", "match"),
+    [
+        ("nope", {"factor": 2}, ValueError, "Available methods: dynamic-ntk, dynamic-yarn"),
+        ("yarn", {"factor": 0}, ValueError, "factor must be >= 1"),
+        ("yarn", {"factor": -2}, ValueError, "factor must be >= 1"),
+        ("pi", {"factor": 0.5}, ValueError, "got 0.5"),
+        ("pi", {"factor": float("nan")}, ValueError, "finite"),
+        ("pi", {"factor": "4"}, TypeError, "must be a number"),
+        ("pi", {"factor": True}, TypeError, "must be a number"),
+        ("pi", {}, TypeError, "factor"),
+        ("yarn", {"factor": 4, "beta_fast": 1, "beta_slow": 32}, ValueError, "beta_fast must be greater"),
+        ("yarn", {"factor": 4, "beta_fast": 2, "beta_slow": 2}, ValueError, "beta_fast must be greater"),
+        ("yarn", {"factor": 4, "ramp": "cosine"}, ValueError, "ramp must be one of"),
+        ("yarn", {"factor": 4, "fctor": 4}, TypeError, "Unknown parameter.*'fctor'.*Valid parameters: original"),
+        ("llama3", {"factor": 8, "low_freq_factor": 4, "high_freq_factor": 1}, ValueError, "high_freq_factor must be greater"),
+        ("longrope", {"factor": 4, "long_factor": [1.0] * 3}, ValueError, "long_factor has 3 values.*needs 32"),
+        ("longrope", {"factor": 4, "long_factor": [0.0] * 32}, ValueError, r"long_factor\[0\] must be > 0"),
+        ("longrope", {"factor": 4, "long_factor": "2"}, TypeError, "list of numbers"),
+    ],
+)  # fmt: skip
+def test_bad_parameters_raise_clearly(method, params, error, match):
+    with pytest.raises(error, match=match):
+        hf_posenc.rope_frequencies(
+            method, head_dim=D, base=B, original_max_position_embeddings=L, seq_len=9000, **params
+        )
+
+
+def test_registry_refuses_duplicates_and_resolves_aliases():
+    with pytest.raises(ValueError, match="already registered"):
+        register(get_method("yarn"))
+    with pytest.raises(ValueError, match="already registered"):
+        register(Method(name="linear", params=object, frequencies=print, native=print))
+    assert get_method("linear").name == "pi"
+    assert get_method("Dynamic_NTK").name == "dynamic-ntk"

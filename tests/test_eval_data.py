@@ -35,9 +35,7 @@ def test_windows_score_each_token_at_most_once_with_only_past_context(protocol, 
     assert plan.skipped_documents == sum(n < span for n in DOC_LENGTHS)
 
 
-@pytest.mark.parametrize(
-    ("length", "bos", "stride"), [(8, False, 3), (17, True, 8), (64, False, None), (9, False, 8)]
-)
+@pytest.mark.parametrize(("length", "bos", "stride"), [(8, False, 3), (17, True, 8), (64, False, None), (9, False, 8)])
 def test_sliding_scores_every_token_with_at_least_length_minus_stride_context(length, bos, stride):
     plan = build_windows(DOC_LENGTHS, length, "sliding", bos=bos, stride=stride)
     stride = stride or length // 2

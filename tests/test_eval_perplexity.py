@@ -103,13 +103,9 @@ def _docs_recipe(model, encodings: torch.Tensor, max_length: int, stride: int) -
     return math.exp(nll_sum / n_tokens)
 
 
-def _our_ppl(
-    model, doc: list[int], length: int, protocol: str, stride: int | None = None, batch_size: int = 1
-):
+def _our_ppl(model, doc: list[int], length: int, protocol: str, stride: int | None = None, batch_size: int = 1):
     plan = build_windows([len(doc)], length, protocol, bos=False, stride=stride)
-    scored = score_windows(
-        model, [doc], plan.windows, accelerator=Accelerator(cpu=True), batch_size=batch_size
-    )
+    scored = score_windows(model, [doc], plan.windows, accelerator=Accelerator(cpu=True), batch_size=batch_size)
     return perplexity(sum(r[1] for r in scored), sum(r[2] for r in scored))[1], scored
 
 

@@ -119,14 +119,13 @@ def load_texts(source: TextSource) -> list[str]:
                 f"Cannot load dataset {source.path!r} (config {source.config!r}, split {source.split!r}): "
                 f"{error}. Give a Hub dataset id or an existing local file or folder."
             ) from error
-    columns = dataset.column_names
-    if columns is not None and source.text_column not in columns:
-        raise ValueError(
-            f"Dataset {source.path!r} has no column {source.text_column!r}; its columns are {columns}. "
-            "Choose one with --text-column."
-        )
     texts = []
-    for row in dataset:
+    for row in dataset:  # a streamed dataset may not know its columns before the first row
+        if source.text_column not in row:
+            raise ValueError(
+                f"Dataset {source.path!r} has no column {source.text_column!r}; its columns are {list(row)}. "
+                "Choose one with --text-column."
+            )
         if source.max_documents is not None and len(texts) >= source.max_documents:
             break
         texts.append(row[source.text_column])

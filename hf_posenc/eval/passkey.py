@@ -55,9 +55,7 @@ def build_prompt(tokenizer, length: int, depth: float, key: int, bos_id: int | N
     room = length - len(prefix) - len(needle) - len(question) - len(answer)
     repeats = room // len(filler)
     if repeats < 1:
-        raise ValueError(
-            f"Length {length} is too short for a passkey prompt (needs about {length - room + 1})."
-        )
+        raise ValueError(f"Length {length} is too short for a passkey prompt (needs at least {length - room + len(filler)}).")
     before = round(depth * repeats)
     prompt = prefix + filler * before + needle + filler * (repeats - before) + question
     return PasskeyPrompt(prompt + answer, len(prompt), key)
@@ -67,9 +65,7 @@ def accuracy_grid(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Accuracy per (method, length, depth) from trials ``{"method", "length", "depth", "correct"}``."""
     cells: dict[tuple, list[bool]] = {}
     for trial in trials:
-        cells.setdefault((trial["method"], trial["length"], trial["depth"]), []).append(
-            bool(trial["correct"])
-        )
+        cells.setdefault((trial["method"], trial["length"], trial["depth"]), []).append(bool(trial["correct"]))
     order = {method: i for i, method in enumerate(dict.fromkeys(t["method"] for t in trials))}
     return [
         {"method": m, "length": n, "depth": d, "accuracy": sum(v) / len(v), "trials": len(v)}

@@ -42,9 +42,7 @@ def _logit_chunks(
 
 
 @torch.inference_mode()
-def window_nll(
-    model, input_ids: torch.Tensor, score_from: int, chunk_size: int = DEFAULT_CHUNK_SIZE
-) -> torch.Tensor:
+def window_nll(model, input_ids: torch.Tensor, score_from: int, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
     """Summed NLL (nats, float64) of each window's tokens at positions ``score_from … T-1``.
 
     Returns:

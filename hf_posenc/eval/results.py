@@ -99,9 +99,7 @@ def write_csv(path: Path, results: list[dict[str, Any]]) -> None:
     atomic_write_text(path, buffer.getvalue())
 
 
-def plot_ppl_vs_length(
-    path: Path, results: list[dict[str, Any]], *, trained_context: int, title: str
-) -> None:
+def plot_ppl_vs_length(path: Path, results: list[dict[str, Any]], *, trained_context: int, title: str) -> None:
     """One line per method, perplexity on a log scale against length, the trained context marked."""
     import matplotlib
 
@@ -135,9 +133,7 @@ def plot_passkey_heatmap(path: Path, grid: list[dict[str, Any]], *, title: str) 
     methods = list(dict.fromkeys(cell["method"] for cell in grid))
     lengths = sorted({cell["length"] for cell in grid})
     depths = sorted({cell["depth"] for cell in grid})
-    fig, axes = plt.subplots(
-        1, len(methods), figsize=(1.2 + 0.9 * len(lengths) * len(methods), 3.6), squeeze=False
-    )
+    fig, axes = plt.subplots(1, len(methods), figsize=(1.2 + 0.9 * len(lengths) * len(methods), 3.6), squeeze=False)
     for ax, method in zip(axes[0], methods, strict=True):
         values = [[float("nan")] * len(lengths) for _ in depths]
         for cell in grid:

@@ -20,7 +20,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
-from hf_posenc.eval.data import TextSource, Window, build_windows, load_texts, tokenize_texts
+from hf_posenc.eval.data import TextSource, Window, WindowPlan, build_windows, load_texts, tokenize_texts
 from hf_posenc.eval.passkey import accuracy_grid, build_prompt, random_keys
 from hf_posenc.eval.perplexity import (
     DEFAULT_CHUNK_SIZE,
@@ -170,9 +170,7 @@ def score_windows(
         records = []
         bar = tqdm(total=len(mine), desc=desc, unit="window", disable=not accelerator.is_local_main_process)
         for batch in _batches(mine, windows, bos, batch_size):
-            ids = torch.tensor(
-                [window_ids(docs, windows[i], bos_id) for i in batch], device=accelerator.device
-            )
+            ids = torch.tensor([window_ids(docs, windows[i], bos_id) for i in batch], device=accelerator.device)
             nll = window_nll(model, ids, _shape(windows[batch[0]], bos)[1], chunk_size).tolist()
             records += [(i, value, windows[i].scored) for i, value in zip(batch, nll, strict=True)]
             bar.update(len(batch))
@@ -225,9 +223,7 @@ def run_perplexity(
         docs = tokenize_texts(tokenizer, load_texts(text_source))
     doc_lengths = [len(d) for d in docs]
     plans = {
-        n: build_windows(
-            doc_lengths, n, protocol, bos=bos_id is not None, stride=stride, max_windows=max_windows
-        )
+        n: build_windows(doc_lengths, n, protocol, bos=bos_id is not None, stride=stride, max_windows=max_windows)
         for n in lengths
     }
     done = {(r["method"], r["length"]) for r in results}
@@ -275,34 +271,40 @@ def run_perplexity(
                     chunk_size=chunk_size,
                     desc=f"{spec} @ {n}",
                 )
-                nll, ppl = perplexity(sum(r[1] for r in scored), sum(r[2] for r in scored))
-                results.append(
-                    {
-                        "method": spec,
-                        "params": params,
-                        "length": n,
-                        "ppl": ppl,
-                        "nll": nll,
-                        "tokens": sum(r[2] for r in scored),
-                        "windows": len(scored),
-                        "skipped_documents": plans[n].skipped_documents,
-                        "dropped_tokens": plans[n].dropped_tokens,
-                        "seconds": round(time.perf_counter() - start, 2),
-                    }
-                )
+                seconds = time.perf_counter() - start
+                results.append(_result(spec, params, n, scored, plans[n], seconds))
                 record["results"] = sort_results(results, methods)
                 if accelerator.is_main_process:
                     write_all(output, record)
     return record
 
 
+def _result(spec: str, params: dict, length: int, scored: list, plan: WindowPlan, seconds: float) -> dict:
+    """One row of results.json: token-weighted NLL and PPL, and what was (not) scored."""
+    tokens = sum(r[2] for r in scored)
+    nll, ppl = perplexity(sum(r[1] for r in scored), tokens)
+    return {
+        "method": spec,
+        "params": params,
+        "length": length,
+        "ppl": ppl,
+        "nll": nll,
+        "tokens": tokens,
+        "windows": len(scored),
+        "skipped_documents": plan.skipped_documents,
+        "dropped_tokens": plan.dropped_tokens,
+        "seconds": round(seconds, 2),
+    }
+
+
 def write_all(output: Path, record: dict[str, Any]) -> None:
     """results.json, results.csv and ppl_vs_length.png of ``record`` (each written atomically)."""
     write_json(output / RESULTS_JSON, record)
     write_csv(output / "results.csv", record["results"])
-    protocol = record["protocol"]
-    title = f"{record['model']['name']} on {record['dataset']['name']}: protocol {protocol['name']}, " + (
-        "BOS prepended" if protocol["bos"] else "no BOS"
+    protocol, model, dataset = record["protocol"], record["model"], record["dataset"]
+    title = (
+        f"{model['gguf_file'] or model['name']} on {Path(dataset['name']).name}: protocol {protocol['name']}, "
+        f"{'BOS prepended' if protocol['bos'] else 'no BOS'}, {model['dtype']}"
     )
     plot_ppl_vs_length(
         output / "ppl_vs_length.png",
@@ -355,9 +357,7 @@ def run_passkey(
     tokenizer = load_tokenizer(model_source)
     bos_id = resolve_bos(bos, tokenizer)
     keys = random_keys(trials, seed)
-    prompts = {
-        n: [(d, build_prompt(tokenizer, n, d, k, bos_id)) for d in depths for k in keys] for n in lengths
-    }
+    prompts = {n: [(d, build_prompt(tokenizer, n, d, k, bos_id)) for d in depths for k in keys] for n in lengths}
     done = {(t["method"], t["length"]) for t in done_trials}
     record = {
         "task": "passkey retrieval, greedy (teacher-forced) exact match of the key's tokens",
@@ -379,9 +379,7 @@ def run_passkey(
             continue
         with applied(model, spec):
             for n in todo:
-                flags = _passkey_flags(
-                    model, [p for _, p in prompts[n]], accelerator, f"passkey {spec} @ {n}"
-                )
+                flags = _passkey_flags(model, [p for _, p in prompts[n]], accelerator, f"passkey {spec} @ {n}")
                 done_trials += [
                     {"method": spec, "length": n, "depth": d, "key": p.key, "correct": ok}
                     for (d, p), ok in zip(prompts[n], flags, strict=True)

@@ -41,7 +41,8 @@ examples:
       --streaming --max-documents 20 --method none --method pi:factor=4 --method yarn:factor=4 \\
       --lengths 2k,4k,8k,16k,32k
   hf-posenc eval --model ./my-model --dataset ./texts/ --protocol sliding --stride 1k --lengths 4k
-  accelerate launch -m hf_posenc eval --model meta-llama/Llama-2-7b-hf --dataset pg19.parquet ...
+  accelerate launch --multi_gpu --num_processes 4 -m hf_posenc eval --model meta-llama/Llama-2-7b-hf \\
+      --dataset ./pg19-test/ --lengths 4k,8k,16k --method none --method yarn:factor=4
 
 A run writes results.json, results.csv and ppl_vs_length.png to --output after every (method, length);
 rerun the same command to resume a killed run, or add methods/lengths to extend it.

@@ -105,14 +105,20 @@ def plot_ppl_vs_length(path: Path, results: list[dict[str, Any]], *, trained_con
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for method in dict.fromkeys(r["method"] for r in results):
         points = sorted((r["length"], r["ppl"]) for r in results if r["method"] == method)
         ax.plot(*zip(*points, strict=True), marker="o", label=method)
     ax.axvline(trained_context, color="gray", linestyle="--", label=f"trained context ({trained_context})")
+    lengths = sorted({r["length"] for r in results})
     ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [_length_label(n) for n in lengths])
+    ax.minorticks_off()
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity")
     ax.set_title(title, fontsize=9)

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .loading import from_pretrained  # noqa: E402
+from .hub import HubError, HubPushError, from_pretrained, push_to_hub  # noqa: E402
 from .methods import rope_frequencies  # noqa: E402
 from .patching import PatchInfo, get_patch, patch, patched, unpatch  # noqa: E402
 from .registry import available_methods  # noqa: E402
 
 __all__ = [
+    "HubError",
+    "HubPushError",
     "PatchInfo",
     "available_methods",
     "from_pretrained",
     "get_patch",
     "patch",
     "patched",
+    "push_to_hub",
     "rope_frequencies",
     "unpatch",
 ]

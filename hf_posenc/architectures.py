@@ -60,6 +60,12 @@ def positions_of(model: nn.Module) -> Positions:
 def unsupported(model: nn.Module, method: str, positions: Positions) -> ValueError:
     """The error for ``method`` on a model whose positions it cannot patch; names what does apply."""
     model_type = getattr(getattr(model, "config", None), "model_type", "?")
+    if positions.kind == "unknown":
+        return ValueError(
+            f"{type(model).__name__} (model_type {model_type!r}) has no rotary-embedding module hf_posenc can "
+            f"patch (one with an `inv_freq` buffer, a `rope_type` and the config; per-layer-type RoPE such as "
+            f"Gemma 3's is not supported yet), so method {method!r} does not apply."
+        )
     applicable = methods_for(positions.kind)
     alternatives = (
         f"Methods for {positions.kind} positions: {', '.join(applicable)}."

@@ -83,23 +83,39 @@ def config_updates(method: Method, params: Any, config: Any, rope_parameters: di
 
 
 def transformers_frequencies(
-    config: Any, rotary_module: torch.nn.Module, seq_len: int | None = None
+    config: Any, rotary_module: torch.nn.Module, seq_len: int | None = None, device: Any = None
 ) -> tuple[torch.Tensor, float]:
-    """What transformers itself computes for ``config.rope_parameters`` (float32, CPU)."""
+    """What transformers itself computes for ``config.rope_parameters`` (float32).
+
+    ``seq_len`` goes in as a 0-d int64 tensor, as transformers' dynamic update passes it, so the
+    arithmetic (and so every bit of the result) is the one a natively loaded model does.
+    """
     rope_type = config.rope_parameters["rope_type"]
     if rope_type == "default":
-        return type(rotary_module).compute_default_rope_parameters(config)
-    return ROPE_INIT_FUNCTIONS[rope_type](config, None, seq_len=seq_len)
+        inv_freq, factor = type(rotary_module).compute_default_rope_parameters(config)
+        return inv_freq.to(device), factor
+    length = None if seq_len is None else torch.tensor(seq_len, device=device)
+    return ROPE_INIT_FUNCTIONS[rope_type](config, device, seq_len=length)
 
 
 def own_rope_init(config: Any, device: Any = None, seq_len: Any = None, layer_type: Any = None):
-    """transformers rope-init function for hf_posenc's rope types (``ROPE_INIT_FUNCTIONS`` signature)."""
-    rope = config.rope_parameters
-    params = {key: value for key, value in rope.items() if key not in _OWN_KEYS}
+    """transformers rope-init function for hf_posenc's rope types (``ROPE_INIT_FUNCTIONS`` signature).
+
+    Reads the ``hf_posenc`` record when the config has one (a patched model whose rotary modules
+    transformers re-initializes), else the method written into ``rope_parameters``.
+    """
+    record = getattr(config, CONFIG_KEY, None)
+    if record:
+        method, params = record["method"], record["params"]
+        base = record["base"]["rope_parameters"]["rope_theta"]
+    else:
+        rope = config.rope_parameters
+        method, base = rope["method"], rope["rope_theta"]
+        params = {key: value for key, value in rope.items() if key not in _OWN_KEYS}
     inv_freq, attention = rope_frequencies(
-        rope["method"],
+        method,
         head_dim=rotary_dim(config),
-        base=rope["rope_theta"],
+        base=base,
         seq_len=None if seq_len is None else int(seq_len),
         **params,
     )

@@ -33,11 +33,10 @@ from .registry import Method, get_method
 
 logger = logging.getLogger("hf_posenc")
 
-PATCHED_ROPE_TYPE = OWN_ROPE_TYPE  # what a patched rotary module reports: transformers' decorator skips it
 NATIVE_RTOL = 1e-5  # transformers' float32 math against ours in float64
 _MISSING = object()
 
-Frequencies = Callable[[int | None], tuple[torch.Tensor, float]]
+Frequencies = Callable[[int | None, torch.device | None], tuple[torch.Tensor, float]]
 
 
 @dataclass(frozen=True)
@@ -77,6 +76,7 @@ class _Plan:
     updates: dict[str, Any]
     modules: list[nn.Module]
     native: bool
+    ours: Callable[[int | None], tuple[torch.Tensor, float]]  # our float64 math for this model
 
 
 def _check_rope_model(model: nn.Module, method: Method) -> list[nn.Module]:
@@ -106,9 +106,16 @@ def _check_rope_model(model: nn.Module, method: Method) -> list[nn.Module]:
 
 
 def _trained_context(config: Any, params: dict[str, Any]) -> int:
+    """``L``: given, else recorded by the config (``original_max_position_embeddings``), else guessed
+    from ``max_position_embeddings`` with a log line."""
     given = params.pop("original_max_position_embeddings", None)
     if given is not None:
         return given
+    recorded = config.rope_parameters.get("original_max_position_embeddings") or getattr(
+        config, "original_max_position_embeddings", None
+    )
+    if recorded:
+        return recorded
     context = config.max_position_embeddings
     logger.warning(
         "hf_posenc: original_max_position_embeddings not given; using the config's max_position_embeddings "
@@ -176,23 +183,22 @@ def _plan(model: nn.Module, method_name: str, params: dict[str, Any]) -> _Plan:
     if not native:
         rope_parameters = own_rope_parameters(method, resolved, config)
     updates = config_updates(method, resolved, config, rope_parameters)
-    return _Plan(method, resolved, updates, modules, native)
+    return _Plan(method, resolved, updates, modules, native, ours)
 
 
 def _frequency_source(plan: _Plan, config: Any) -> Frequencies:
-    """``seq_len -> (inv_freq float32 on CPU, attention factor)`` for the patched model.
+    """``(seq_len, device) -> (inv_freq float32, attention factor)`` for the patched model.
 
     Native patches use transformers' own function on the patched config, so the patched model is
     bit for bit what ``from_pretrained`` builds from the saved config; the others use our math.
     """
     if plan.native:
         module = plan.modules[0]
-        return lambda seq_len: transformers_frequencies(config, module, seq_len)
-    head_dim, base = rotary_dim(config), config.rope_parameters["rope_theta"]
+        return lambda seq_len, device: transformers_frequencies(config, module, seq_len, device)
 
-    def ours(seq_len):
-        inv_freq, factor = plan.method.frequencies(plan.params, head_dim=head_dim, base=base, seq_len=seq_len)
-        return inv_freq.float(), factor
+    def ours(seq_len, device):
+        inv_freq, factor = plan.ours(seq_len)
+        return inv_freq.to(device=device, dtype=torch.float32), factor
 
     return ours
 
@@ -211,7 +217,7 @@ def _dynamic_forward(module: nn.Module, source: Frequencies, plan: _Plan, before
     def frequencies(seq_len: int, device: torch.device) -> tuple[torch.Tensor, float]:
         if plan.method.unchanged_within_context and seq_len <= context:
             return original[0].to(device), original[1]
-        inv_freq, factor = source(seq_len)
+        inv_freq, factor = source(seq_len, device)
         return inv_freq.to(device=device, dtype=torch.float32), factor
 
     def forward(x: torch.Tensor, position_ids: torch.Tensor, *args: Any, **kwargs: Any):
@@ -244,15 +250,17 @@ def _apply(model: nn.Module, plan: _Plan) -> None:
         for key, value in plan.updates.items():
             setattr(config, key, copy.deepcopy(value))
         source = _frequency_source(plan, config)
-        inv_freq, factor = source(None)
+        # What the patched modules report as rope_type: transformers' dynamic decorator skips both
+        # kinds, and its weight init rebuilds them exactly (native static type, or ours via the record).
+        module_rope_type = record.info.rope_type if plan.native and not plan.method.dynamic else OWN_ROPE_TYPE
         for module in plan.modules:
             before = _snapshot(module)
             record.modules_before.append((module, before))
-            device = module.inv_freq.device
-            module.inv_freq = inv_freq.to(device)
-            module.original_inv_freq = inv_freq.to(device).clone()
+            inv_freq, factor = source(None, module.inv_freq.device)
+            module.inv_freq = inv_freq
+            module.original_inv_freq = inv_freq.clone()
             module.attention_scaling = factor
-            module.rope_type = PATCHED_ROPE_TYPE
+            module.rope_type = module_rope_type
             if plan.method.dynamic:
                 module.forward = _dynamic_forward(module, source, plan, before)
     except BaseException:

@@ -67,6 +67,19 @@ class RopeParams:
         object.__setattr__(self, name, value)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ScaledRopeParams(RopeParams):
+    """Args:
+    factor (`float`): ``s = L'/L`` >= 1.
+    """
+
+    factor: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set("factor", scale_factor(self.factor))
+
+
 def rope_inv_freq(
     head_dim: int, base: float, *, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
 ) -> torch.Tensor:

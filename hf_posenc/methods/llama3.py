@@ -7,24 +7,22 @@ from dataclasses import dataclass
 import torch
 
 from ..registry import Method, register
-from ._common import RopeParams, positive_number, rope_inv_freq, scale_factor, wavelengths
+from ._common import ScaledRopeParams, positive_number, rope_inv_freq, wavelengths
 
 
 @dataclass(frozen=True, kw_only=True)
-class Llama3Params(RopeParams):
+class Llama3Params(ScaledRopeParams):
     """Args:
     factor (`float`): ``s`` >= 1 (8 for Llama 3.1).
     low_freq_factor (`float`, defaults to 1): wavelengths above ``L / low_freq_factor`` are divided by s.
     high_freq_factor (`float`, defaults to 4): wavelengths below ``L / high_freq_factor`` are kept.
     """
 
-    factor: float
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._set("factor", scale_factor(self.factor))
         self._set("low_freq_factor", positive_number("low_freq_factor", self.low_freq_factor))
         self._set("high_freq_factor", positive_number("high_freq_factor", self.high_freq_factor))
         if self.high_freq_factor <= self.low_freq_factor:

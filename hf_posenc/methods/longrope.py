@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..registry import Method, register
-from ._common import RopeParams, positive_number, rope_inv_freq, scale_factor
+from ._common import ScaledRopeParams, positive_number, rope_inv_freq
 
 
 def _factor_list(name: str, values) -> tuple[float, ...]:
@@ -18,7 +18,7 @@ def _factor_list(name: str, values) -> tuple[float, ...]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LongRoPEParams(RopeParams):
+class LongRoPEParams(ScaledRopeParams):
     """Args:
     factor (`float`): ``s = L'/L`` >= 1; sets the default attention factor.
     long_factor (`list[float]`): ``lambda_i`` per pair (``head_dim // 2`` values), used past ``L``.
@@ -26,14 +26,12 @@ class LongRoPEParams(RopeParams):
     attention_factor (`float`, *optional*): defaults to ``sqrt(1 + ln s / ln L)`` (paper §3.3 / Phi-3).
     """
 
-    factor: float
     long_factor: tuple[float, ...]
     short_factor: tuple[float, ...] | None = None
     attention_factor: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._set("factor", scale_factor(self.factor))
         self._set("long_factor", _factor_list("long_factor", self.long_factor))
         if self.short_factor is not None:
             self._set("short_factor", _factor_list("short_factor", self.short_factor))

@@ -2,25 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ..registry import Method, register
-from ._common import RopeParams, rope_inv_freq, scale_factor
-
-
-@dataclass(frozen=True, kw_only=True)
-class NTKParams(RopeParams):
-    """Args:
-    factor (`float`): ``s = L'/L`` >= 1.
-    """
-
-    factor: float
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._set("factor", scale_factor(self.factor))
+from ._common import ScaledRopeParams, rope_inv_freq
 
 
 def ntk_base(base: float, factor: float, head_dim: int) -> float:
@@ -29,18 +14,30 @@ def ntk_base(base: float, factor: float, head_dim: int) -> float:
 
 
 def ntk_frequencies(
-    params: NTKParams, *, head_dim: int, base: float, seq_len: int | None = None, dtype=torch.float64, device=None
+    params: ScaledRopeParams,
+    *,
+    head_dim: int,
+    base: float,
+    seq_len: int | None = None,
+    dtype=torch.float64,
+    device=None,
 ) -> tuple[torch.Tensor, float]:
     """Static NTK-aware: RoPE with the base ``b'``; the highest frequency is kept, the lowest divided by s."""
     return rope_inv_freq(head_dim, ntk_base(base, params.factor, head_dim), dtype=dtype, device=device), 1.0
 
 
-def ntk_native(params: NTKParams, head_dim: int, base: float) -> dict:
+def ntk_native(params: ScaledRopeParams, head_dim: int, base: float) -> dict:
     return {"rope_type": "default", "rope_theta": ntk_base(base, params.factor, head_dim)}
 
 
 def dynamic_ntk_frequencies(
-    params: NTKParams, *, head_dim: int, base: float, seq_len: int | None = None, dtype=torch.float64, device=None
+    params: ScaledRopeParams,
+    *,
+    head_dim: int,
+    base: float,
+    seq_len: int | None = None,
+    dtype=torch.float64,
+    device=None,
 ) -> tuple[torch.Tensor, float]:
     """Dynamic NTK (emozilla 2023; YaRN paper §3.3), for the current length ``l``:
     ``b' = b * ((s * l / L) - (s - 1))^(d / (d - 2))`` when ``l > L``, the unscaled base otherwise.
@@ -50,7 +47,7 @@ def dynamic_ntk_frequencies(
     return rope_inv_freq(head_dim, base * scale ** (head_dim / (head_dim - 2)), dtype=dtype, device=device), 1.0
 
 
-def dynamic_ntk_native(params: NTKParams, head_dim: int, base: float) -> dict:
+def dynamic_ntk_native(params: ScaledRopeParams, head_dim: int, base: float) -> dict:
     # transformers' "dynamic" takes L from config.max_position_embeddings; the patch sets it to L.
     return {"rope_type": "dynamic", "factor": params.factor}
 
@@ -59,7 +56,7 @@ register(
     Method(
         name="ntk",
         aliases=("ntk-aware",),
-        params=NTKParams,
+        params=ScaledRopeParams,
         frequencies=ntk_frequencies,
         native=ntk_native,
         paper="bloc97 2023, NTK-Aware Scaled RoPE (reddit r/LocalLLaMA); YaRN paper §3.1",
@@ -70,7 +67,7 @@ register(
     Method(
         name="dynamic-ntk",
         aliases=("dynamic", "ntk-dynamic"),
-        params=NTKParams,
+        params=ScaledRopeParams,
         frequencies=dynamic_ntk_frequencies,
         native=dynamic_ntk_native,
         dynamic=True,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..registry import Method, register
-from ._common import RopeParams, positive_number, real_number, rope_inv_freq, scale_factor
+from ._common import RopeParams, ScaledRopeParams, positive_number, real_number, rope_inv_freq
 
 RAMPS = ("index", "ratio")
 
@@ -60,16 +60,8 @@ class RampParams(RopeParams):
 
 
 @dataclass(frozen=True, kw_only=True)
-class NTKByPartsParams(RampParams):
-    """Args:
-    factor (`float`): ``s = L'/L`` >= 1.
-    """
-
-    factor: float
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._set("factor", scale_factor(self.factor))
+class NTKByPartsParams(RampParams, ScaledRopeParams):
+    """The ramp's parameters and ``factor`` (``s = L'/L`` >= 1)."""
 
 
 @dataclass(frozen=True, kw_only=True)

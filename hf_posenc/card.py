@@ -1,0 +1,209 @@
+"""Model cards for patched models: metadata, method description, and perplexity results.
+
+The card is rendered from ``model_cards/posenc_model.md`` with huggingface_hub's
+:meth:`~huggingface_hub.ModelCard.from_template`. Its YAML header carries ``base_model``, the tags,
+the license of the base model and a ``model-index`` with one perplexity per context length, which
+the Hub and ``evaluate`` read back as :class:`~huggingface_hub.EvalResult` objects.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from hf_posenc.registry import get_method
+from hf_posenc.spec import NONE_METHOD, format_method_spec, parse_method_spec
+
+TEMPLATE_PATH = Path(__file__).resolve().parent / "model_cards" / "posenc_model.md"
+PLOT_FILE = "ppl_vs_length.png"
+
+ARXIV_ID = re.compile(r"arXiv (\d{4}\.\d{4,5})")
+
+
+@dataclass(frozen=True)
+class PatchRecord:
+    """What ``hf_posenc.patch`` wrote into ``config.hf_posenc``: the method and the base it replaced."""
+
+    method: str
+    params: dict[str, Any]
+    native: bool
+    base_max_position_embeddings: int | None
+    version: str | None
+
+    @classmethod
+    def from_config(cls, config: Any) -> PatchRecord:
+        """Read the record from a (patched) transformers config; raise if the model is not patched."""
+        record = getattr(config, "hf_posenc", None)
+        if not isinstance(record, dict) or "method" not in record:
+            raise ValueError(
+                "The model is not patched by hf_posenc (its config has no 'hf_posenc' record); "
+                "call hf_posenc.patch(model, method, ...) first."
+            )
+        base = record.get("base") or {}
+        return cls(
+            method=record["method"],
+            params=dict(record.get("params") or {}),
+            native=bool(record.get("native")),
+            base_max_position_embeddings=base.get("max_position_embeddings"),
+            version=record.get("version"),
+        )
+
+    @property
+    def spec(self) -> str:
+        return format_method_spec(self.method, self.params)
+
+
+@dataclass(frozen=True)
+class EvalTable:
+    """Perplexity rows of one method and of the unpatched base, read from an eval ``results.json``."""
+
+    source: Path
+    protocol: str
+    dataset: str
+    method_spec: str
+    rows: list[tuple[int, float | None, float | None]]  # (length, base ppl, method ppl)
+    plot: Path | None
+
+    def eval_results(self) -> list[EvalResult]:
+        """One ``model-index`` perplexity per context length, for the method's rows only."""
+        return [
+            EvalResult(
+                task_type="text-generation",
+                task_name="Perplexity vs context length",
+                dataset_type=self.dataset,
+                dataset_name=self.dataset,
+                metric_type="perplexity",
+                metric_value=round(ppl, 4),
+                metric_name=f"Perplexity at {length} tokens",
+                metric_args={"context_length": length, "protocol": self.protocol},
+            )
+            for length, _, ppl in self.rows
+            if ppl is not None
+        ]
+
+
+def load_eval_table(path: str | Path, record: PatchRecord) -> EvalTable:
+    """Read an eval ``results.json`` and keep the rows of ``record``'s method and of ``none``.
+
+    A row matches when its method name equals the patched method and each parameter it names
+    equals the resolved parameter (``yarn:factor=4`` matches ``{"factor": 4.0, "beta_fast": 32, ...}``).
+
+    Raises:
+        ValueError: when required keys are missing, no row matches the method, rows written with
+            different specs both match, or a length appears twice.
+    """
+    path = Path(path)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    missing = [key for key in ("protocol", "dataset", "results") if key not in data]
+    if missing:
+        raise ValueError(f"{path} is not an hf_posenc eval results file: missing {missing}.")
+    specs = {row["method"] for row in data["results"]}
+    matching = sorted(spec for spec in specs if _spec_matches(spec, record))
+    if not matching:
+        raise ValueError(
+            f"{path} has no rows for the pushed method {record.spec!r}; it has {sorted(specs)}. "
+            "Evaluate the method first, or push without eval results."
+        )
+    if len(matching) > 1:
+        raise ValueError(f"{path} has several rows matching {record.spec!r}: {matching}; keep one.")
+    method_ppl = _ppl_by_length(data["results"], matching[0], path)
+    base_ppl = _ppl_by_length(data["results"], NONE_METHOD, path)
+    rows = [(length, base_ppl.get(length), method_ppl.get(length)) for length in sorted({*method_ppl, *base_ppl})]
+    plot = path.parent / PLOT_FILE
+    return EvalTable(
+        source=path,
+        protocol=str(data["protocol"]),
+        dataset=str(data["dataset"]),
+        method_spec=matching[0],
+        rows=rows,
+        plot=plot if plot.is_file() else None,
+    )
+
+
+def _spec_matches(spec: str, record: PatchRecord) -> bool:
+    name, params = parse_method_spec(spec)
+    return _canonical(name) == record.method and all(
+        key in record.params and _same_value(value, record.params[key]) for key, value in params.items()
+    )
+
+
+def _canonical(name: str) -> str | None:
+    """The registered name of ``name`` (resolving aliases such as ``linear``); None if unknown."""
+    try:
+        return get_method(name).name
+    except ValueError:
+        return None
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=1e-9)
+    if isinstance(a, list) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _ppl_by_length(rows: list[dict[str, Any]], spec: str, path: Path) -> dict[int, float]:
+    by_length: dict[int, float] = {}
+    for row in rows:
+        if row["method"] != spec:
+            continue
+        if row["length"] in by_length:
+            raise ValueError(f"{path} has two rows for {spec!r} at length {row['length']}.")
+        by_length[int(row["length"])] = float(row["ppl"])
+    return by_length
+
+
+def render_card(
+    config: Any,
+    *,
+    repo_id: str,
+    base_model: str | None,
+    base_revision: str | None,
+    config_only: bool,
+    license_info: dict[str, str] | None = None,
+    eval_table: EvalTable | None = None,
+) -> ModelCard:
+    """Render the model card of a patched model.
+
+    Args:
+        config (`PretrainedConfig`): the patched config (with its ``hf_posenc`` record).
+        repo_id (`str`): the repo the card is for, used in the usage snippet and ``model-index``.
+        base_model (`str`, *optional*): Hub id of the base model; ``None`` when it is not on the Hub.
+        base_revision (`str`, *optional*): commit of the base model the patch was made for.
+        config_only (`bool`): whether the repo holds no weights (they load from ``base_model``).
+        license_info (`dict`, *optional*): ``license`` (and ``license_name``/``license_link``) of the base.
+        eval_table (`EvalTable`, *optional*): perplexity rows to show and to put in ``model-index``.
+    """
+    record = PatchRecord.from_config(config)
+    paper = get_method(record.method).paper
+    arxiv = ARXIV_ID.search(paper)
+    card_data = ModelCardData(
+        base_model=base_model,
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=["hf-posenc", "alibi" if record.method == "alibi" else "rope-scaling", "long-context", record.method],
+        model_name=repo_id if eval_table else None,
+        eval_results=eval_table.eval_results() if eval_table else None,
+        **(license_info or {}),
+    )
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(TEMPLATE_PATH),
+        repo_id=repo_id,
+        base_model=base_model,
+        base_revision=base_revision,
+        config_only=config_only,
+        record=record,
+        max_position_embeddings=config.max_position_embeddings,
+        paper=paper,
+        paper_url=f"https://arxiv.org/abs/{arxiv.group(1)}" if arxiv else None,
+        eval_table=eval_table,
+        plot_file=PLOT_FILE if eval_table and eval_table.plot else None,
+    )

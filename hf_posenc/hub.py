@@ -1,0 +1,335 @@
+"""Push patched models to the Hugging Face Hub and load them back.
+
+By default a push is *config-only*: the repo gets the patched ``config.json``, a generated model card
+and ``hf_posenc.json``, a small record naming the base model and the exact commit its weights come
+from; :func:`from_pretrained` downloads those base weights and applies the config. With
+``with_weights=True`` the repo holds the full model (safetensors) instead. Everything is written to a
+local temporary folder first and sent in one commit, so a failed push changes nothing locally and
+leaves no partial commit on the Hub (the repo itself may have been created, empty).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from huggingface_hub import CommitInfo, HfApi, ModelCard, get_token, hf_hub_download
+from huggingface_hub.errors import EntryNotFoundError
+from transformers import AutoConfig, PreTrainedModel
+
+from . import __version__
+from .card import PLOT_FILE, EvalTable, PatchRecord, load_eval_table, render_card
+from .loading import from_pretrained as _load_saved_model
+
+METADATA_FILE = "hf_posenc.json"
+METADATA_FORMAT = 1
+RESULTS_FILE = "eval_results.json"
+_LICENSE_FIELDS = ("license", "license_name", "license_link")
+_HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
+
+
+class HubError(RuntimeError):
+    """The Hub refused or failed a request. The message never contains the token.
+
+    Attributes:
+        status_code (`int`, *optional*): HTTP status of the failing answer, when there was one.
+    """
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class HubPushError(HubError):
+    """A push failed; nothing was changed locally and nothing was committed."""
+
+
+@dataclass(frozen=True)
+class BaseRef:
+    """The Hub repo and commit the patched model's weights come from."""
+
+    repo_id: str
+    revision: str
+    license_info: dict[str, str]
+
+
+def push_to_hub(
+    model: PreTrainedModel,
+    repo_id: str,
+    *,
+    eval_results: str | Path | None = None,
+    with_weights: bool = False,
+    tokenizer: Any = None,
+    base_model: str | None = None,
+    base_revision: str | None = None,
+    license: str | None = None,
+    private: bool | None = None,
+    exist_ok: bool = False,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    token: str | None = None,
+) -> CommitInfo:
+    """Push a patched model to ``repo_id`` in one commit: config, model card, metadata (and weights).
+
+    Args:
+        model (`PreTrainedModel`): a model patched with ``hf_posenc.patch``; it is not modified.
+        repo_id (`str`): target repo, ``"user/name"``.
+        eval_results (`str` or `Path`, *optional*): an eval ``results.json``; its rows for this method and
+            for ``none`` go into the card and its ``model-index``, with ``ppl_vs_length.png`` when present.
+        with_weights (`bool`, *optional*, defaults to `False`): push the full model (safetensors)
+            instead of a config-only repo that loads its weights from the base model.
+        tokenizer (*optional*): saved into the repo too when given.
+        base_model (`str`, *optional*): Hub id of the base model; defaults to ``model.name_or_path``.
+            A config-only push needs one.
+        base_revision (`str`, *optional*): branch, tag or commit of the base model the weights come from;
+            defaults to ``"main"``. It is recorded as the commit it resolves to now.
+        license (`str`, *optional*): license for the card; defaults to the base model's.
+        private (`bool`, *optional*): create the repo private.
+        exist_ok (`bool`, *optional*, defaults to `False`): push to a repo that already exists.
+        revision (`str`, *optional*): branch to commit to (created from ``main`` if missing).
+        commit_message (`str`, *optional*): defaults to ``"Add <method> patch of <base> (hf_posenc)"``.
+        token (`str`, *optional*): Hub token; defaults to the saved login (``hf auth login``, ``HF_TOKEN``).
+
+    Returns:
+        [`~huggingface_hub.CommitInfo`] of the commit.
+
+    Raises:
+        ValueError: the model is not patched, the eval results do not fit, or a config-only push
+            cannot tell which Hub repo holds the base weights.
+        HubPushError: the Hub refused or failed (auth, repo exists without ``exist_ok``, server error), also
+            when reading the base model's commit and license.
+    """
+    api = HfApi(token=token)
+    errors = (HubPushError, f"Pushing to {repo_id!r}")
+    plan = _plan_push(model, api, eval_results, with_weights, base_model, base_revision, license, token, errors)
+    with (
+        _hub_errors(*errors, token),
+        tempfile.TemporaryDirectory(prefix="hf_posenc_push_") as folder,
+    ):
+        stage_repo(model, Path(folder), repo_id=repo_id, plan=plan, tokenizer=tokenizer)
+        api.create_repo(repo_id, private=private, exist_ok=exist_ok)
+        if revision not in (None, "main"):
+            api.create_branch(repo_id, branch=revision, exist_ok=True)
+        return api.upload_folder(
+            repo_id=repo_id,
+            folder_path=folder,
+            revision=revision,
+            commit_message=commit_message or f"Add {plan.record.spec} patch of {plan.base_id} (hf_posenc)",
+        )
+
+
+def build_card(
+    model: PreTrainedModel,
+    repo_id: str,
+    *,
+    eval_results: str | Path | None = None,
+    with_weights: bool = False,
+    base_model: str | None = None,
+    base_revision: str | None = None,
+    license: str | None = None,
+    token: str | None = None,
+) -> ModelCard:
+    """The model card :func:`push_to_hub` would push with the same arguments, rendered without pushing.
+
+    Reads the base model's commit and license from the Hub when ``base_model`` is a Hub id, and raises
+    :class:`HubError` when that fails.
+    """
+    api = HfApi(token=token)
+    errors = (HubError, f"Rendering the card of {repo_id!r}")
+    plan = _plan_push(model, api, eval_results, with_weights, base_model, base_revision, license, token, errors)
+    return _render(model, repo_id, plan)
+
+
+@dataclass(frozen=True)
+class _PushPlan:
+    record: PatchRecord
+    eval_table: EvalTable | None
+    base_id: str
+    base: BaseRef | None
+    with_weights: bool
+    license_info: dict[str, str]
+
+
+def _plan_push(
+    model: PreTrainedModel,
+    api: HfApi,
+    eval_results: str | Path | None,
+    with_weights: bool,
+    base_model: str | None,
+    base_revision: str | None,
+    license: str | None,
+    token: str | None,
+    errors: tuple[type[HubError], str],
+) -> _PushPlan:
+    """Check the model and eval results, and resolve the base model's commit and license."""
+    record = PatchRecord.from_config(model.config)
+    eval_table = load_eval_table(eval_results, record) if eval_results is not None else None
+    base_id = base_model or model.name_or_path
+    if not with_weights and not _is_hub_id(base_id):
+        raise ValueError(
+            f"A config-only push needs the Hub id of the base model, and {base_id!r} is not one; pass "
+            "base_model='org/name' (the repo the weights were loaded from) or with_weights=True."
+        )
+    base = None
+    if _is_hub_id(base_id):
+        error_type, action = errors
+        with _hub_errors(error_type, f"{action} (reading the base model {base_id!r})", token):
+            base = _resolve_base(api, base_id, base_revision)
+    license_info = {"license": license} if license else (base.license_info if base else {})
+    return _PushPlan(record, eval_table, base_id, base, with_weights, license_info)
+
+
+def stage_repo(model: PreTrainedModel, folder: Path, *, repo_id: str, plan: _PushPlan, tokenizer: Any = None) -> None:
+    """Write every file of the repo into ``folder``: config (and weights), card, metadata, eval results."""
+    if plan.with_weights:
+        with _config_restored(model):
+            model.save_pretrained(folder)
+    else:
+        config = copy.deepcopy(model.config)
+        config.architectures = [type(model).__name__]
+        config.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    metadata = {
+        "format": METADATA_FORMAT,
+        "weights": plan.with_weights,
+        "base_model": plan.base.repo_id if plan.base else None,
+        "base_revision": plan.base.revision if plan.base else None,
+        "hf_posenc_version": __version__,
+    }
+    (folder / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
+    if plan.eval_table is not None:
+        shutil.copyfile(plan.eval_table.source, folder / RESULTS_FILE)
+        if plan.eval_table.plot is not None:
+            shutil.copyfile(plan.eval_table.plot, folder / PLOT_FILE)
+    _render(model, repo_id, plan).save(folder / "README.md")
+
+
+def _render(model: PreTrainedModel, repo_id: str, plan: _PushPlan) -> ModelCard:
+    return render_card(
+        model.config,
+        repo_id=repo_id,
+        base_model=plan.base.repo_id if plan.base else None,
+        base_revision=plan.base.revision if plan.base else None,
+        config_only=not plan.with_weights,
+        license_info=plan.license_info,
+        eval_table=plan.eval_table,
+    )
+
+
+def from_pretrained(pretrained_model_name_or_path: str, **kwargs: Any) -> PreTrainedModel:
+    """Load a model pushed by :func:`push_to_hub` (or saved after ``hf_posenc.patch``), patched and ready.
+
+    A config-only repo (its ``hf_posenc.json`` says ``"weights": false``) loads the base model's weights
+    from the repo and commit it names, with the pushed config; anything else loads like
+    ``hf_posenc.loading.from_pretrained``.
+
+    Args:
+        pretrained_model_name_or_path (`str`): Hub id or local folder.
+        **kwargs: ``revision`` (of this repo), ``token``, ``cache_dir`` and anything
+            ``AutoModelForCausalLM.from_pretrained`` takes (``dtype``, ``device_map``, ...).
+    """
+    hub_kwargs = {key: kwargs[key] for key in _HUB_KWARGS if key in kwargs}
+    metadata = read_metadata(pretrained_model_name_or_path, **hub_kwargs)
+    if metadata is None or metadata["weights"]:
+        return _load_saved_model(pretrained_model_name_or_path, **kwargs)
+    config = AutoConfig.from_pretrained(pretrained_model_name_or_path, **hub_kwargs)
+    base_kwargs = {**kwargs, "revision": metadata["base_revision"], "config": config}
+    return _load_saved_model(metadata["base_model"], **base_kwargs)
+
+
+def read_metadata(
+    pretrained_model_name_or_path: str,
+    *,
+    revision: str | None = None,
+    token: str | None = None,
+    cache_dir: str | Path | None = None,
+    local_files_only: bool = False,
+) -> dict[str, Any] | None:
+    """The ``hf_posenc.json`` record of a repo or folder, or None when it has none (or, offline, when none
+    is cached: the regular loading path then reports what is missing)."""
+    local = Path(pretrained_model_name_or_path)
+    if local.is_dir():
+        path = local / METADATA_FILE
+        if not path.is_file():
+            return None
+    else:
+        try:
+            path = Path(
+                hf_hub_download(
+                    pretrained_model_name_or_path,
+                    METADATA_FILE,
+                    revision=revision,
+                    token=token,
+                    cache_dir=cache_dir,
+                    local_files_only=local_files_only,
+                )
+            )
+        except EntryNotFoundError:  # remote 404, or offline without it in the cache
+            return None
+    metadata = json.loads(path.read_text(encoding="utf-8"))
+    if metadata.get("format") != METADATA_FORMAT:
+        raise ValueError(
+            f"{METADATA_FILE} of {pretrained_model_name_or_path!r} has format {metadata.get('format')!r}; this "
+            f"hf_posenc ({__version__}) reads format {METADATA_FORMAT}. Upgrade hf_posenc."
+        )
+    if not metadata["weights"] and not metadata.get("base_model"):
+        raise ValueError(f"{pretrained_model_name_or_path!r} holds no weights and names no base model to load.")
+    return metadata
+
+
+def _is_hub_id(name: str | None) -> bool:
+    """``org/name`` or ``name`` that is not a local folder."""
+    return bool(name) and not Path(name).exists() and name.count("/") <= 1
+
+
+def _resolve_base(api: HfApi, repo_id: str, revision: str | None) -> BaseRef:
+    """The base model's commit for ``revision`` and the license fields of its card."""
+    info = api.model_info(repo_id, revision=revision)
+    card = info.card_data.to_dict() if info.card_data else {}
+    return BaseRef(
+        repo_id=repo_id,
+        revision=info.sha,
+        license_info={key: card[key] for key in _LICENSE_FIELDS if card.get(key)},
+    )
+
+
+@contextlib.contextmanager
+def _config_restored(model: PreTrainedModel) -> Iterator[None]:
+    """``save_pretrained`` assigns ``config.architectures`` and ``dtype``; put the old values back after."""
+    before = dict(model.config.__dict__)
+    try:
+        yield
+    finally:
+        model.config.__dict__.clear()
+        model.config.__dict__.update(before)
+
+
+@contextlib.contextmanager
+def _hub_errors(error_type: type[HubError], action: str, token: str | None) -> Iterator[None]:
+    """Turn the Hub client's errors into ``error_type``, with the token redacted."""
+    try:
+        yield
+    except (httpx2.HTTPError, OSError) as error:  # HfHubHTTPError is both
+        status = getattr(getattr(error, "response", None), "status_code", None)
+        cause = _redact(f"{type(error).__name__}: {error}", token or get_token())
+        raise error_type(f"{action} failed: {cause}{_HINTS.get(status, '')}", status_code=status) from None
+
+
+_HINTS = {
+    401: "\nCheck the token: log in with `hf auth login`, set HF_TOKEN, or pass token=... / --token.",
+    403: "\nThe token has no write access to this namespace.",
+    409: "\nThe repo already exists; pass exist_ok=True (--exist-ok) to push a new commit to it.",
+}
+
+
+def _redact(text: str, token: str | None) -> str:
+    return text.replace(token, "***") if token else text

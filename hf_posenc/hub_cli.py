@@ -1,0 +1,129 @@
+"""``hf-posenc push`` and ``hf-posenc card``: thin argparse wrappers over :mod:`hf_posenc.hub`.
+
+A config-only push and ``card`` read only the base model's config: the model is built on the meta
+device (no weights downloaded) and patched there, which writes the same config as a real patch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from .hub import HubError, build_card, push_to_hub
+from .patching import patch
+from .spec import parse_method_spec
+
+PUSH_EXAMPLES = """examples:
+  hf-posenc push --model Qwen/Qwen2.5-0.5B --method yarn:factor=4 --repo me/Qwen2.5-0.5B-yarn-x4
+  hf-posenc push --model Qwen/Qwen2.5-0.5B --method yarn:factor=4 --repo me/Qwen2.5-0.5B-yarn-x4 \\
+      --results runs/yarn/results.json --with-weights --private
+"""
+CARD_EXAMPLES = """examples:
+  hf-posenc card --model Qwen/Qwen2.5-0.5B --method yarn:factor=4 --results runs/yarn/results.json
+  hf-posenc card --model Qwen/Qwen2.5-0.5B --method yarn:factor=4 --output README.md
+"""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the ``push`` and ``card`` subcommands; each sets ``func(args) -> int`` as default."""
+    push = subparsers.add_parser(
+        "push",
+        help="push a patched config (or full model) and its model card to the Hub",
+        description="Patch a model and push it to the Hub in one commit. By default only the config, "
+        "the card and a record of the base model and commit are pushed; the weights stay in the base repo.",
+        epilog=PUSH_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_model_arguments(push)
+    push.add_argument("--repo", required=True, help="target repo, user/name")
+    push.add_argument("--private", action="store_true", help="create the repo private")
+    push.add_argument("--exist-ok", action="store_true", help="push a new commit to an existing repo")
+    push.add_argument("--revision", help="branch to commit to (created from main if missing)")
+    push.add_argument("--commit-message", help="commit summary")
+    push.add_argument("--token", help="Hub token (default: the saved login or HF_TOKEN)")
+    push.set_defaults(func=run_push)
+
+    card = subparsers.add_parser(
+        "card",
+        help="render the model card of a patched model locally (no push)",
+        epilog=CARD_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_model_arguments(card)
+    card.add_argument("--repo", help="repo id named in the card (default: <model>-<method>)")
+    card.add_argument("--output", type=Path, help="write the card here instead of printing it")
+    card.set_defaults(func=run_card)
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="base model: Hub id (or local folder with --with-weights)")
+    parser.add_argument("--model-revision", help="branch, tag or commit of --model (default: main)")
+    parser.add_argument("--method", required=True, help="method spec, e.g. yarn:factor=4")
+    parser.add_argument("--results", type=Path, help="eval results.json to show in the card")
+    parser.add_argument("--license", help="license for the card (default: the base model's)")
+    parser.add_argument("--with-weights", action="store_true", help="a full model (safetensors), not config-only")
+
+
+def run_push(args: argparse.Namespace) -> int:
+    model = _patched_model(args, with_weights=args.with_weights)
+    tokenizer = AutoTokenizer.from_pretrained(args.model, revision=args.model_revision) if args.with_weights else None
+    try:
+        commit = push_to_hub(
+            model,
+            args.repo,
+            eval_results=args.results,
+            with_weights=args.with_weights,
+            tokenizer=tokenizer,
+            base_model=args.model,
+            base_revision=args.model_revision,
+            license=args.license,
+            private=args.private or None,
+            exist_ok=args.exist_ok,
+            revision=args.revision,
+            commit_message=args.commit_message,
+            token=args.token,
+        )
+    except HubError as error:
+        print(f"hf-posenc push: {error}", file=sys.stderr)
+        return 1
+    print(commit.commit_url)
+    return 0
+
+
+def run_card(args: argparse.Namespace) -> int:
+    model = _patched_model(args, with_weights=False)
+    method = model.config.hf_posenc["method"]
+    try:
+        card = build_card(
+            model,
+            args.repo or f"{args.model.rstrip('/').split('/')[-1]}-{method}",
+            eval_results=args.results,
+            with_weights=args.with_weights,
+            base_model=args.model,
+            base_revision=args.model_revision,
+            license=args.license,
+        )
+    except HubError as error:
+        print(f"hf-posenc card: {error}", file=sys.stderr)
+        return 1
+    if args.output is None:
+        print(card)
+    else:
+        card.save(args.output)
+    return 0
+
+
+def _patched_model(args: argparse.Namespace, *, with_weights: bool) -> PreTrainedModel:
+    """The base model patched with ``--method``: real weights, or on the meta device for config-only."""
+    method, params = parse_method_spec(args.method)
+    if with_weights:
+        model = AutoModelForCausalLM.from_pretrained(args.model, revision=args.model_revision)
+    else:
+        config = AutoConfig.from_pretrained(args.model, revision=args.model_revision)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    return patch(model, method, **params)

@@ -1,0 +1,80 @@
+"""Shared pieces of the benchmark scripts: environment record, timing, model shapes, JSON output."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import transformers
+
+# Llama-2-7B's shape (random weights) and a tiny one for a CPU smoke run.
+SHAPES = {
+    "llama-7b": dict(
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+    ),
+    "tiny": dict(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=1000,
+        max_position_embeddings=1024,
+    ),
+}
+
+
+def environment(device: torch.device) -> dict:
+    """Device, versions and date, for the results JSON."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    return {
+        "device": name,
+        "device_type": device.type,
+        "cpu_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_rounds(variants: dict[str, Callable[[], object]], device: torch.device, repeats: int) -> dict[str, float]:
+    """Median seconds per call of each variant, measured in interleaved rounds in a shuffled order
+    (drift and the position within a round hit all variants alike)."""
+    for run in variants.values():  # warm-up
+        run()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    order = random.Random(0)
+    for _ in range(repeats):
+        for name in order.sample(list(variants), len(variants)):
+            run = variants[name]
+            synchronize(device)
+            start = time.perf_counter()
+            run()
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def write_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {path}")

@@ -1,0 +1,158 @@
+"""The config a patch writes: save/load round trips, with and without hf_posenc installed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import transformers
+from conftest import make_tiny
+from transformers import AutoConfig
+
+import hf_posenc
+from hf_posenc.config import split_patched_config
+
+PAIRS = 8  # tiny llama: head_dim 16
+CASES = {
+    "pi": {"factor": 4},
+    "ntk": {"factor": 4},
+    "dynamic-ntk": {"factor": 4},
+    "ntk-by-parts": {"factor": 4},
+    "yarn": {"factor": 4},
+    "yarn-ratio": {"factor": 4, "ramp": "ratio"},
+    "dynamic-yarn": {},
+    "llama3": {"factor": 8},
+    "longrope": {"factor": 4, "long_factor": [1.0 + i / 4 for i in range(PAIRS)]},
+}
+NATIVE_TYPES = {
+    "pi": "linear",
+    "ntk": "default",
+    "dynamic-ntk": "dynamic",
+    "ntk-by-parts": "yarn",
+    "yarn": "yarn",
+    "llama3": "llama3",
+    "longrope": "longrope",
+}
+
+PLAIN_LOAD = textwrap.dedent(
+    """
+    import json, sys, torch
+    from transformers import AutoModelForCausalLM
+    ids = torch.load(sys.argv[1])
+    out = {}
+    for folder in sys.argv[2:]:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+            with torch.no_grad():
+                torch.save(model(ids).logits, folder + "/plain_logits.pt")
+            out[folder] = "loaded"
+        except Exception as error:
+            out[folder] = f"{type(error).__name__}: {error}"
+    assert "hf_posenc" not in sys.modules
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Each case patched, its logits at a length past L taken, and saved with save_pretrained."""
+    root = tmp_path_factory.mktemp("saved")
+    ids = torch.randint(0, 97, (1, 200), generator=torch.Generator().manual_seed(0))
+    torch.save(ids, root / "ids.pt")
+    cases = {}
+    for case, params in CASES.items():
+        model = make_tiny("llama")
+        with torch.no_grad():
+            base = model(ids).logits
+        hf_posenc.patch(model, case.removesuffix("-ratio"), **params)
+        with torch.no_grad():
+            logits = model(ids).logits
+        model.save_pretrained(root / case)
+        cases[case] = {"dir": root / case, "logits": logits, "base": base, "info": hf_posenc.get_patch(model)}
+    result = subprocess.run(
+        [sys.executable, "-c", PLAIN_LOAD, str(root / "ids.pt"), *(str(c["dir"]) for c in cases.values())],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,
+    )
+    plain = json.loads(result.stdout.strip().splitlines()[-1])
+    for case in cases.values():
+        case["plain"] = plain[str(case["dir"])]
+    return ids, cases
+
+
+@pytest.mark.parametrize("case", sorted(NATIVE_TYPES))
+def test_native_config_loads_identically_without_hf_posenc(saved, case):
+    _, cases = saved
+    entry = cases[case]
+    assert entry["info"].native
+    assert entry["plain"] == "loaded"
+    assert json.loads((entry["dir"] / "config.json").read_text())["rope_parameters"]["rope_type"] == NATIVE_TYPES[case]
+    assert torch.equal(torch.load(entry["dir"] / "plain_logits.pt"), entry["logits"])
+
+
+@pytest.mark.parametrize("case", ["yarn-ratio", "dynamic-yarn"])
+def test_own_config_never_loads_silently_without_hf_posenc(saved, case):
+    _, cases = saved
+    entry = cases[case]
+    assert not entry["info"].native
+    assert entry["plain"].startswith("KeyError") and "hf_posenc" in entry["plain"]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_from_pretrained_restores_the_patch_and_unpatch_gives_the_base(saved, case):
+    ids, cases = saved
+    entry = cases[case]
+    model = hf_posenc.from_pretrained(str(entry["dir"]), attn_implementation="eager").eval()
+    assert hf_posenc.get_patch(model) == entry["info"]
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, entry["logits"])
+        hf_posenc.unpatch(model)
+        assert torch.equal(model(ids).logits, entry["base"])
+    assert not hasattr(model.config, "hf_posenc")
+    assert model.config.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
+
+
+@pytest.mark.parametrize("case", sorted(NATIVE_TYPES))
+def test_native_configs_pass_transformers_validation_silently(saved, case, caplog):
+    _, cases = saved
+    transformers.logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.WARNING):
+            config = AutoConfig.from_pretrained(cases[case]["dir"])
+            config.validate_rope()
+    finally:
+        transformers.logging.disable_propagation()
+    assert [r for r in caplog.records if "rope" in r.getMessage().lower()] == []
+
+
+def test_split_patched_config_recovers_the_base():
+    model = make_tiny("llama")
+    base = model.config.to_dict()
+    hf_posenc.patch(model, "llama3", factor=8)
+    assert model.config.max_position_embeddings == 512
+    split, method, params = split_patched_config(model.config)
+    assert (method, params["factor"], params["original_max_position_embeddings"]) == ("llama3", 8.0, 64)
+    assert split.to_dict() == base
+    assert model.config.hf_posenc["method"] == "llama3"  # the model's own config is untouched
+
+
+def test_loading_a_patched_config_without_from_pretrained_is_refused(saved):
+    """transformers alone builds the native model, but hf_posenc cannot unpatch what it did not record."""
+    _, cases = saved
+    model = transformers.AutoModelForCausalLM.from_pretrained(cases["yarn"]["dir"])
+    with pytest.raises(RuntimeError, match="hf_posenc.from_pretrained"):
+        hf_posenc.patch(model, "pi", factor=2)
+
+
+def test_from_pretrained_refuses_remote_code(saved):
+    _, cases = saved
+    with pytest.raises(ValueError, match="never loads remote code"):
+        hf_posenc.from_pretrained(str(cases["yarn"]["dir"]), trust_remote_code=True)

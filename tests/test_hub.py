@@ -1,0 +1,253 @@
+"""push_to_hub / from_pretrained through huggingface_hub's real client, against a local fake Hub."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+import transformers.utils.hub
+from conftest import make_tiny
+from hub_server import FakeHub
+from huggingface_hub import HfApi, ModelCard, constants
+from test_hub_card import BASE_PPL, YARN_PPL, write_results
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import hf_posenc
+from hf_posenc import hub
+
+TOKEN = "hf_FakeTokenForTheLocalHub0123456789"
+BASE_REPO = "org/tiny-base"
+IDS = torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79] * 6])  # (1, 96) > L = 64
+
+
+@pytest.fixture
+def fake_hub(monkeypatch, tmp_path):
+    """The fake Hub, with huggingface_hub pointed at it and a cache of its own.
+
+    huggingface_hub reads HF_ENDPOINT when it is imported (already done by conftest), so the
+    constants it derives, and transformers' shared client, are reset too; subprocesses get the
+    environment variables.
+    """
+    server = FakeHub(TOKEN).start()
+    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setenv("HF_TOKEN", TOKEN)  # the "usual login"
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
+    monkeypatch.setattr(
+        constants, "HUGGINGFACE_CO_URL_TEMPLATE", server.endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    )
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(transformers.utils.hub, "_hf_api", None)  # transformers' shared client keeps its endpoint
+    yield server
+    server.stop()
+
+
+def upload_base(seed: int = 0) -> str:
+    """Put a tiny Llama with an Apache-2.0 card on the fake Hub as BASE_REPO; return its commit."""
+    api = HfApi(token=TOKEN)
+    api.create_repo(BASE_REPO, exist_ok=True)
+    with tempfile.TemporaryDirectory() as folder:
+        make_tiny("llama", seed=seed).save_pretrained(folder)
+        ModelCard("---\nlicense: apache-2.0\n---\n# tiny base\n").save(f"{folder}/README.md")
+        return api.upload_folder(repo_id=BASE_REPO, folder_path=folder, commit_message="base").oid
+
+
+def load_base_patched(method: str = "yarn", **params):
+    model = AutoModelForCausalLM.from_pretrained(BASE_REPO).eval()
+    return hf_posenc.patch(model, method, original_max_position_embeddings=64, **params)
+
+
+def logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(IDS).logits
+
+
+def snapshot(model) -> tuple[dict, dict]:
+    return model.config.to_dict(), {key: value.clone() for key, value in model.state_dict().items()}
+
+
+def assert_unchanged(model, before: tuple[dict, dict]) -> None:
+    config, state = before
+    assert model.config.to_dict() == config
+    assert model.state_dict().keys() == state.keys()
+    assert all(torch.equal(value, state[key]) for key, value in model.state_dict().items())
+
+
+def test_config_only_push_and_load_back(fake_hub, tmp_path):
+    base_commit = upload_base()
+    model = load_base_patched(factor=4)
+    before = snapshot(model)
+    results = write_results(tmp_path, {"yarn:factor=4": YARN_PPL, "none": BASE_PPL})
+
+    hub.push_to_hub(model, "me/tiny-yarn", eval_results=results)
+
+    assert_unchanged(model, before)
+    files = fake_hub.files("me/tiny-yarn")
+    assert sorted(files) == ["README.md", "config.json", "eval_results.json", "hf_posenc.json", "ppl_vs_length.png"]
+    assert files["ppl_vs_length.png"] == (tmp_path / "ppl_vs_length.png").read_bytes()
+    metadata = json.loads(files["hf_posenc.json"])
+    assert (metadata["base_model"], metadata["base_revision"], metadata["weights"]) == (BASE_REPO, base_commit, False)
+    card = ModelCard.load("me/tiny-yarn")
+    assert (card.data.base_model, card.data.license) == (BASE_REPO, "apache-2.0")  # license from the base card
+    assert {r.metric_args["context_length"]: r.metric_value for r in card.data.eval_results} == YARN_PPL
+    config = AutoConfig.from_pretrained("me/tiny-yarn")
+    assert config.rope_parameters["rope_type"] == "yarn" and config.rope_parameters["factor"] == 4.0
+
+    upload_base(seed=1)  # the base repo moves on: the pushed config stays pinned to the commit it names
+    loaded = hf_posenc.hub.from_pretrained("me/tiny-yarn")
+    assert hf_posenc.get_patch(loaded) == hf_posenc.get_patch(model)
+    torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)
+    native = AutoModelForCausalLM.from_pretrained(BASE_REPO, revision=base_commit, config=config)  # card snippet 2
+    torch.testing.assert_close(logits(native), logits(model), rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(logits(hf_posenc.unpatch(loaded)), logits(model), atol=1e-3)  # the patch matters
+
+
+def test_full_push_of_a_model_built_here_with_a_method_transformers_cannot_express(fake_hub):
+    model = hf_posenc.patch(make_tiny("llama"), "dynamic-yarn", original_max_position_embeddings=64)
+    assert not hf_posenc.get_patch(model).native
+    before = snapshot(model)  # no architectures / dtype in the config yet: save_pretrained would add them
+
+    hub.push_to_hub(model, "me/tiny-dyn", with_weights=True, private=True, commit_message="full model")
+
+    assert_unchanged(model, before)  # save_pretrained's config edits are undone
+    repo = fake_hub.repos["me/tiny-dyn"]
+    assert repo.private and repo.messages[repo.branches["main"]] == "full model"
+    assert {"model.safetensors", "config.json", "README.md", "hf_posenc.json"} <= set(fake_hub.files("me/tiny-dyn"))
+    metadata = json.loads(fake_hub.files("me/tiny-dyn")["hf_posenc.json"])
+    assert (metadata["weights"], metadata["base_model"]) == (True, None)
+    loaded = hf_posenc.hub.from_pretrained("me/tiny-dyn", attn_implementation="eager")  # as make_tiny
+    assert hf_posenc.get_patch(loaded) == hf_posenc.get_patch(model)
+    torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)
+
+
+def test_push_to_a_branch_and_again_with_exist_ok(fake_hub):
+    upload_base()
+    model = load_base_patched(factor=2)
+    hub.push_to_hub(model, "me/tiny-yarn", revision="exp", token=TOKEN)
+    assert fake_hub.files("me/tiny-yarn", "main") == {}
+    assert "config.json" in fake_hub.files("me/tiny-yarn", "exp")
+    with pytest.raises(hub.HubPushError, match="exist_ok"):
+        hub.push_to_hub(model, "me/tiny-yarn")
+    hub.push_to_hub(model, "me/tiny-yarn", exist_ok=True)
+    assert fake_hub.files("me/tiny-yarn", "main") == fake_hub.files("me/tiny-yarn", "exp")
+    loaded = hf_posenc.hub.from_pretrained("me/tiny-yarn", revision="exp")
+    assert hf_posenc.get_patch(loaded).params["factor"] == 2.0
+
+
+@pytest.mark.parametrize(
+    ("failure", "status"),
+    [("server error on commit", 500), ("wrong token", 401), ("repo exists, no exist_ok", 409)],
+)
+def test_failed_push_is_clear_changes_nothing_and_hides_the_token(fake_hub, tmp_path, capfd, caplog, failure, status):
+    upload_base()
+    model = load_base_patched(factor=4)
+    results = write_results(tmp_path, {"yarn:factor=4": YARN_PPL, "none": BASE_PPL})
+    local_files = {path: path.read_bytes() for path in tmp_path.iterdir() if path.is_file()}
+    before = snapshot(model)
+    token = TOKEN
+    if status == 500:
+        fake_hub.fail("commit", 500)
+    elif status == 401:
+        token = "hf_WrongTokenThatMustNeverBePrinted42"
+    else:
+        HfApi(token=TOKEN).create_repo("me/tiny-yarn")
+    caplog.set_level(logging.DEBUG)
+
+    with pytest.raises(hub.HubPushError) as raised:
+        hub.push_to_hub(model, "me/tiny-yarn", eval_results=results, token=token)
+
+    error = raised.value
+    assert error.status_code == status and "me/tiny-yarn" in str(error) and str(status) in str(error)
+    shown = "".join(traceback.format_exception(error)) + caplog.text + "".join(capfd.readouterr())
+    assert token not in shown
+    if status == 401:
+        assert any(token in (r.authorization or "") for r in fake_hub.requests)  # it was sent, never shown
+    assert fake_hub.files("me/tiny-yarn") == {}  # nothing committed
+    assert_unchanged(model, before)
+    assert {path: path.read_bytes() for path in tmp_path.iterdir() if path.is_file()} == local_files
+
+
+def test_config_only_push_needs_a_hub_base(fake_hub, tmp_path):
+    make_tiny("llama").save_pretrained(tmp_path / "local")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "local")
+    hf_posenc.patch(model, "yarn", factor=4, original_max_position_embeddings=64)
+    with pytest.raises(ValueError, match="needs the Hub id of the base model"):
+        hub.push_to_hub(model, "me/tiny-yarn")
+    assert fake_hub.requests == []
+
+
+CLI = """
+import argparse, sys
+from hf_posenc import hub_cli
+parser = argparse.ArgumentParser(prog="hf-posenc")
+hub_cli.add_parser(parser.add_subparsers(required=True))
+args = parser.parse_args(sys.argv[1:])
+sys.exit(args.func(args))
+"""
+
+
+def run_cli(*argv: str) -> subprocess.CompletedProcess:
+    """The subcommands in a fresh interpreter, where HF_ENDPOINT is read at import as for a user."""
+    env = {**os.environ, "PYTHONPATH": str(Path(hf_posenc.__file__).parents[1])}
+    return subprocess.run([sys.executable, "-c", CLI, *argv], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_push_and_card(fake_hub, tmp_path):
+    upload_base()
+    results = write_results(tmp_path, {"yarn:factor=4": YARN_PPL, "none": BASE_PPL})
+    method = ["--model", BASE_REPO, "--method", "yarn:factor=4,original_max_position_embeddings=64"]
+    push = [*method, "--repo", "me/cli-yarn", "--results", str(results), "--private", "--revision", "exp"]
+
+    done = run_cli("push", *push, "--commit-message", "from the CLI")
+    assert done.returncode == 0, done.stderr
+    repo = fake_hub.repos["me/cli-yarn"]
+    assert repo.private and repo.messages[repo.branches["exp"]] == "from the CLI"
+    assert done.stdout.strip().endswith(repo.branches["exp"])  # prints the commit URL
+    pushed = fake_hub.files("me/cli-yarn", "exp")
+    assert json.loads(pushed["config.json"])["rope_parameters"]["rope_type"] == "yarn"
+    assert not any(r.path.endswith(".safetensors") for r in fake_hub.requests)  # config-only: no weights read
+
+    card = tmp_path / "card.md"
+    done = run_cli("card", *method, "--repo", "me/cli-yarn", "--results", str(results), "--output", str(card))
+    assert done.returncode == 0, done.stderr
+    assert card.read_bytes() == pushed["README.md"]  # the card renders exactly what push pushes
+
+    wrong = "hf_WrongCliTokenThatMustNeverBePrinted7"
+    failed = run_cli("push", *push, "--token", wrong)
+    assert failed.returncode == 1 and "401" in failed.stderr
+    assert wrong not in failed.stderr + failed.stdout
+
+
+def test_local_folders_without_or_with_a_newer_record(tmp_path):
+    model = hf_posenc.patch(make_tiny("llama"), "pi", factor=2, original_max_position_embeddings=64)
+    model.save_pretrained(tmp_path)  # no hf_posenc.json: loads like hf_posenc.loading.from_pretrained
+    loaded = hf_posenc.hub.from_pretrained(str(tmp_path), attn_implementation="eager")
+    assert hf_posenc.get_patch(loaded) == hf_posenc.get_patch(model)
+    torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)
+    (tmp_path / hub.METADATA_FILE).write_text(json.dumps({"format": 2, "weights": False, "base_model": "org/x"}))
+    with pytest.raises(ValueError, match="Upgrade hf_posenc"):
+        hf_posenc.hub.from_pretrained(str(tmp_path))
+
+
+def test_plain_saved_model_on_the_hub_loads_online_then_offline(fake_hub):
+    model = hf_posenc.patch(make_tiny("llama"), "ntk", factor=2, original_max_position_embeddings=64)
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)  # what transformers' own push_to_hub uploads: no hf_posenc.json
+        HfApi(token=TOKEN).create_repo("me/plain")
+        HfApi(token=TOKEN).upload_folder(repo_id="me/plain", folder_path=folder, commit_message="plain")
+    online = hf_posenc.hub.from_pretrained("me/plain", attn_implementation="eager")
+    fake_hub.stop()
+    offline = hf_posenc.hub.from_pretrained("me/plain", attn_implementation="eager", local_files_only=True)
+    for loaded in (online, offline):
+        assert hf_posenc.get_patch(loaded) == hf_posenc.get_patch(model)
+        torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)

@@ -1,0 +1,124 @@
+"""Model cards: metadata, model-index and eval table, rendered without any server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import make_tiny
+from huggingface_hub import ModelCard
+from huggingface_hub.repocard_data import model_index_to_eval_results
+
+import hf_posenc
+from hf_posenc.card import PatchRecord, load_eval_table, render_card
+
+YARN_PPL = {512: 25.81, 1024: 27.72, 4096: 26.63}
+BASE_PPL = {512: 23.9, 1024: 25.7, 2048: 25.1}
+
+
+def write_results(folder, rows, *, plot: bool = True):
+    """An eval results.json as the eval engineer writes it (plus the plot file next to it)."""
+    data = {
+        "protocol": "sliding-window",
+        "model": "tiny",
+        "dataset": "pg19",
+        "versions": {"hf_posenc": "0.1.0"},
+        "results": [
+            {"method": method, "length": length, "ppl": ppl, "nll": 1.0, "tokens": 10, "windows": 1}
+            for method, table in rows.items()
+            for length, ppl in table.items()
+        ],
+    }
+    path = folder / "results.json"
+    path.write_text(json.dumps(data))
+    if plot:
+        (folder / "ppl_vs_length.png").write_bytes(b"\x89PNG fake")
+    return path
+
+
+def yarn_model():
+    model = make_tiny("llama")
+    return hf_posenc.patch(model, "yarn", factor=4, original_max_position_embeddings=64)
+
+
+def test_card_metadata_table_and_model_index(tmp_path):
+    model = yarn_model()
+    results = write_results(tmp_path, {"yarn:factor=4": YARN_PPL, "none": BASE_PPL, "pi:factor=4": {512: 99.0}})
+    record = PatchRecord.from_config(model.config)
+    card = render_card(
+        model.config,
+        repo_id="me/tiny-yarn",
+        base_model="org/tiny",
+        base_revision="a" * 40,
+        config_only=True,
+        license_info={"license": "apache-2.0"},
+        eval_table=load_eval_table(results, record),
+    )
+    parsed = ModelCard(str(card))  # what the Hub and ModelCard.load read back
+    assert parsed.data.base_model == "org/tiny"
+    assert parsed.data.license == "apache-2.0"
+    assert {"hf-posenc", "rope-scaling", "long-context", "yarn"} <= set(parsed.data.tags)
+    assert "alibi" not in parsed.data.tags
+    by_length = {r.metric_args["context_length"]: r.metric_value for r in parsed.data.eval_results}
+    assert by_length == YARN_PPL  # the method's rows only, never the base's or another method's
+    assert {r.metric_type for r in parsed.data.eval_results} == {"perplexity"}
+    assert {r.dataset_type for r in parsed.data.eval_results} == {"pg19"}
+    name, from_index = model_index_to_eval_results(parsed.data.to_dict()["model-index"])
+    assert name == "me/tiny-yarn" and len(from_index) == 3
+
+    text = parsed.text
+    assert "| 512 | 23.90 | 25.81 |" in text
+    assert "| 2048 | 25.10 | — |" in text and "| 4096 | — | 26.63 |" in text
+    assert "99.00" not in text
+    assert "![Perplexity vs context length](ppl_vs_length.png)" in text
+    assert 'hf_posenc.from_pretrained("me/tiny-yarn")' in text
+    assert "https://arxiv.org/abs/2309.00071" in text
+    assert f'revision="{"a" * 40}"' in text  # native: the transformers-only snippet pins the base commit
+
+
+def test_card_without_results_or_license_has_no_model_index():
+    card = ModelCard(
+        str(
+            render_card(
+                yarn_model().config, repo_id="me/x", base_model="org/tiny", base_revision=None, config_only=False
+            )
+        )
+    )
+    assert card.data.eval_results is None and card.data.license is None
+    assert "model-index" not in card.data.to_dict()
+    assert "## Evaluation" not in card.text
+    assert "holds the full model" in card.text
+
+
+def test_non_native_method_card_says_it_needs_hf_posenc():
+    model = hf_posenc.patch(make_tiny("llama"), "dynamic-yarn", original_max_position_embeddings=64)
+    text = str(render_card(model.config, repo_id="me/x", base_model="org/tiny", base_revision=None, config_only=True))
+    assert "transformers cannot express this method" in text
+    assert "AutoConfig" not in text
+
+
+@pytest.mark.parametrize("spec", ["linear:factor=4", "pi:factor=4.0,original_max_position_embeddings=64"])
+def test_result_rows_match_aliases_and_resolved_params(tmp_path, spec):
+    model = hf_posenc.patch(make_tiny("llama"), "pi", factor=4, original_max_position_embeddings=64)
+    results = write_results(tmp_path, {spec: {512: 150.0}, "pi:factor=2": {512: 60.0}, "none": BASE_PPL}, plot=False)
+    table = load_eval_table(results, PatchRecord.from_config(model.config))
+    assert table.method_spec == spec
+    assert table.plot is None
+    assert [(length, ppl) for length, _, ppl in table.rows if ppl is not None] == [(512, 150.0)]
+
+
+def test_results_without_the_pushed_method_raise(tmp_path):
+    results = write_results(tmp_path, {"yarn:factor=8": YARN_PPL, "none": BASE_PPL})
+    with pytest.raises(ValueError, match=r"no rows for the pushed method .*'yarn:factor=8'"):
+        load_eval_table(results, PatchRecord.from_config(yarn_model().config))
+
+
+def test_results_with_two_matching_specs_raise(tmp_path):
+    results = write_results(tmp_path, {"yarn:factor=4": YARN_PPL, "yarn:factor=4,beta_fast=32": YARN_PPL})
+    with pytest.raises(ValueError, match="several rows"):
+        load_eval_table(results, PatchRecord.from_config(yarn_model().config))
+
+
+def test_unpatched_model_has_no_card():
+    with pytest.raises(ValueError, match="not patched by hf_posenc"):
+        render_card(make_tiny("llama").config, repo_id="me/x", base_model=None, base_revision=None, config_only=True)

@@ -1,0 +1,279 @@
+"""patch / unpatch on tiny random models of each supported family."""
+
+from __future__ import annotations
+
+import logging
+
+import paper_formulas as paper
+import pytest
+import torch
+from conftest import make_tiny
+
+import hf_posenc
+
+L = 64  # the tiny models' max_position_embeddings
+SEQ = 3 * L + 5  # past the trained context, so dynamic methods differ too
+
+
+def method_params(method: str, pairs: int) -> dict:
+    return {
+        "dynamic-yarn": {},
+        "longrope": {"factor": 4, "long_factor": [1.0 + i / 4 for i in range(pairs)]},
+    }.get(method, {"factor": 4})
+
+
+def snapshot(model) -> dict:
+    return {
+        "state": {k: v.clone() for k, v in model.state_dict().items()},
+        "buffers": {k: v.clone() for k, v in model.named_buffers()},
+        "config": model.config.to_dict(),
+        "classes": [type(m) for m in model.modules()],
+        "instance_attrs": [sorted(m.__dict__) for m in model.modules()],
+    }
+
+
+def assert_same(before: dict, after: dict) -> None:
+    assert before["state"].keys() == after["state"].keys()
+    for key in before["state"]:
+        assert torch.equal(before["state"][key], after["state"][key]), key
+    assert before["buffers"].keys() == after["buffers"].keys()
+    for key in before["buffers"]:
+        assert torch.equal(before["buffers"][key], after["buffers"][key]), key
+    assert before["config"] == after["config"]
+    assert before["classes"] == after["classes"]
+    assert before["instance_attrs"] == after["instance_attrs"]
+
+
+@pytest.fixture
+def ids() -> torch.Tensor:
+    return torch.randint(0, 97, (2, SEQ), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("method", hf_posenc.available_methods())
+def test_patch_changes_logits_and_unpatch_restores_bit_for_bit(tiny_model, method, ids):
+    pairs = tiny_model.model.rotary_emb.inv_freq.numel()
+    with torch.no_grad():
+        reference = tiny_model(ids).logits
+    before = snapshot(tiny_model)
+    assert hf_posenc.patch(tiny_model, method, **method_params(method, pairs)) is tiny_model
+    with torch.no_grad():
+        patched = tiny_model(ids).logits
+    assert (patched - reference).abs().max() > 1e-3
+    assert tiny_model.config.hf_posenc["method"] == method
+    assert hf_posenc.unpatch(tiny_model) is tiny_model
+    assert hf_posenc.get_patch(tiny_model) is None
+    assert_same(before, snapshot(tiny_model))
+    with torch.no_grad():
+        assert torch.equal(tiny_model(ids).logits, reference)
+
+
+def _paper(method: str, d: int, b: float, seq_len: int | None):
+    return {
+        "pi": lambda: paper.pi(d, b, L, 4),
+        "ntk": lambda: paper.ntk(d, b, L, 4),
+        "dynamic-ntk": lambda: paper.dynamic_ntk(d, b, L, 4, seq_len),
+        "ntk-by-parts": lambda: (paper.by_parts(d, b, L, 4), 1.0),
+        "yarn": lambda: paper.yarn(d, b, L, 4),
+        "dynamic-yarn": lambda: paper.dynamic_yarn(d, b, L, seq_len),
+        "llama3": lambda: paper.llama3(d, b, L, 4),
+        "longrope": lambda: paper.longrope(d, b, L, 4, [1.0 + i / 4 for i in range(d // 2)], [1.0] * (d // 2), seq_len),
+    }[method]()
+
+
+@pytest.mark.parametrize("method", hf_posenc.available_methods())
+@pytest.mark.parametrize("family", ["llama", "qwen3"])  # qwen3: head_dim set apart from hidden/heads
+def test_patched_cos_sin_follow_the_papers(family, method):
+    model = make_tiny(family)
+    rotary = model.model.rotary_emb
+    d, b = 2 * rotary.inv_freq.numel(), model.config.rope_parameters["rope_theta"]
+    hf_posenc.patch(model, method, **method_params(method, d // 2))
+    positions = torch.arange(16)[None]
+    x = torch.zeros(1, 16, d)
+    for seq_len in (16, SEQ):  # a short and a long forward: dynamic methods differ
+        ids = torch.arange(seq_len)[None]
+        cos, sin = rotary(x, ids)
+        cos, sin = cos[:, :16].double(), sin[:, :16].double()
+        inv_freq, factor = _paper(method, d, b, seq_len)
+        expected = torch.tensor(inv_freq, dtype=torch.float64)
+        torch.testing.assert_close(rotary.inv_freq.double(), expected, rtol=1e-6, atol=0)
+        angles = positions[..., None].double() * expected  # (1, 16, d/2)
+        torch.testing.assert_close(cos[..., : d // 2], angles.cos() * factor, rtol=0, atol=2e-6)
+        torch.testing.assert_close(sin[..., d // 2 :], angles.sin() * factor, rtol=0, atol=2e-6)
+
+
+def test_get_patch_reports_resolved_parameters(caplog):
+    model = make_tiny("llama")
+    assert hf_posenc.get_patch(model) is None
+    with caplog.at_level(logging.WARNING, logger="hf_posenc"):
+        hf_posenc.patch(model, "yarn", factor=4)
+    assert "using the config's max_position_embeddings = 64 as the trained context" in caplog.text
+    info = hf_posenc.get_patch(model)
+    assert info.method == "yarn" and info.native and info.rope_type == "yarn"
+    assert info.params == {
+        "original_max_position_embeddings": 64,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "ramp": "index",
+        "truncate": True,
+        "factor": 4.0,
+        "attention_factor": pytest.approx(1.1386294361),
+    }
+    hf_posenc.unpatch(model)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hf_posenc"):
+        hf_posenc.patch(model, "linear", factor=2, original_max_position_embeddings=32)
+    assert "trained context" not in caplog.text
+    assert hf_posenc.get_patch(model).method == "pi"
+    assert model.config.rope_parameters == {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
+    assert model.config.max_position_embeddings == 64
+
+
+def test_patched_context_manager_restores_even_on_error(ids):
+    model = make_tiny("qwen2")
+    before = snapshot(model)
+    with pytest.raises(KeyError, match="boom"), hf_posenc.patched(model, "dynamic-yarn") as inside:
+        assert hf_posenc.get_patch(inside).method == "dynamic-yarn"
+        raise KeyError("boom")
+    assert hf_posenc.get_patch(model) is None
+    assert_same(before, snapshot(model))
+
+
+def test_two_models_do_not_affect_each_other(ids):
+    first, second = make_tiny("llama"), make_tiny("llama")
+    with torch.no_grad():
+        reference = second(ids).logits
+        hf_posenc.patch(first, "yarn", factor=4)
+        hf_posenc.patch(make_tiny("llama"), "dynamic-ntk", factor=2)
+        assert torch.equal(second(ids).logits, reference)
+        assert not torch.equal(first(ids).logits, reference)
+
+
+def test_sdpa_and_eager_agree_when_patched(ids):
+    eager, sdpa = make_tiny("llama"), make_tiny("llama", attn_implementation="sdpa")
+    for model in (eager, sdpa):
+        hf_posenc.patch(model, "yarn", factor=4)
+    with torch.no_grad():
+        torch.testing.assert_close(eager(ids).logits, sdpa(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+BAD = [
+    ("unknown method", "rope-magic", {"factor": 2}, ValueError, "Unknown method 'rope-magic'. Available methods: dynamic-ntk"),
+    ("factor zero", "yarn", {"factor": 0}, ValueError, "factor must be >= 1"),
+    ("factor nan", "pi", {"factor": float("nan")}, ValueError, "finite"),
+    ("factor string", "ntk", {"factor": "x"}, TypeError, "must be a number"),
+    ("factor below one", "pi", {"factor": 0.5}, ValueError, "shrink"),
+    ("beta order", "yarn", {"factor": 4, "beta_fast": 1, "beta_slow": 2}, ValueError, "beta_fast must be greater"),
+    ("longrope length", "longrope", {"factor": 4, "long_factor": [1.0, 2.0]}, ValueError, "long_factor has 2 values; this model's rotary dimension 16 needs 8"),
+    ("unknown parameter", "pi", {"factor": 4, "scale": 2}, TypeError, "Unknown parameter.*'scale'"),
+    ("bad context", "pi", {"factor": 4, "original_max_position_embeddings": 0}, ValueError, "positive integer"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "method", "params", "error", "match"), BAD, ids=[case[0] for case in BAD])
+def test_bad_input_raises_and_changes_nothing(tiny_model, case, method, params, error, match, ids):
+    before = snapshot(tiny_model)
+    with pytest.raises(error, match=match):
+        hf_posenc.patch(tiny_model, method, **params)
+    assert hf_posenc.get_patch(tiny_model) is None
+    assert_same(before, snapshot(tiny_model))
+
+
+def test_gpt2_error_names_what_applies():
+    model = make_tiny("gpt2")
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"model_type 'gpt2'\) encodes position as learned \(transformer.wpe\)"):
+        hf_posenc.patch(model, "yarn", factor=4)
+    assert_same(before, snapshot(model))
+
+
+def test_patching_twice_raises_and_keeps_the_first_patch(ids):
+    model = make_tiny("mistral")
+    hf_posenc.patch(model, "yarn", factor=4)
+    before = snapshot(model)
+    with pytest.raises(RuntimeError, match="already patched with 'yarn'; call hf_posenc.unpatch"):
+        hf_posenc.patch(model, "pi", factor=2)
+    assert_same(before, snapshot(model))
+    assert hf_posenc.get_patch(model).method == "yarn"
+
+
+def test_unpatching_an_unpatched_model_raises():
+    model = make_tiny("llama")
+    before = snapshot(model)
+    with pytest.raises(RuntimeError, match="not patched"):
+        hf_posenc.unpatch(model)
+    assert_same(before, snapshot(model))
+
+
+def test_already_scaled_model_is_refused():
+    model = make_tiny("llama", rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})
+    with pytest.raises(ValueError, match="already uses rope_type 'linear'"):
+        hf_posenc.patch(model, "yarn", factor=4)
+
+
+def test_unpatch_follows_a_device_or_dtype_move(ids):
+    model = make_tiny("llama")
+    original = model.model.rotary_emb.inv_freq.clone()
+    hf_posenc.patch(model, "ntk", factor=4)
+    model.to(torch.float64)
+    hf_posenc.unpatch(model)
+    restored = model.model.rotary_emb.inv_freq
+    assert restored.dtype == torch.float64 and torch.equal(restored, original.double())
+
+
+def test_trained_context_recorded_by_the_config_is_used(caplog):
+    model = make_tiny("llama")
+    model.config.original_max_position_embeddings = 32  # Phi-3 style: recorded outside rope_parameters
+    with caplog.at_level(logging.WARNING, logger="hf_posenc"):
+        hf_posenc.patch(model, "yarn", factor=2)
+    assert "trained context" not in caplog.text
+    assert hf_posenc.get_patch(model).params["original_max_position_embeddings"] == 32
+
+
+GENERIC = {
+    "gpt_neox": lambda T: T.GPTNeoXConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64, rotary_pct=0.5),
+    "phi": lambda T: T.PhiConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64, partial_rotary_factor=0.5),
+    "gemma": lambda T: T.GemmaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("model_type", sorted(GENERIC))
+def test_other_rope_decoders_are_patched_by_the_same_code(model_type, ids):
+    """Not in the architecture table: found by their rotary module (GPT-NeoX and Phi rotate only half the head)."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(GENERIC[model_type](transformers)).eval()
+    rotary = next(m for m in model.modules() if "inv_freq" in m._buffers)
+    d = 2 * rotary.inv_freq.numel()
+    with torch.no_grad():
+        reference = model(ids).logits
+    before = snapshot(model)
+    hf_posenc.patch(model, "yarn", factor=4)
+    inv_freq, _ = paper.yarn(d, 10000.0, L, 4)
+    torch.testing.assert_close(rotary.inv_freq.double(), torch.tensor(inv_freq, dtype=torch.float64), rtol=1e-6, atol=0)
+    with torch.no_grad():
+        assert (model(ids).logits - reference).abs().max() > 1e-3
+    hf_posenc.unpatch(model)
+    assert_same(before, snapshot(model))
+
+
+def test_per_layer_type_rope_is_refused_clearly():
+    import transformers
+
+    config = transformers.Gemma3TextConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="no rotary-embedding module hf_posenc can patch.*Gemma 3"):
+        hf_posenc.patch(model, "yarn", factor=4)
+    assert_same(before, snapshot(model))
+
+
+@pytest.mark.parametrize("method", hf_posenc.available_methods())
+def test_transformers_weight_init_rebuilds_the_patched_frequencies(method):
+    """transformers' _init_weights recomputes rotary buffers from module.rope_type and the config."""
+    model = make_tiny("llama")
+    hf_posenc.patch(model, method, **method_params(method, 8))
+    rotary = model.model.rotary_emb
+    before = rotary.inv_freq.clone()
+    model._init_weights(rotary)
+    torch.testing.assert_close(rotary.inv_freq, before, rtol=1e-6, atol=0)

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES = ("hf_posenc.eval_cli",)
+COMMAND_MODULES = ("hf_posenc.eval_cli", "hf_posenc.hub_cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

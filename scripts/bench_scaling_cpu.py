@@ -1,9 +1,9 @@
 """Throughput of ``hf-posenc eval`` on 1 and N CPU processes (one thread each), same windows.
 
 A stand-in for multi-GPU scaling where no such machine is at hand: a small random Llama and random
-character text are written to a temporary folder, then ``accelerate launch --multi_gpu
---num_processes P -m hf_posenc eval`` scores the same windows for each P; the scoring time comes
-from results.json (``seconds``) and the perplexities must agree::
+character text are written to a temporary folder, then ``python -m hf_posenc eval`` (P = 1) or
+``accelerate launch --multi_gpu --num_processes P -m hf_posenc eval`` scores the same windows; the
+scoring time comes from results.json (``seconds``) and the perplexities must agree::
 
     python scripts/bench_scaling_cpu.py --processes 1,2 --output benchmarks/results/eval_scaling_cpu.json
 """
@@ -54,9 +54,12 @@ def write_fixture(folder: Path, documents: int, chars: int) -> None:
 
 def run(folder: Path, processes: int, length: int) -> dict:
     out = folder / f"out{processes}"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes)]
-    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["--main_process_port", "0", "-m", "hf_posenc", "eval", "--model", str(folder / "model")]
+    command = [sys.executable]
+    if processes > 1:  # accelerate's --multi_gpu launcher (torchrun; gloo on CPU) wants 2 or more
+        command += ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes)]
+        command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+        command += ["--main_process_port", "0"]
+    command += ["-m", "hf_posenc", "eval", "--model", str(folder / "model")]
     command += ["--dataset", str(folder / "texts"), "--method", "none", "--lengths", str(length)]
     command += ["--protocol", "disjoint", "--output", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

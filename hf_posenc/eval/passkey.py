@@ -55,7 +55,9 @@ def build_prompt(tokenizer, length: int, depth: float, key: int, bos_id: int | N
     room = length - len(prefix) - len(needle) - len(question) - len(answer)
     repeats = room // len(filler)
     if repeats < 1:
-        raise ValueError(f"Length {length} is too short for a passkey prompt (needs at least {length - room + len(filler)}).")
+        raise ValueError(
+            f"Length {length} is too short for a passkey prompt (needs at least {length - room + len(filler)})."
+        )
     before = round(depth * repeats)
     prompt = prefix + filler * before + needle + filler * (repeats - before) + question
     return PasskeyPrompt(prompt + answer, len(prompt), key)

@@ -66,7 +66,7 @@ def load_previous(path: Path, arguments: dict[str, Any]) -> dict[str, Any] | Non
         `ValueError`: the file holds results of other arguments (it is left untouched).
     """
     if not path.exists():
-        return []
+        return None
     previous = json.loads(path.read_text(encoding="utf-8"))
     if previous.get("arguments") != arguments:
         changed = sorted(

@@ -38,6 +38,7 @@ from hf_posenc.eval.results import (
     write_csv,
     write_json,
 )
+from hf_posenc.registry import get_method
 from hf_posenc.spec import NONE_METHOD, format_method_spec, parse_method_spec
 
 RESULTS_JSON = "results.json"
@@ -61,16 +62,11 @@ class ModelSource:
 
 def normalize_methods(specs: list[str]) -> list[str]:
     """Parse every method spec and check its name, before any heavy work; returns canonical specs."""
-    import hf_posenc
-
     canonical = []
     for spec in specs:
         name, params = parse_method_spec(spec)
-        if name != NONE_METHOD and name not in hf_posenc.available_methods():
-            raise ValueError(
-                f"Unknown method {name!r} in {spec!r}; available: {NONE_METHOD}, "
-                f"{', '.join(hf_posenc.available_methods())}."
-            )
+        if name != NONE_METHOD:
+            get_method(name)  # raises naming the unknown method and the available ones (aliases accepted)
         canonical.append(format_method_spec(name, params))
     if len(set(canonical)) != len(canonical):
         raise ValueError(f"A method is given twice in {canonical}.")

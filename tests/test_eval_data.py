@@ -97,3 +97,11 @@ def test_unknown_hub_dataset_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ValueError, match="Cannot load dataset 'no-such-user/no-such-dataset'"):
         load_texts(TextSource("no-such-user/no-such-dataset"))
+
+
+def test_streaming_reads_only_the_first_documents_and_checks_the_column(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps({"body": str(i)}) for i in range(100)))
+    assert load_texts(TextSource(str(path), text_column="body", streaming=True, max_documents=3)) == ["0", "1", "2"]
+    with pytest.raises(ValueError, match=r"no column 'text'; its columns are \['body'\]"):
+        load_texts(TextSource(str(path), streaming=True))

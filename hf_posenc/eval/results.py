@@ -139,18 +139,23 @@ def plot_passkey_heatmap(path: Path, grid: list[dict[str, Any]], *, title: str) 
     methods = list(dict.fromkeys(cell["method"] for cell in grid))
     lengths = sorted({cell["length"] for cell in grid})
     depths = sorted({cell["depth"] for cell in grid})
-    fig, axes = plt.subplots(1, len(methods), figsize=(1.2 + 0.9 * len(lengths) * len(methods), 3.6), squeeze=False)
+    width = max(5.0, 1.5 + 1.1 * len(lengths) * len(methods))
+    fig, axes = plt.subplots(
+        1, len(methods), figsize=(width, 1.6 + 0.5 * len(depths)), squeeze=False, sharey=True, layout="constrained"
+    )
     for ax, method in zip(axes[0], methods, strict=True):
         values = [[float("nan")] * len(lengths) for _ in depths]
         for cell in grid:
             if cell["method"] == method:
-                values[depths.index(cell["depth"])][lengths.index(cell["length"])] = cell["accuracy"]
+                row, col = depths.index(cell["depth"]), lengths.index(cell["length"])
+                values[row][col] = cell["accuracy"]
+                ax.text(col, row, f"{cell['accuracy']:.0%}", ha="center", va="center", fontsize=8)
         image = ax.imshow(values, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
         ax.set_xticks(range(len(lengths)), [_length_label(n) for n in lengths])
         ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
         ax.set_xlabel("length")
-        ax.set_ylabel("depth")
         ax.set_title(method, fontsize=9)
+    axes[0][0].set_ylabel("depth of the key")
     fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
     fig.suptitle(title, fontsize=9)
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))

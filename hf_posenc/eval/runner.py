@@ -414,5 +414,5 @@ def write_passkey(output: Path, record: dict[str, Any]) -> None:
     plot_passkey_heatmap(
         output / "passkey_heatmap.png",
         record["accuracy"],
-        title=f"passkey retrieval: {record['model']['name']}",
+        title=f"passkey retrieval: {record['model']['gguf_file'] or record['model']['name']}",
     )

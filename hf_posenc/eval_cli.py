@@ -182,10 +182,10 @@ def run_eval(args: argparse.Namespace) -> int:
         note=note,
     )
     if _is_main_process():
-        protocol = record["protocol"]
+        bos = "prepended" if record["protocol_details"]["bos"] else "none"
         print(
-            f"\nPerplexity (protocol {protocol['name']}, BOS {'prepended' if protocol['bos'] else 'none'}, "
-            f"token-weighted; trained context {record['model']['trained_context']}):"
+            f"\nPerplexity (protocol {record['protocol']}, BOS {bos}, token-weighted; "
+            f"trained context {record['model_details']['trained_context']}):"
         )
         print(format_table(record["results"]))
         print(f"\nResults: {output / 'results.json'} and results.csv\nPlot:    {output / 'ppl_vs_length.png'}")

@@ -68,8 +68,9 @@ def test_eval_writes_json_csv_plot(tiny_dir, tmp_path, capsys):
     argv = _args(tiny_dir, out) + ["--method", "none", "--method", "yarn:factor=2", "--lengths", "32,48"]
     assert main(argv + ["--protocol", "disjoint", "--bos", "prepend"]) == 0
     record = _results(out)
-    assert record["protocol"]["name"] == "disjoint" and record["protocol"]["bos"] is True
-    assert record["model"]["trained_context"] == 64 and "transformers" in record["versions"]
+    assert record["protocol"] == "disjoint" and record["protocol_details"]["bos"] is True
+    assert record["model"] == str(tiny_dir / "model") and record["dataset"] == f"{tiny_dir.name}/texts"
+    assert record["model_details"]["trained_context"] == 64 and "transformers" in record["versions"]
     rows = [(r["method"], r["length"]) for r in record["results"]]
     assert rows == [("none", 32), ("none", 48), ("yarn:factor=2", 32), ("yarn:factor=2", 48)]
     first = record["results"][0]

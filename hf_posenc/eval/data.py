@@ -73,6 +73,12 @@ class TextSource:
     max_documents: int | None = None
     join: str | None = None
 
+    @property
+    def label(self) -> str:
+        """Short name for tables and plots: the Hub id, or the last two parts of a local path."""
+        path = Path(self.path).expanduser()
+        return "/".join(path.parts[-2:]) if path.exists() else self.path
+
     def describe(self) -> dict:
         return {
             "name": self.path,

@@ -54,6 +54,11 @@ class ModelSource:
     gguf_file: str | None = None
     dtype: str = "auto"
 
+    @property
+    def label(self) -> str:
+        """Short name for tables and plots: the Hub id, or folder/file of a GGUF."""
+        return f"{Path(self.name).name}/{self.gguf_file}" if self.gguf_file else self.name
+
     def resolved_dtype(self, device: torch.device) -> str:
         if self.dtype != "auto":
             return self.dtype
@@ -232,22 +237,24 @@ def run_perplexity(
 
     model = _load_checked(model_source, methods, accelerator, docs[0])
     record = {
-        "protocol": {
-            "name": protocol,
+        "protocol": protocol,
+        "model": model_source.label,
+        "dataset": text_source.label,
+        "versions": versions(),
+        "protocol_details": {
             "stride": (stride or "half the length") if protocol == "sliding" else None,
             "bos": bos_id is not None,
             "mean": "token-weighted over scored tokens",
             "note": note,
         },
-        "model": {
+        "model_details": {
             "name": model_source.name,
             "gguf_file": model_source.gguf_file,
             "dtype": arguments["dtype"],
             "trained_context": trained_context(model.config),
         },
-        "dataset": {**text_source.describe(), "documents": len(docs), "tokens": sum(doc_lengths)},
+        "dataset_details": {**text_source.describe(), "documents": len(docs), "tokens": sum(doc_lengths)},
         "processes": accelerator.num_processes,
-        "versions": versions(),
         "arguments": arguments,
         "results": results,
     }
@@ -297,15 +304,15 @@ def write_all(output: Path, record: dict[str, Any]) -> None:
     """results.json, results.csv and ppl_vs_length.png of ``record`` (each written atomically)."""
     write_json(output / RESULTS_JSON, record)
     write_csv(output / "results.csv", record["results"])
-    protocol, model, dataset = record["protocol"], record["model"], record["dataset"]
+    details = record["protocol_details"]
     title = (
-        f"{model['gguf_file'] or model['name']} on {Path(dataset['name']).name}: protocol {protocol['name']}, "
-        f"{'BOS prepended' if protocol['bos'] else 'no BOS'}, {model['dtype']}"
+        f"{record['model']} on {record['dataset']}: protocol {record['protocol']}, "
+        f"{'BOS prepended' if details['bos'] else 'no BOS'}, {record['model_details']['dtype']}"
     )
     plot_ppl_vs_length(
         output / "ppl_vs_length.png",
         record["results"],
-        trained_context=record["model"]["trained_context"],
+        trained_context=record["model_details"]["trained_context"],
         title=title,
     )
 
@@ -357,11 +364,8 @@ def run_passkey(
     done = {(t["method"], t["length"]) for t in done_trials}
     record = {
         "task": "passkey retrieval, greedy (teacher-forced) exact match of the key's tokens",
-        "model": {
-            "name": model_source.name,
-            "gguf_file": model_source.gguf_file,
-            "dtype": arguments["dtype"],
-        },
+        "model": model_source.label,
+        "model_details": {"name": model_source.name, "gguf_file": model_source.gguf_file, "dtype": arguments["dtype"]},
         "bos": bos_id is not None,
         "versions": versions(),
         "arguments": arguments,
@@ -414,5 +418,5 @@ def write_passkey(output: Path, record: dict[str, Any]) -> None:
     plot_passkey_heatmap(
         output / "passkey_heatmap.png",
         record["accuracy"],
-        title=f"passkey retrieval: {record['model']['gguf_file'] or record['model']['name']}",
+        title=f"passkey retrieval: {record['model']}",
     )

@@ -306,7 +306,7 @@ def write_all(output: Path, record: dict[str, Any]) -> None:
     write_csv(output / "results.csv", record["results"])
     details = record["protocol_details"]
     title = (
-        f"{record['model']} on {record['dataset']}: protocol {record['protocol']}, "
+        f"{record['model']} on {record['dataset']}\nprotocol {record['protocol']}, "
         f"{'BOS prepended' if details['bos'] else 'no BOS'}, {record['model_details']['dtype']}"
     )
     plot_ppl_vs_length(

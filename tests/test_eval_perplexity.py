@@ -11,7 +11,7 @@ from conftest import make_tiny
 
 from hf_posenc.eval.data import build_windows
 from hf_posenc.eval.perplexity import check_head_decomposition, greedy_matches, perplexity, window_nll
-from hf_posenc.eval.runner import score_windows
+from hf_posenc.eval.runner import applied, score_windows
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gpt2"]
 
@@ -153,3 +153,33 @@ def test_head_decomposition_check_rejects_scaled_logits():
     model.forward = scaled
     with pytest.raises(NotImplementedError, match="computes logits differently"):
         check_head_decomposition(model, _ids(16))
+
+
+SPECS = {
+    "dynamic-ntk": "dynamic-ntk:factor=2",
+    "dynamic-yarn": "dynamic-yarn",
+    "llama3": "llama3:factor=2",
+    "longrope": "longrope:factor=2,long_factor=[1,1,1.5,1.5,2,2,2,2],short_factor=[1,1,1,1,1,1,1,1]",
+    "ntk": "ntk:factor=2",
+    "ntk-by-parts": "ntk-by-parts:factor=2",
+    "pi": "pi:factor=2",
+    "yarn": "yarn:factor=2",
+}
+
+
+def test_every_registered_method_is_covered():
+    import hf_posenc
+
+    assert sorted(SPECS) == hf_posenc.available_methods()
+
+
+@pytest.mark.parametrize("method", sorted(SPECS))
+def test_eval_under_each_method_changes_the_score_and_restores_the_model(method):
+    """128 tokens past the tiny model's 64: every method changes the NLL; leaving it restores it exactly."""
+    model = make_tiny("llama")
+    ids = _ids(128, seed=7)
+    base = window_nll(model, ids, 1).item()
+    with applied(model, SPECS[method]) as params:
+        patched = window_nll(model, ids, 1).item()
+    assert params and patched != base and math.isfinite(patched)
+    assert window_nll(model, ids, 1).item() == base

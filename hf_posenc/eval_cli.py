@@ -127,6 +127,8 @@ def _model_source(args: argparse.Namespace):
     from hf_posenc.offline import smollm2_gguf
 
     if args.model is None:
+        if args.gguf_file:
+            raise ValueError("--gguf-file names a file inside --model; give --model too.")
         folder, name = smollm2_gguf()
         return ModelSource(str(folder), name, _offline_dtype() if args.dtype == "auto" else args.dtype)
     return ModelSource(args.model, args.gguf_file, args.dtype)

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-CSV_FIELDS = ("method", "length", "ppl", "nll", "tokens", "windows", "skipped_documents", "seconds")
+CSV_FIELDS = ("method", "length", "ppl", "nll", "tokens", "windows", "skipped_documents", "dropped_tokens", "seconds")
 
 
 def versions() -> dict[str, str]:

@@ -1,0 +1,1 @@
+"""Long-context evaluation: perplexity against length and passkey retrieval, with accelerate."""

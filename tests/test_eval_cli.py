@@ -1,0 +1,198 @@
+"""The ``hf-posenc eval`` / ``passkey`` commands end to end on a tiny model saved to disk.
+
+Covers: 1 vs 2 processes (accelerate, gloo on CPU), resume after a kill, refusing an output folder of
+other arguments, bad input failing before the model is loaded, and the files written.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import make_tiny
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from hf_posenc.cli import main
+from hf_posenc.eval import runner
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    """A tiny Llama (64 positions) with a character tokenizer, and 4 text documents of 20-300 chars."""
+    root = tmp_path_factory.mktemp("tiny")
+    make_tiny("llama", max_position_embeddings=64).save_pretrained(root / "model")
+    vocab = {"<unk>": 0, "<s>": 1, **{chr(c): i + 2 for i, c in enumerate(range(32, 127))}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", unk_token="<unk>")
+    fast.save_pretrained(root / "model")
+    (root / "texts").mkdir()
+    rng = random.Random(0)
+    for i, n in enumerate([300, 90, 20, 171]):
+        (root / "texts" / f"{i}.txt").write_text("".join(rng.choice("abcdefgh ijk.") for _ in range(n)))
+    return root
+
+
+def _args(tiny_dir: Path, output: Path) -> list[str]:
+    return ["eval", "--model", str(tiny_dir / "model"), "--dataset", str(tiny_dir / "texts"), "--output", str(output)]
+
+
+def _results(output: Path) -> dict:
+    return json.loads((output / "results.json").read_text())
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model must not be loaded")
+
+    monkeypatch.setattr(runner, "load_model", refuse)
+
+
+def test_eval_writes_json_csv_plot(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = _args(tiny_dir, out) + ["--method", "none", "--method", "yarn:factor=2", "--lengths", "32,48"]
+    assert main(argv + ["--protocol", "disjoint", "--bos", "prepend"]) == 0
+    record = _results(out)
+    assert record["protocol"] == "disjoint" and record["protocol_details"]["bos"] is True
+    assert record["model"] == str(tiny_dir / "model") and record["dataset"] == f"{tiny_dir.name}/texts"
+    assert record["model_details"]["trained_context"] == 64 and "transformers" in record["versions"]
+    rows = [(r["method"], r["length"]) for r in record["results"]]
+    assert rows == [("none", 32), ("none", 48), ("yarn:factor=2", 32), ("yarn:factor=2", 48)]
+    first = record["results"][0]
+    # disjoint with BOS: 31 text tokens a window, all scored; the 20-token document is skipped
+    assert first["windows"] == sum(n // 31 for n in (300, 90, 171)) and first["tokens"] == 31 * first["windows"]
+    assert first["skipped_documents"] == 1 and math.isclose(first["ppl"], math.exp(first["nll"]))
+    assert record["results"][2]["params"]["factor"] == 2
+    with open(out / "results.csv") as f:
+        assert [row["method"] for row in csv.DictReader(f)] == [m for m, _ in rows]
+    assert (out / "ppl_vs_length.png").read_bytes()[:4] == b"\x89PNG"
+    printed = capsys.readouterr().out
+    assert "yarn:factor=2" in printed and str(out / "ppl_vs_length.png") in printed
+
+
+def test_one_and_two_processes_give_the_same_numbers(tiny_dir, tmp_path):
+    """Sliding windows split unevenly over 2 CPU processes (gloo) are gathered exactly once."""
+    common = ["--method", "none", "--method", "ntk:factor=2", "--lengths", "40", "--protocol", "sliding"]
+    common += ["--stride", "15", "--max-windows", "33"]
+    assert main(_args(tiny_dir, tmp_path / "one") + common) == 0
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0"]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = launch + ["-m", "hf_posenc"] + _args(tiny_dir, tmp_path / "two") + common
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = _results(tmp_path / "one"), _results(tmp_path / "two")
+    assert two["processes"] == 2
+    assert one["results"][0]["windows"] == 33  # an uneven split
+    for a, b in zip(one["results"], two["results"], strict=True):
+        assert (a["method"], a["tokens"], a["windows"]) == (b["method"], b["tokens"], b["windows"])
+        assert math.isclose(a["ppl"], b["ppl"], rel_tol=1e-9)
+
+
+def test_resume_keeps_finished_results_and_survives_a_kill(tiny_dir, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    argv = _args(tiny_dir, out) + ["--protocol", "truncate"]
+    assert main(argv + ["--method", "none", "--lengths", "32"]) == 0
+    before = _results(out)["results"][0]
+
+    calls, original = [], runner.score_windows
+
+    def killed_after_one(*args, desc, **kwargs):
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # the run is killed during its second (method, length)
+        calls.append(desc)
+        return original(*args, desc=desc, **kwargs)
+
+    monkeypatch.setattr(runner, "score_windows", killed_after_one)
+    grid = ["--method", "none", "--method", "pi:factor=2", "--lengths", "32,48"]
+    with pytest.raises(KeyboardInterrupt):
+        main(argv + grid)
+    assert calls == ["none @ 48"]  # none @ 32 was not recomputed
+    assert [(r["method"], r["length"]) for r in _results(out)["results"]] == [("none", 32), ("none", 48)]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+    calls.clear()
+    monkeypatch.setattr(
+        runner, "score_windows", lambda *a, desc, **k: calls.append(desc) or original(*a, desc=desc, **k)
+    )
+    assert main(argv + grid) == 0
+    assert calls == ["pi:factor=2 @ 32", "pi:factor=2 @ 48"]
+    results = _results(out)["results"]
+    assert [(r["method"], r["length"]) for r in results] == [
+        ("none", 32),
+        ("none", 48),
+        ("pi:factor=2", 32),
+        ("pi:factor=2", 48),
+    ]
+    assert results[0] == before
+
+
+def test_output_of_other_arguments_is_refused_and_untouched(tiny_dir, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    assert main(_args(tiny_dir, out) + ["--method", "none", "--lengths", "32"]) == 0
+    files = _snapshot(out)
+    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    assert main(_args(tiny_dir, out) + ["--method", "none", "--lengths", "32", "--protocol", "sliding"]) == 2
+    assert "holds results of different arguments (differing: protocol)" in capsys.readouterr().err
+    assert _snapshot(out) == files
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--text-column", "body"], "has no column 'body'; its columns are ['text']"),
+        (["--lengths", "1k"], "Length 1024 is longer than every document (the longest has 300 tokens)"),
+        (["--method", "yarn:factor"], "Cannot parse 'factor' in method specification 'yarn:factor'"),
+        (["--method", "rope-magic"], "Unknown method 'rope-magic'. Available methods: dynamic-ntk"),
+    ],
+)
+def test_bad_input_fails_before_any_heavy_work(tiny_dir, tmp_path, capsys, no_model_load, extra, message):
+    out = tmp_path / "out"
+    lengths = [] if "--lengths" in extra else ["--lengths", "32"]
+    assert main(_args(tiny_dir, out) + lengths + extra) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_bad_method_parameter_fails_before_any_forward(tiny_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(runner, "score_windows", lambda *a, **k: pytest.fail("a window was scored"))
+    out = tmp_path / "out"
+    assert main(_args(tiny_dir, out) + ["--method", "none", "--method", "yarn:factor=-3", "--lengths", "32"]) == 2
+    assert "factor" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("lengths", ["4x", "abc", "0", ""])
+def test_lengths_that_are_not_numbers(tiny_dir, tmp_path, capsys, lengths):
+    with pytest.raises(SystemExit) as exit_info:
+        main(_args(tiny_dir, tmp_path / "out") + ["--lengths", lengths])
+    assert exit_info.value.code == 2
+    assert "argument --lengths" in capsys.readouterr().err
+
+
+def test_passkey_command(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "pk"
+    argv = ["passkey", "--model", str(tiny_dir / "model"), "--output", str(out), "--method", "none"]
+    assert main(argv + ["--lengths", "400,500", "--depths", "0,1", "--trials", "2"]) == 0  # RoPE: past 64 is fine
+    record = json.loads((out / "passkey.json").read_text())
+    assert len(record["trials"]) == 2 * 2 * 2
+    for cell in record["accuracy"]:
+        flags = [t["correct"] for t in record["trials"] if (t["length"], t["depth"]) == (cell["length"], cell["depth"])]
+        assert cell["accuracy"] == sum(flags) / 2 and cell["trials"] == 2
+    assert (out / "passkey_heatmap.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Passkey accuracy" in capsys.readouterr().out

@@ -1,0 +1,107 @@
+"""Window construction (pure), lengths, and loading texts through `datasets` from local files."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from hf_posenc.eval.data import TextSource, build_windows, load_texts, parse_length, parse_lengths
+
+DOC_LENGTHS = [5, 37, 100, 64, 1, 129]
+CASES = list(itertools.product(("sliding", "disjoint", "truncate"), (8, 17, 64), (False, True), (None, 3, 8)))
+
+
+def _scored_positions(plan):
+    return [(w.doc, p) for w in plan.windows for p in range(w.score_from, w.end)]
+
+
+@pytest.mark.parametrize(("protocol", "length", "bos", "stride"), CASES)
+def test_windows_score_each_token_at_most_once_with_only_past_context(protocol, length, bos, stride):
+    span = length - bos
+    if protocol == "sliding" and stride is not None and stride > span:
+        with pytest.raises(ValueError, match="must be between 1 and the window's"):
+            build_windows(DOC_LENGTHS, length, protocol, bos=bos, stride=stride)
+        return
+    plan = build_windows(DOC_LENGTHS, length, protocol, bos=bos, stride=stride)
+    scored = _scored_positions(plan)
+    assert len(scored) == len(set(scored)), "a token is scored twice"
+    for w in plan.windows:
+        assert 0 <= w.start <= w.score_from < w.end <= DOC_LENGTHS[w.doc]
+        assert w.end - w.start + bos <= length  # the model reads at most `length` positions
+        assert bos or w.score_from > w.start  # without BOS, the first token of a span is context only
+        assert DOC_LENGTHS[w.doc] >= span
+    assert plan.skipped_documents == sum(n < span for n in DOC_LENGTHS)
+
+
+@pytest.mark.parametrize(("length", "bos", "stride"), [(8, False, 3), (17, True, 8), (64, False, None), (9, False, 8)])
+def test_sliding_scores_every_token_with_at_least_length_minus_stride_context(length, bos, stride):
+    plan = build_windows(DOC_LENGTHS, length, "sliding", bos=bos, stride=stride)
+    stride = stride or length // 2
+    span = length - bos
+    expected = {(d, p) for d, n in enumerate(DOC_LENGTHS) if n >= span for p in range(0 if bos else 1, n)}
+    assert set(_scored_positions(plan)) == expected
+    for w in plan.windows:
+        if w.start > 0:
+            assert w.score_from - w.start >= span - stride
+
+
+def test_disjoint_and_truncate_spans():
+    disjoint = build_windows([20, 7], 8, "disjoint", bos=False)
+    assert [(w.doc, w.start, w.end, w.score_from) for w in disjoint.windows] == [(0, 0, 8, 1), (0, 8, 16, 9)]
+    assert (disjoint.skipped_documents, disjoint.dropped_tokens) == (1, 4)
+    truncate = build_windows([20, 9, 3], 8, "truncate", bos=True)
+    assert [(w.doc, w.start, w.end, w.score_from) for w in truncate.windows] == [(0, 0, 7, 0), (1, 0, 7, 0)]
+    assert truncate.skipped_documents == 1
+    assert len(build_windows([100, 100], 8, "disjoint", bos=False, max_windows=3).windows) == 3
+
+
+def test_length_longer_than_every_document_is_an_error():
+    with pytest.raises(ValueError, match=r"longer than every document \(the longest has 129 tokens\)"):
+        build_windows(DOC_LENGTHS, 1024, "truncate", bos=False)
+
+
+@pytest.mark.parametrize(("text", "expected"), [("512", 512), ("4k", 4096), (" 16K ", 16384)])
+def test_parse_length(text, expected):
+    assert parse_length(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "4x", "-1", "0", "1.5k", "k", "four"])
+def test_parse_length_rejects(text):
+    with pytest.raises(ValueError, match="not a positive number of tokens"):
+        parse_length(text)
+
+
+def test_parse_lengths_sorted_unique():
+    assert parse_lengths("8k,2k,2048,4k") == [2048, 4096, 8192]
+
+
+def test_load_local_txt_folder_jsonl_and_join(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "b.txt").write_text("second\nline two")
+    (tmp_path / "docs" / "a.txt").write_text("first")
+    assert load_texts(TextSource(str(tmp_path / "docs"))) == ["first", "second\nline two"]
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"body": t}) for t in ["x", "y", "z"]))
+    assert load_texts(TextSource(str(jsonl), text_column="body", max_documents=2, join="|")) == ["x|y"]
+    with pytest.raises(ValueError, match=r"no column 'text'; its columns are \['body'\]"):
+        load_texts(TextSource(str(jsonl)))
+
+
+def test_unknown_hub_dataset_is_a_clear_error(monkeypatch):
+    import datasets
+    import huggingface_hub
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ValueError, match="Cannot load dataset 'no-such-user/no-such-dataset'"):
+        load_texts(TextSource("no-such-user/no-such-dataset"))
+
+
+def test_streaming_reads_only_the_first_documents_and_checks_the_column(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps({"body": str(i)}) for i in range(100)))
+    assert load_texts(TextSource(str(path), text_column="body", streaming=True, max_documents=3)) == ["0", "1", "2"]
+    with pytest.raises(ValueError, match=r"no column 'text'; its columns are \['body'\]"):
+        load_texts(TextSource(str(path), streaming=True))

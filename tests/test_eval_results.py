@@ -1,0 +1,59 @@
+"""Result writers: atomic replacement, refusing other arguments, the console table, the benchmark smoke."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from hf_posenc.eval.results import atomic_write, atomic_write_text, format_table, load_previous
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = [
+    {"method": "none", "length": 2048, "ppl": 25.054},
+    {"method": "none", "length": 16384, "ppl": 42.43},
+    {"method": "yarn:factor=4", "length": 16384, "ppl": 23.15},
+]
+
+
+def test_a_writer_killed_midway_leaves_the_previous_file(tmp_path):
+    path = tmp_path / "results.json"
+    atomic_write_text(path, "old")
+
+    def crash(tmp: Path) -> None:
+        tmp.write_text("half a fi")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(path, crash)
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_load_previous_names_the_differing_arguments(tmp_path):
+    path = tmp_path / "results.json"
+    assert load_previous(path, {"protocol": "truncate"}) is None
+    path.write_text(json.dumps({"arguments": {"protocol": "truncate", "bos": "auto"}, "results": ROWS}))
+    assert load_previous(path, {"protocol": "truncate", "bos": "auto"})["results"] == ROWS
+    with pytest.raises(ValueError, match=r"differing: bos, stride"):
+        load_previous(path, {"protocol": "truncate", "bos": "none", "stride": 512})
+
+
+def test_console_table():
+    assert format_table(ROWS).splitlines() == [
+        "method               2k       16k",
+        "none              25.05     42.43",
+        "yarn:factor=4         -     23.15",
+    ]
+
+
+def test_bench_script_tiny_smoke():
+    spec = importlib.util.spec_from_file_location("bench_eval", ROOT / "scripts" / "bench_eval.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    record = bench.main(["--tiny", "--repeats", "1", "--lengths", "128"])
+    (row,) = record["throughput"]
+    assert row["length"] == 128 and row["eval_tokens_per_s"] > 0 and row["ratio"] > 0
+    assert "peak_memory" not in record  # only measured on a GPU

@@ -47,9 +47,7 @@ def format_method_spec(name: str, params: dict[str, Any]) -> str:
     """Inverse of :func:`parse_method_spec` (parameters in the given order)."""
     if not params:
         return name
-    return (
-        name + ":" + ",".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in params.items())
-    )
+    return name + ":" + ",".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in params.items())
 
 
 def _split_top_level(text: str) -> list[str]:

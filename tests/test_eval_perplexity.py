@@ -156,6 +156,7 @@ def test_head_decomposition_check_rejects_scaled_logits():
 
 
 SPECS = {
+    "alibi": "alibi",
     "dynamic-ntk": "dynamic-ntk:factor=2",
     "dynamic-yarn": "dynamic-yarn",
     "llama3": "llama3:factor=2",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,28 +23,13 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from hf_posenc.eval.data import parse_lengths
-from hf_posenc.eval.perplexity import window_nll
-from hf_posenc.eval.results import versions
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import SHAPES  # noqa: E402
 
-LLAMA_7B = dict(
-    vocab_size=32000,
-    hidden_size=4096,
-    intermediate_size=11008,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=32,
-    max_position_embeddings=4096,
-)
-TINY = dict(
-    vocab_size=1000,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    max_position_embeddings=256,
-)
+from hf_posenc.eval.data import parse_lengths  # noqa: E402
+from hf_posenc.eval.perplexity import window_nll  # noqa: E402
+from hf_posenc.eval.results import versions  # noqa: E402
+
 GIB = 2**30
 
 
@@ -127,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("no CUDA device: the benchmark targets a GPU; use --tiny for a CPU smoke check")
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
-    model = build_model(TINY if args.tiny else LLAMA_7B, dtype, device)
+    model = build_model(SHAPES["tiny" if args.tiny else "llama-7b"], dtype, device)
     lengths = args.lengths or ([256] if args.tiny else [4096, 32768])
     record = {
         "benchmark": "hf_posenc eval forward + chunked loss vs bare model(input_ids)",

@@ -107,9 +107,10 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
     rope_parameters = native_rope_parameters(method, resolved, config)
     native = rope_parameters is not None
     if native:
+        updates = config_updates(method, resolved, config, rope_parameters)
         candidate = copy.deepcopy(config)
-        for key, value in config_updates(method, resolved, config, rope_parameters).items():
-            setattr(candidate, key, value)
+        for key, value in updates.items():
+            setattr(candidate, key, copy.deepcopy(value))  # transformers may standardize it in place
         native = _native_matches(candidate, modules[0], ours, lengths)
         if not native:
             logger.warning(
@@ -121,8 +122,8 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
             )
     if not native:
         rope_parameters = own_rope_parameters(method, resolved, config)
+        updates = config_updates(method, resolved, config, rope_parameters)
     info = PatchInfo(method.name, params_to_dict(resolved), native, rope_parameters["rope_type"])
-    updates = config_updates(method, resolved, config, rope_parameters)
     source = _frequency_source(ours, native, modules[0], config)
     # What the patched modules report as rope_type: transformers' dynamic decorator skips both kinds,
     # and its weight init rebuilds them exactly (a native static type, or ours from the config record).

@@ -14,18 +14,21 @@ keeps the base values, which :func:`hf_posenc.from_pretrained` puts back before 
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import torch
 from torch import nn
 
-from .attention import IMPLEMENTATIONS
+from .attention import IMPLEMENTATIONS, cudnn
 from .config import CONFIG_KEY, OWN_ROPE_TYPE, params_to_dict, patch_record
 from .learned_patch import gpt2_position_table
 from .methods.alibi import alibi_slopes
 from .plan import ModuleChange, PatchInfo, Plan
 from .registry import Method
 from .rope_patch import check_rope_model
+
+logger = logging.getLogger("hf_posenc")
 
 ALIBI_ROPE_TYPE = "hf_posenc_alibi"
 ALIBI_GPT2_ACTIVATION = "hf_posenc_alibi"
@@ -48,16 +51,43 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def _resolve(model: nn.Module, method: Method, params: dict[str, Any]) -> Any:
-    """Parameters with the backend chosen (``auto``: flex on CUDA, sdpa elsewhere) and the slopes filled in."""
+    """Parameters with the backend chosen (:func:`choose_backend`) and the slopes filled in."""
     resolved = method.make_params(**params)
     heads = model.config.num_attention_heads
     if resolved.slopes is not None and len(resolved.slopes) != heads:
         raise ValueError(f"{len(resolved.slopes)} ALiBi slopes given; this model has {heads} query heads.")
-    backend = resolved.backend
-    if backend == "auto":
-        backend = "flex" if next(model.parameters()).is_cuda else "sdpa"
     slopes = resolved.slopes or tuple(alibi_slopes(heads).tolist())
-    return method.make_params(backend=backend, slopes=slopes)
+    return method.make_params(backend=choose_backend(model, resolved.backend, slopes), slopes=slopes)
+
+
+def _fused_problem(model: nn.Module, slopes: tuple[float, ...]) -> str | None:
+    """Why cuDNN's fused ALiBi cannot serve this model, or None."""
+    config, heads = model.config, model.config.num_attention_heads
+    if not torch.allclose(torch.tensor(slopes), alibi_slopes(heads, dtype=torch.float32), rtol=1e-6, atol=0):
+        return "cuDNN computes the paper's slopes itself, and these slopes differ"
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return f"it needs the model on a CUDA device (it is on {device.type})"
+    head_dim = attention_modules(model)[0].head_dim
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return cudnn.self_check(device.index or 0, heads, kv_heads, head_dim)
+
+
+def choose_backend(model: nn.Module, requested: str, slopes: tuple[float, ...]) -> str:
+    """The backend a patch uses: the requested one; for ``"auto"``, cudnn where it can serve the model on
+    this GPU, else flex on CUDA and sdpa elsewhere. ``"cudnn"`` that cannot serve it is an error."""
+    if requested not in ("auto", "cudnn"):
+        return requested
+    problem = _fused_problem(model, slopes)
+    if requested == "cudnn" and problem is not None:
+        raise ValueError(f"The ALiBi cudnn backend cannot be used: {problem}. Use backend='flex' or 'auto'.")
+    if problem is None:
+        return "cudnn"
+    if next(model.parameters()).is_cuda:
+        level = logging.INFO if not cudnn.installed() else logging.WARNING
+        logger.log(level, "ALiBi backend 'auto' uses flex: the cudnn backend cannot be used, as %s.", problem)
+        return "flex"
+    return "sdpa"
 
 
 def _set_slopes(slopes: tuple[float, ...], module: nn.Module) -> None:

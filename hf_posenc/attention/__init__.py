@@ -10,19 +10,21 @@ from __future__ import annotations
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from .functions import alibi_eager_attention, alibi_flex_attention, alibi_sdpa_attention
-from .masks import alibi_distance_mask, alibi_flex_mask
+from .functions import alibi_cudnn_attention, alibi_eager_attention, alibi_flex_attention, alibi_sdpa_attention
+from .masks import alibi_distance_mask, alibi_flex_mask, alibi_prefill_mask
 
 IMPLEMENTATIONS = {
     "eager": "hf_posenc_alibi_eager",
     "sdpa": "hf_posenc_alibi_sdpa",
     "flex": "hf_posenc_alibi_flex",
+    "cudnn": "hf_posenc_alibi_cudnn",
 }
 
 for _backend, (_attention, _mask) in {
     "eager": (alibi_eager_attention, alibi_distance_mask),
     "sdpa": (alibi_sdpa_attention, alibi_distance_mask),
     "flex": (alibi_flex_attention, alibi_flex_mask),
+    "cudnn": (alibi_cudnn_attention, alibi_prefill_mask),
 }.items():
     AttentionInterface.register(IMPLEMENTATIONS[_backend], _attention)
     AttentionMaskInterface.register(IMPLEMENTATIONS[_backend], _mask)

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 from torch.nn.attention.flex_attention import flex_attention
 
-from .masks import AlibiBlockMask
+from . import cudnn
+from .masks import AlibiBlockMask, AlibiPrefillMask
 
 
 def _repeat_kv(states: torch.Tensor, groups: int) -> torch.Tensor:
@@ -31,6 +32,11 @@ def _check_mask(attention_mask: Any, expected: type, backend: str) -> None:
             f"the {expected.__name__} its mask function builds from a 2D attention mask. Pass a 2D (batch, length) "
             "attention_mask, not a prepared 4D mask."
         )
+
+
+def _no_dropout(module: nn.Module, dropout: float, backend: str) -> None:
+    if dropout and module.training:
+        raise ValueError(f"The ALiBi {backend} backend has no attention dropout; use backend='sdpa' or set it to 0.")
 
 
 def slopes_on(module: nn.Module, device: torch.device) -> torch.Tensor:
@@ -108,8 +114,7 @@ def alibi_flex_attention(
     Compiled (one compilation, dynamic shapes) on CUDA; on CPU it runs uncompiled, as a small-size check.
     """
     _check_mask(attention_mask, AlibiBlockMask, "flex")
-    if dropout and module.training:
-        raise ValueError("The ALiBi flex backend has no attention dropout; use backend='sdpa' or set it to 0.")
+    _no_dropout(module, dropout, "flex")
     slopes = slopes_on(module, query.device)
     queries, keys = attention_mask.query_positions, attention_mask.key_positions
 
@@ -127,3 +132,25 @@ def alibi_flex_attention(
         enable_gqa=query.shape[1] != key.shape[1],
     )
     return output.transpose(1, 2).contiguous(), None  # (B, q, H, D)
+
+
+def alibi_cudnn_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: AlibiPrefillMask,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """cuDNN's fused ALiBi kernel for a plain causal prefill (:mod:`hf_posenc.attention.cudnn`), the flex
+    backend for every other call (padding, a KV cache, a shape cuDNN refuses)."""
+    _check_mask(attention_mask, AlibiPrefillMask, "cudnn")
+    _no_dropout(module, dropout, "cudnn")
+    if attention_mask.plain_causal and cudnn.prepare(
+        query, key, value, scaling, training=cudnn.needs_grad(query, key, value)
+    ):
+        output = cudnn.fused_alibi_attention(query, key, value, scaling)  # (B, H, q, D), (B, q, H, D) in memory
+        return output.transpose(1, 2), None  # (B, q, H, D), contiguous
+    return alibi_flex_attention(module, query, key, value, attention_mask.flex, scaling, dropout, **kwargs)

@@ -9,8 +9,10 @@ constant cancels in ``i - j``, so sliced caches and sliding windows give the sam
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
@@ -122,3 +124,55 @@ def alibi_flex_mask(
     )
     queries, keys = token_positions(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask, device)
     return AlibiBlockMask(block_mask, queries, keys)
+
+
+@dataclass
+class AlibiPrefillMask:
+    """What the cudnn backend gets as ``attention_mask``: whether the call is a plain causal prefill (what
+    cuDNN's fused ALiBi computes), and the flex mask for every other call, built on first use (once per
+    forward: all layers share the object)."""
+
+    plain_causal: bool
+    flex_arguments: dict[str, Any]
+
+    @functools.cached_property
+    def flex(self) -> AlibiBlockMask:
+        return alibi_flex_mask(**self.flex_arguments)
+
+
+def alibi_prefill_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int | torch.Tensor = 0,
+    kv_offset: int = 0,
+    mask_function: Callable = causal_mask_function,
+    attention_mask: torch.Tensor | None = None,
+    device: torch.device | str = "cpu",
+    **kwargs,
+) -> AlibiPrefillMask:
+    """Mask function for the cudnn ALiBi backend.
+
+    A call is a plain causal prefill when queries and keys are the same tokens from index 0 (no cache
+    offset), the mask is transformers' causal mask alone (no sliding window, no packed sequences) and no token
+    is padding: then positions equal indices, which is what cuDNN's bias uses.
+    """
+    plain = (
+        mask_function is causal_mask_function
+        and q_length == kv_length
+        and not isinstance(q_offset, torch.Tensor)
+        and q_offset == 0
+        and kv_offset == 0
+        and (attention_mask is None or bool(attention_mask.all()))
+    )
+    arguments = dict(
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        mask_function=mask_function,
+        attention_mask=attention_mask,
+        device=device,
+    )
+    return AlibiPrefillMask(plain, arguments)

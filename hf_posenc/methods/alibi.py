@@ -10,7 +10,7 @@ import torch
 
 from ..registry import Method, register
 
-BACKENDS = ("auto", "eager", "sdpa", "flex")
+BACKENDS = ("auto", "eager", "sdpa", "flex", "cudnn")
 
 
 def alibi_slopes(num_heads: int, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -46,7 +46,9 @@ class AlibiParams:
     """Args:
     backend (`str`, defaults to ``"auto"``): attention backend: ``"eager"`` (reference), ``"sdpa"`` (a bias
         built per call; fine on CPU), ``"flex"`` (``flex_attention`` with a score_mod: memory linear in the
-        sequence length; compiled on CUDA), or ``"auto"``: flex on CUDA, sdpa elsewhere.
+        sequence length; compiled on CUDA), ``"cudnn"`` (CUDA, the ``cudnn`` extra: cuDNN's fused ALiBi
+        kernel for causal prefills without padding, flex for the other calls; the paper's slopes only), or
+        ``"auto"``: cudnn on CUDA where its check on the GPU passes, else flex; sdpa off CUDA.
     slopes (`tuple[float, ...]`, *optional*): one slope per query head; ``patch`` fills in the paper's
         (:func:`alibi_slopes`).
     """

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.attention.flex_attention import flex_attention
 
-from . import cudnn
+from . import cudnn, masks
 from .masks import AlibiBlockMask, AlibiPrefillMask
 
 
@@ -121,7 +121,7 @@ def alibi_flex_attention(
     def score_mod(score, batch, head, q_idx, kv_idx):
         return score + slopes[head] * (keys[batch, kv_idx] - queries[batch, q_idx])
 
-    attend = _compiled_flex_attention() if query.is_cuda else flex_attention
+    attend = _compiled_flex_attention() if masks.compiles_flex(query.device) else flex_attention
     output = attend(
         query,
         key,

@@ -26,6 +26,18 @@ from transformers.masking_utils import (
 )
 
 
+def compiles_flex(device: torch.device | str) -> bool:
+    """Whether flex attention and its block masks run compiled there: on CUDA (uncompiled, both are n x n);
+    on CPU they run uncompiled, as a small-size check."""
+    return torch.device(device).type == "cuda"
+
+
+@functools.cache
+def _compiled_create_block_mask() -> Callable:
+    """``create_block_mask`` compiled once with dynamic shapes: new lengths do not recompile it."""
+    return torch.compile(create_block_mask, dynamic=True)
+
+
 def token_positions(
     batch_size: int,
     q_length: int,
@@ -113,14 +125,14 @@ def alibi_flex_mask(
     # Offsets as tensors: a compiled mask_mod that captured them as ints would recompile at every decoding
     # step, and past dynamo's recompile limit fall back to the uncompiled n x n path.
     offsets = torch.as_tensor(q_offset, device=device), torch.as_tensor(kv_offset, device=device)
-    block_mask = create_block_mask(
+    build = _compiled_create_block_mask() if compiles_flex(device) else create_block_mask
+    block_mask = build(
         mask_mod=add_offsets_to_mask_function(mask_function, *offsets),
         B=batch_size,
         H=None,
         Q_LEN=q_length,
         KV_LEN=kv_length,
         device=device,
-        _compile=torch.device(device).type == "cuda",
     )
     queries, keys = token_positions(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask, device)
     return AlibiBlockMask(block_mask, queries, keys)

@@ -1,0 +1,39 @@
+"""The flex backend compiled (as on CUDA, forced here on CPU): no recompilation per decoding step.
+
+Past torch._dynamo's recompile limit a compiled flex_attention falls back to an uncompiled path that
+materialises n x n scores: a KV-cache generation that recompiled at each step (cache offsets captured as
+Python ints) would run out of memory at long lengths instead of failing. Recompiling is decided by dynamo's
+guards, before any backend: flex_attention is compiled here with the ``aot_eager`` backend (inductor's CPU
+flex template does not build this score_mod with dynamic shapes in torch 2.13), the block mask with
+inductor as in the library. Compiling takes tens of seconds on CPU, so the test is marked slow."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_tiny
+from test_alibi import generate
+
+import hf_posenc
+from hf_posenc.attention import functions, masks
+
+
+@pytest.mark.slow
+def test_compiled_flex_generates_without_recompiling(monkeypatch):
+    monkeypatch.setattr(masks, "compiles_flex", lambda device: True)
+    compiled = torch.compile(functions.flex_attention, dynamic=True, backend="aot_eager")
+    monkeypatch.setattr(functions, "_compiled_flex_attention", lambda: compiled)
+    torch._dynamo.reset()
+    model = make_tiny("llama")
+    hf_posenc.patch(model, "alibi", backend="flex")
+    eager = make_tiny("llama")
+    hf_posenc.patch(eager, "alibi", backend="eager")
+    prompt = torch.randint(1, 97, (1, 24), generator=torch.Generator().manual_seed(0))
+    generate(model, prompt, new=3)  # compiles: the prefill, the one-token decoding steps
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # the block mask and the attention
+    longer = torch.randint(1, 97, (1, 37), generator=torch.Generator().manual_seed(1))
+    with torch.compiler.set_stance("fail_on_recompile"):
+        sequences, logits = generate(model, longer, new=30)  # new prompt length, 30 new cache offsets
+    expected_sequences, expected_logits = generate(eager, longer, new=30)
+    assert torch.equal(sequences, expected_sequences)
+    torch.testing.assert_close(logits, expected_logits, rtol=1e-4, atol=1e-4)

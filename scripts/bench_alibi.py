@@ -7,6 +7,7 @@ model builds it once for all layers). Variants:
 * ``sdpa_causal``: ``scaled_dot_product_attention(is_causal=True)`` without bias, cuDNN backend on CUDA
   (the target's reference);
 * ``alibi_flex``: hf_posenc's flex backend (compiled ``flex_attention`` + ALiBi score_mod, O(n) memory);
+* ``alibi_cudnn``: hf_posenc's cudnn backend (cuDNN frontend's fused ALiBi; needs ``nvidia-cudnn-frontend``);
 * ``alibi_sdpa``: hf_posenc's sdpa backend (an n x n bias per call), only up to ``--sdpa-max``.
 
 Before timing, each ALiBi backend is checked against the eager reference at a small length. Reports
@@ -31,18 +32,22 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import environment, time_rounds, write_json  # noqa: E402
 
+from hf_posenc.attention import cudnn  # noqa: E402
 from hf_posenc.attention.functions import (  # noqa: E402
+    alibi_cudnn_attention,
     alibi_eager_attention,
     alibi_flex_attention,
     alibi_sdpa_attention,
 )
-from hf_posenc.attention.masks import alibi_distance_mask, alibi_flex_mask  # noqa: E402
+from hf_posenc.attention.masks import alibi_distance_mask, alibi_flex_mask, alibi_prefill_mask  # noqa: E402
 from hf_posenc.methods import alibi_slopes  # noqa: E402
 
 BACKENDS = {
     "alibi_flex": (alibi_flex_attention, alibi_flex_mask),
     "alibi_sdpa": (alibi_sdpa_attention, alibi_distance_mask),
 }
+if cudnn.installed():
+    BACKENDS["alibi_cudnn"] = (alibi_cudnn_attention, alibi_prefill_mask)
 
 
 def make_inputs(length: int, args: argparse.Namespace, device: torch.device, grad: bool):
@@ -114,8 +119,8 @@ def bench(args: argparse.Namespace) -> dict:
             for name in BACKENDS:
                 if name == "alibi_sdpa" and length > args.sdpa_max:
                     continue
-                if name == "alibi_flex" and backward and device.type != "cuda":
-                    continue  # flex_attention has no backward on CPU
+                if name in ("alibi_flex", "alibi_cudnn") and backward and device.type != "cuda":
+                    continue  # flex_attention has no backward on CPU; cudnn falls back to flex there
                 variants[name] = timed(alibi_call(name, q, k, v, device, args.heads), q, k, v, backward)
             flops = 2 * args.batch * args.heads * length**2 * args.head_dim * (3.5 if backward else 1.0)
             for name, run in variants.items():
@@ -131,6 +136,11 @@ def bench(args: argparse.Namespace) -> dict:
                     "ms": seconds * 1e3,
                     "tflops": flops / seconds / 1e12,
                     "peak_gib": peak,
+                    **(
+                        {"fused": cudnn.prepare(q, k, v, args.head_dim**-0.5, training=backward)}
+                        if name == "alibi_cudnn"
+                        else {}
+                    ),
                 }
                 results.append(row)
                 print(row, flush=True)

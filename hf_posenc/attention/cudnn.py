@@ -26,7 +26,7 @@ from ..methods.alibi import alibi_slopes
 
 try:  # the optional extra
     import cudnn
-except ImportError:  # pragma: no cover - depends on the environment
+except (ImportError, OSError):  # not installed, or its binary cannot load here: the backend is unavailable
     cudnn = None
 
 logger = logging.getLogger(__name__)

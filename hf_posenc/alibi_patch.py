@@ -90,8 +90,21 @@ def choose_backend(model: nn.Module, requested: str, slopes: tuple[float, ...]) 
     return "sdpa"
 
 
-def _set_slopes(slopes: tuple[float, ...], module: nn.Module) -> None:
+def _alibi_attention(slopes: tuple[float, ...], module: nn.Module) -> None:
+    """The module's slopes, and a check before each call that the ALiBi implementation is still selected:
+    ``set_attn_implementation("sdpa")`` would silently drop the bias, leaving no position information."""
     module.alibi_slopes = torch.tensor(slopes, dtype=torch.float32)
+    module.register_forward_pre_hook(_check_implementation)
+
+
+def _check_implementation(module: nn.Module, args: tuple) -> None:
+    selected = module.config._attn_implementation
+    if selected not in IMPLEMENTATIONS.values():
+        raise RuntimeError(
+            f"This model is patched with ALiBi, but its attention implementation is now {selected!r}, which adds "
+            f"no ALiBi bias (set_attn_implementation?): it would run without any position information. Select "
+            f"one of {', '.join(IMPLEMENTATIONS.values())}, or call hf_posenc.unpatch(model) first."
+        )
 
 
 def _no_rotation(module: nn.Module) -> None:
@@ -121,7 +134,7 @@ def _plan(
         ATTENTION: IMPLEMENTATIONS[resolved.backend],
         CONFIG_KEY: patch_record(method.name, info.params, False, base),
     }
-    slopes = [(module, functools.partial(_set_slopes, resolved.slopes)) for module in attention_modules(model)]
+    slopes = [(module, functools.partial(_alibi_attention, resolved.slopes)) for module in attention_modules(model)]
     return info, updates, slopes
 
 

@@ -158,6 +158,19 @@ def test_switching_backend_through_transformers():
         torch.testing.assert_close(model(ids).logits, eager, rtol=1e-5, atol=1e-5)
 
 
+def test_leaving_the_alibi_implementations_is_an_error_not_a_silent_model_without_positions():
+    model = tiny(backend="eager")
+    ids = torch.randint(0, 97, (1, 30), generator=torch.Generator().manual_seed(4))
+    model.set_attn_implementation("sdpa")
+    with pytest.raises(RuntimeError, match="attention implementation is now 'sdpa', which adds no ALiBi bias"):
+        model(ids)
+    model.set_attn_implementation("hf_posenc_alibi_eager")
+    hf_posenc.unpatch(model)  # the check goes with the patch
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, make_tiny("llama")(ids).logits, rtol=1e-5, atol=1e-5)
+
+
 def generate(model, prompt, mask=None, new=40):
     model.generation_config.eos_token_id = None
     out = model.generate(

@@ -252,7 +252,9 @@ def _opt():
 
 
 BAD = [
-    ("unknown backend", lambda: make_tiny("llama"), {"backend": "cudnn-magic"}, ValueError, "Unknown ALiBi backend 'cudnn-magic'. Available backends: auto, eager, sdpa, flex"),
+    ("unknown backend", lambda: make_tiny("llama"), {"backend": "cudnn-magic"}, ValueError, "Unknown ALiBi backend 'cudnn-magic'. Available backends: auto, eager, sdpa, flex, cudnn"),
+    ("cudnn off CUDA", lambda: make_tiny("llama"), {"backend": "cudnn"}, ValueError, "cudnn backend cannot be used: it needs the model on a CUDA device"),
+    ("cudnn, own slopes", lambda: make_tiny("llama"), {"backend": "cudnn", "slopes": [0.5, 0.25, 0.125, 0.0625]}, ValueError, "computes the paper's slopes itself, and these slopes differ"),
     ("wrong slope count", lambda: make_tiny("llama"), {"slopes": [0.5, 0.25]}, ValueError, "2 ALiBi slopes given; this model has 4 query heads"),
     ("negative slope", lambda: make_tiny("llama"), {"slopes": [0.5, -0.25, 0.1, 0.1]}, ValueError, "finite and > 0"),
     ("unknown parameter", lambda: make_tiny("llama"), {"factor": 4}, TypeError, "Unknown parameter.*'factor'.*Valid parameters: backend, slopes"),

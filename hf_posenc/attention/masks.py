@@ -152,24 +152,25 @@ class AlibiPrefillMask:
         return alibi_flex_mask(**self.flex_arguments)
 
 
-def alibi_prefill_mask(
-    batch_size: int,
+def alibi_prefill_mask(**arguments: Any) -> AlibiPrefillMask:
+    """Mask function for the cudnn ALiBi backend (transformers passes every argument by keyword; those of
+    :func:`alibi_flex_mask`)."""
+    return AlibiPrefillMask(_plain_causal(**arguments), arguments)
+
+
+def _plain_causal(
     q_length: int,
     kv_length: int,
     q_offset: int | torch.Tensor = 0,
     kv_offset: int = 0,
     mask_function: Callable = causal_mask_function,
     attention_mask: torch.Tensor | None = None,
-    device: torch.device | str = "cpu",
     **kwargs,
-) -> AlibiPrefillMask:
-    """Mask function for the cudnn ALiBi backend.
-
-    A call is a plain causal prefill when queries and keys are the same tokens from index 0 (no cache
-    offset), the mask is transformers' causal mask alone (no sliding window, no packed sequences) and no token
-    is padding: then positions equal indices, which is what cuDNN's bias uses.
-    """
-    plain = (
+) -> bool:
+    """Whether queries and keys are the same tokens from index 0 (no cache offset), the mask is transformers'
+    causal mask alone (no sliding window, no packed sequences) and no token is padding: then positions equal
+    indices, which is what cuDNN's bias uses."""
+    return (
         mask_function is causal_mask_function
         and q_length == kv_length
         and not isinstance(q_offset, torch.Tensor)
@@ -177,14 +178,3 @@ def alibi_prefill_mask(
         and kv_offset == 0
         and (attention_mask is None or bool(attention_mask.all()))
     )
-    arguments = dict(
-        batch_size=batch_size,
-        q_length=q_length,
-        kv_length=kv_length,
-        q_offset=q_offset,
-        kv_offset=kv_offset,
-        mask_function=mask_function,
-        attention_mask=attention_mask,
-        device=device,
-    )
-    return AlibiPrefillMask(plain, arguments)

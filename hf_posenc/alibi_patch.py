@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .attention import IMPLEMENTATIONS, cudnn
+from .attention.functions import cudnn_self_check
 from .config import CONFIG_KEY, OWN_ROPE_TYPE, params_to_dict, patch_record
 from .learned_patch import gpt2_position_table
 from .methods.alibi import alibi_slopes
@@ -70,7 +71,7 @@ def _fused_problem(model: nn.Module, slopes: tuple[float, ...]) -> str | None:
         return f"it needs the model on a CUDA device (it is on {device.type})"
     head_dim = attention_modules(model)[0].head_dim
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    return cudnn.self_check(device.index or 0, heads, kv_heads, head_dim)
+    return cudnn_self_check(device.index or 0, heads, kv_heads, head_dim)
 
 
 def choose_backend(model: nn.Module, requested: str, slopes: tuple[float, ...]) -> str:

@@ -12,8 +12,7 @@ from test_alibi import generate, gpu
 
 import hf_posenc
 from hf_posenc.attention import IMPLEMENTATIONS, cudnn
-from hf_posenc.attention.functions import alibi_eager_attention
-from hf_posenc.attention.masks import alibi_distance_mask
+from hf_posenc.attention.functions import cudnn_self_check, paper_alibi_attention
 from hf_posenc.methods import alibi_slopes
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -67,18 +66,6 @@ def test_graph_validation_can_fail():
         cudnn.forward_graph(rows(1, 64, 6, 16), rows(1, 64, 4, 16), rows(1, 64, 4, 16), 0.25, False)
 
 
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
-def test_reference_is_the_eager_backend_on_a_plain_prefill(heads, kv_heads):
-    """The formula the GPU self-check holds the kernel to equals the eager backend (tested against the paper)."""
-    query, key, value = (rows(2, 40, h, 16, torch.float32, seed) for seed, h in enumerate((heads, kv_heads, kv_heads)))
-    slopes = alibi_slopes(heads, dtype=torch.float32)
-    module = type("Attention", (), {"alibi_slopes": slopes, "training": False})()
-    mask = alibi_distance_mask(batch_size=2, q_length=40, kv_length=40)
-    eager = alibi_eager_attention(module, query, key, value, mask, scaling=0.25)[0]  # (B, T, H, D)
-    reference = cudnn.reference_alibi_attention(query, key, value, 0.25, slopes)  # (B, H, T, D)
-    torch.testing.assert_close(reference.transpose(1, 2), eager, rtol=1e-5, atol=1e-6)
-
-
 @pytest.fixture
 def fake_kernel(monkeypatch):
     """The fused kernel replaced by the formula it computes (no GPU here), counting its calls."""
@@ -87,8 +74,7 @@ def fake_kernel(monkeypatch):
     def fused(query, key, value, scale):
         calls.append(tuple(query.shape))
         output = cudnn.new_output(query)
-        slopes = alibi_slopes(query.shape[1], dtype=torch.float32)
-        return output.copy_(cudnn.reference_alibi_attention(query, key, value, scale, slopes))
+        return output.copy_(paper_alibi_attention(query, key, value, scale).transpose(1, 2))
 
     monkeypatch.setattr(cudnn, "prepare", lambda *args, **kwargs: True)
     monkeypatch.setattr(cudnn, "fused_alibi_attention", fused)
@@ -158,12 +144,11 @@ def test_fused_kernel_matches_the_formula_forward_and_backward(heads, kv_heads, 
     """The kernel on a GPU against the float32 formula with the paper's slopes (non-powers of two included),
     outputs and the gradients of q, k and v."""
     inputs = [rows(2, 1024, h, dim).cuda().requires_grad_() for h in (heads, kv_heads, kv_heads)]
-    assert cudnn.self_check(0, heads, kv_heads, dim) is None
+    assert cudnn_self_check(0, heads, kv_heads, dim) is None
     assert cudnn.prepare(*inputs, dim**-0.5, training=True)
     output = cudnn.fused_alibi_attention(*inputs, dim**-0.5)
     reference_inputs = [t.detach().float().requires_grad_() for t in inputs]
-    slopes = alibi_slopes(heads, dtype=torch.float32)
-    expected = cudnn.reference_alibi_attention(*reference_inputs, dim**-0.5, slopes)
+    expected = paper_alibi_attention(*reference_inputs, dim**-0.5).transpose(1, 2)  # (B, H, T, D)
     torch.testing.assert_close(output.float(), expected, rtol=0, atol=2e-2)
     grad = torch.randn_like(expected)
     output.backward(grad.to(output.dtype))

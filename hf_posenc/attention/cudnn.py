@@ -3,7 +3,8 @@
 cuDNN's SDPA graph has an ALiBi score modifier (``use_alibi_mask``): it adds ``m_h * (j - i)`` to the scaled
 logits with ``i, j`` the row and column *indices* and the slopes ``m_h`` it computes itself from the number
 of query heads (``get_alibi_slope`` in the frontend: the paper's slopes, power of two or not, as
-``tests/test_alibi_cudnn.py`` checks against its source and :func:`self_check` on the GPU). It only exists
+``tests/test_alibi_cudnn.py`` checks against its source and
+:func:`hf_posenc.attention.functions.cudnn_self_check` on the GPU). It only exists
 with the top-left causal band (``diagonal_band_right_bound = 0``), so it serves exactly one kind of call: a
 causal prefill of equal query and key lengths with no padding — training, and the long forwards of an
 evaluation. :func:`hf_posenc.attention.functions.alibi_cudnn_attention` sends every other call (padding, a
@@ -21,8 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from ..methods.alibi import alibi_slopes
 
 try:  # the optional extra
     import cudnn
@@ -253,46 +252,6 @@ def fused_alibi_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
         `torch.Tensor`: ``(B, H, n, D)`` whose memory is ``(B, n, H, D)``-contiguous. Differentiable.
     """
     return _FusedAlibi.apply(query, key, value, scale, needs_grad(query, key, value))
-
-
-def reference_alibi_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, slopes: torch.Tensor
-) -> torch.Tensor:
-    """What the fused kernel computes, directly in float32: ``softmax(q k^T * scale + m_h (j - i))`` over
-    ``j <= i`` (Press et al. 2022, §3), for equal query and key lengths. Shapes as :func:`fused_alibi_attention`."""
-    groups = query.shape[1] // key.shape[1]
-    key, value = (t.float().repeat_interleave(groups, dim=1) for t in (key, value))
-    index = torch.arange(query.shape[2], device=query.device)
-    distance = (index[None, :] - index[:, None]).float()  # (q, kv): j - i
-    scores = query.float() @ key.transpose(2, 3) * scale + slopes.to(query.device)[:, None, None] * distance
-    scores = scores.masked_fill(distance > 0, -torch.inf)  # (B, H, q, kv)
-    return torch.softmax(scores, dim=-1) @ value
-
-
-@functools.cache
-def self_check(device_index: int, heads: int, kv_heads: int, head_dim: int) -> str | None:
-    """Why the fused kernel cannot serve attention of this shape on this GPU, or ``None``: it runs and agrees
-    with :func:`reference_alibi_attention` with the paper's slopes (256 tokens, bfloat16, forward)."""
-    if cudnn is None:
-        return "the cuDNN frontend is not installed (pip install 'hf-posenc[cudnn]')"
-    device = torch.device("cuda", device_index)
-    generator = torch.Generator(device).manual_seed(0)
-
-    def rows(n_heads: int) -> torch.Tensor:
-        shape = (1, 256, n_heads, head_dim)  # (B, T, H, D), as attention modules lay them out
-        return torch.randn(shape, generator=generator, device=device, dtype=torch.bfloat16).transpose(1, 2)
-
-    query, key, value = rows(heads), rows(kv_heads), rows(kv_heads)
-    scale = head_dim**-0.5
-    try:
-        if not prepare(query, key, value, scale, training=False):
-            return f"cuDNN does not support {heads} query heads, {kv_heads} key/value heads, head dim {head_dim}"
-        output = fused_alibi_attention(query, key, value, scale)
-    except Exception as error:  # a probe: any failure of the optional kernel is its answer
-        return f"the fused kernel failed: {type(error).__name__}: {error}"
-    expected = reference_alibi_attention(query, key, value, scale, alibi_slopes(heads, dtype=torch.float32))
-    error = (output.float() - expected).abs().max().item()
-    return None if error <= 2e-2 else f"the fused kernel differs from the paper's formula by {error:.3g}"
 
 
 def needs_grad(*tensors: torch.Tensor) -> bool:

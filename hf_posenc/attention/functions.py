@@ -10,14 +10,16 @@ query heads). Press et al. 2022, §3: ``softmax(q_i K^T * scaling - m_h * (i - j
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.attention.flex_attention import flex_attention
 
+from ..methods.alibi import alibi_slopes
 from . import cudnn, masks
-from .masks import AlibiBlockMask, AlibiPrefillMask
+from .masks import AlibiBlockMask, AlibiPrefillMask, alibi_distance_mask
 
 
 def _repeat_kv(states: torch.Tensor, groups: int) -> torch.Tensor:
@@ -154,3 +156,38 @@ def alibi_cudnn_attention(
         output = cudnn.fused_alibi_attention(query, key, value, scaling)  # (B, H, q, D), (B, q, H, D) in memory
         return output.transpose(1, 2), None  # (B, q, H, D), contiguous
     return alibi_flex_attention(module, query, key, value, attention_mask.flex, scaling, dropout, **kwargs)
+
+
+def paper_alibi_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
+    """The eager reference on a causal prefill without padding, with the paper's slopes for ``query``'s head
+    count: what the fused cuDNN kernel must compute. ``(B, H, n, D)`` inputs, ``(B, n, H, D)`` output."""
+    module = SimpleNamespace(alibi_slopes=alibi_slopes(query.shape[1], dtype=torch.float32), training=False)
+    batch, length = query.shape[0], query.shape[2]
+    mask = alibi_distance_mask(batch_size=batch, q_length=length, kv_length=length, device=query.device)
+    return alibi_eager_attention(module, query, key, value, mask, scale)[0]
+
+
+@functools.cache
+def cudnn_self_check(device_index: int, heads: int, kv_heads: int, head_dim: int) -> str | None:
+    """Why the fused cuDNN kernel cannot serve attention of this shape on this GPU, or ``None``: it runs and
+    agrees with :func:`paper_alibi_attention` computed in float32 (256 tokens, bfloat16, forward)."""
+    if not cudnn.installed():
+        return "the cuDNN frontend is not installed (pip install 'hf-posenc[cudnn]')"
+    device = torch.device("cuda", device_index)
+    generator = torch.Generator(device).manual_seed(0)
+
+    def rows(n_heads: int) -> torch.Tensor:
+        shape = (1, 256, n_heads, head_dim)  # (B, T, H, D), as attention modules lay them out
+        return torch.randn(shape, generator=generator, device=device, dtype=torch.bfloat16).transpose(1, 2)
+
+    query, key, value = rows(heads), rows(kv_heads), rows(kv_heads)
+    scale = head_dim**-0.5
+    try:
+        if not cudnn.prepare(query, key, value, scale, training=False):
+            return f"cuDNN does not support {heads} query heads, {kv_heads} key/value heads, head dim {head_dim}"
+        output = cudnn.fused_alibi_attention(query, key, value, scale).transpose(1, 2)  # (B, T, H, D)
+    except Exception as error:  # a probe: any failure of the optional kernel is its answer
+        return f"the fused kernel failed: {type(error).__name__}: {error}"
+    expected = paper_alibi_attention(query.float(), key.float(), value.float(), scale)
+    error = (output.float() - expected).abs().max().item()
+    return None if error <= 2e-2 else f"the fused kernel differs from the paper's formula by {error:.3g}"

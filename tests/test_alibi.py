@@ -185,7 +185,7 @@ def generate(model, prompt, mask=None, new=40):
     return out.sequences, torch.stack(out.logits, dim=1)  # (B, P+new), (B, new, V)
 
 
-@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_cached_generation_equals_recomputation_past_the_context(backend):
     model = tiny("mistral", backend=backend)
     prompt = torch.randint(1, 97, (1, 30), generator=torch.Generator().manual_seed(5))
@@ -197,7 +197,7 @@ def test_cached_generation_equals_recomputation_past_the_context(backend):
     torch.testing.assert_close(cached[:, steps], recomputed, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_left_padded_batch_generates_as_each_sequence_alone(backend):
     model = tiny("llama", backend=backend)
     long = torch.randint(1, 97, (1, 20), generator=torch.Generator().manual_seed(6))

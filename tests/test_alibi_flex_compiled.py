@@ -37,3 +37,18 @@ def test_compiled_flex_generates_without_recompiling(monkeypatch):
     expected_sequences, expected_logits = generate(eager, longer, new=30)
     assert torch.equal(sequences, expected_sequences)
     torch.testing.assert_close(logits, expected_logits, rtol=1e-4, atol=1e-4)
+
+    # Left padding: the score_mod that looks positions up, compiled once as well.
+    generate(model, *left_padded(20, 3), new=2)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        sequences, logits = generate(model, *left_padded(29, 11), new=12)
+    expected_sequences, expected_logits = generate(eager, *left_padded(29, 11), new=12)
+    assert torch.equal(sequences, expected_sequences)
+    torch.testing.assert_close(logits, expected_logits, rtol=1e-4, atol=1e-4)
+
+
+def left_padded(length: int, padding: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two rows of ``length`` tokens, the second with ``padding`` of them masked on the left."""
+    ids = torch.randint(1, 97, (2, length), generator=torch.Generator().manual_seed(length))
+    mask = (torch.arange(length) >= torch.tensor([[0], [padding]])).long()
+    return ids, mask

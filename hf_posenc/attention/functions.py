@@ -118,17 +118,22 @@ def alibi_flex_attention(
     _check_mask(attention_mask, AlibiBlockMask, "flex")
     _no_dropout(module, dropout, "flex")
     slopes = slopes_on(module, query.device)
-    queries, keys = attention_mask.query_positions, attention_mask.key_positions
+    queries, keys, shift = attention_mask.query_positions, attention_mask.key_positions, attention_mask.index_shift
 
-    def score_mod(score, batch, head, q_idx, kv_idx):
+    def score_mod(score, batch, head, q_idx, kv_idx):  # -m_h * (i - j), positions looked up
         return score + slopes[head] * (keys[batch, kv_idx] - queries[batch, q_idx])
+
+    # Without padding the same from the indices. The shift (the cache offsets) is a per-row constant, which
+    # softmax ignores, but it keeps the float32 values exact distances, near zero where the weight is.
+    def index_score_mod(score, batch, head, q_idx, kv_idx):
+        return score + slopes[head] * (kv_idx - q_idx - shift)
 
     attend = _compiled_flex_attention() if masks.compiles_flex(query.device) else flex_attention
     output = attend(
         query,
         key,
         value,
-        score_mod=score_mod,
+        score_mod=score_mod if shift is None else index_score_mod,
         block_mask=attention_mask.block_mask,
         scale=scaling,
         enable_gqa=query.shape[1] != key.shape[1],

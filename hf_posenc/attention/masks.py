@@ -97,11 +97,16 @@ def alibi_distance_mask(
 
 @dataclass
 class AlibiBlockMask:
-    """What the flex backend gets as ``attention_mask``: a block mask and O(n) positions, no n x n tensor."""
+    """What the flex backend gets as ``attention_mask``: a block mask and O(n) positions, no n x n tensor.
+
+    ``index_shift`` is set where no token is padding: then ``i - j = q_idx - kv_idx + index_shift`` in every
+    row (the cache offsets), and the score_mod needs index arithmetic alone, no loads of positions.
+    """
 
     block_mask: BlockMask
     query_positions: torch.Tensor  # (B, q) int64
     key_positions: torch.Tensor  # (B, kv) int64
+    index_shift: torch.Tensor | None  # 0-dim int64, or None with padding
 
 
 def alibi_flex_mask(
@@ -119,7 +124,8 @@ def alibi_flex_mask(
 
     The block mask is built compiled on CUDA: uncompiled, ``create_block_mask`` materialises an n x n mask.
     """
-    if attention_mask is not None and not attention_mask.all():
+    padded = attention_mask is not None and not attention_mask.all()
+    if padded:
         padding = prepare_padding_mask(attention_mask.to(device=device, dtype=torch.bool), kv_length, kv_offset)
         mask_function = and_masks(mask_function, padding_mask_function(padding))
     # Offsets as tensors: a compiled mask_mod that captured them as ints would recompile at every decoding
@@ -135,7 +141,7 @@ def alibi_flex_mask(
         device=device,
     )
     queries, keys = token_positions(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask, device)
-    return AlibiBlockMask(block_mask, queries, keys)
+    return AlibiBlockMask(block_mask, queries, keys, None if padded else queries[0, 0] - keys[0, 0])
 
 
 @dataclass

@@ -116,11 +116,18 @@ def _no_rotation(module: nn.Module) -> None:
 
 
 def _no_positions(module: nn.Module) -> None:
-    def forward(position_ids: torch.Tensor) -> torch.Tensor:
-        shape = (*position_ids.shape, module.embedding_dim)
-        return torch.zeros(shape, dtype=module.weight.dtype, device=position_ids.device)
+    """GPT-2's ``wpe`` looks every position up as row 0 (any length runs) and returns zeros. Hooks (module-level
+    functions) rather than a new forward, so ``copy.deepcopy(model)`` and pickling keep them bound to the copy."""
+    module.register_forward_pre_hook(_row_zero)
+    module.register_forward_hook(_zeros)
 
-    module.forward = forward
+
+def _row_zero(module: nn.Module, args: tuple) -> tuple:
+    return tuple(torch.zeros_like(arg) if isinstance(arg, torch.Tensor) else arg for arg in args)
+
+
+def _zeros(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(output)
 
 
 def _plan(

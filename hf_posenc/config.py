@@ -90,7 +90,7 @@ def config_updates(method: Method, params: Any, config: Any, rope_parameters: di
 
 
 def transformers_frequencies(
-    config: Any, rotary_module: torch.nn.Module, seq_len: int | None = None, device: Any = None
+    config: Any, rotary_class: type, seq_len: int | None = None, device: Any = None
 ) -> tuple[torch.Tensor, float]:
     """What transformers itself computes for ``config.rope_parameters`` (float32).
 
@@ -99,7 +99,7 @@ def transformers_frequencies(
     """
     rope_type = config.rope_parameters["rope_type"]
     if rope_type == "default":
-        inv_freq, factor = type(rotary_module).compute_default_rope_parameters(config)
+        inv_freq, factor = rotary_class.compute_default_rope_parameters(config)
         return inv_freq.to(device), factor
     length = None if seq_len is None else torch.tensor(seq_len, device=device)
     return ROPE_INIT_FUNCTIONS[rope_type](config, device, seq_len=length)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from .alibi_patch import plan_alibi_learned, plan_alibi_rope
@@ -55,10 +56,21 @@ def _planner(model: nn.Module, method: Method) -> Planner:
 
 
 @dataclass
+class _ModuleRecord:
+    """A changed module: its attributes before the patch, the layout of the tensors and the hook ids the
+    patch left on it (so that ``unpatch`` follows a later ``model.to`` and keeps hooks added since)."""
+
+    module: nn.Module
+    before: dict[str, Any]
+    installed: dict[str, tuple[torch.device, torch.dtype]] = field(default_factory=dict)
+    hooks: dict[str, set[int]] = field(default_factory=dict)
+
+
+@dataclass
 class _Record:
     info: PatchInfo
     config_before: dict[str, Any]
-    modules_before: list[tuple[nn.Module, dict[str, Any]]] = field(default_factory=list)
+    modules: list[_ModuleRecord] = field(default_factory=list)
 
 
 _RECORDS: weakref.WeakKeyDictionary[nn.Module, _Record] = weakref.WeakKeyDictionary()
@@ -87,18 +99,33 @@ def _snapshot(module: nn.Module) -> dict[str, Any]:
     }
 
 
-def _follow_moves(before: dict[str, Any], current: dict[str, Any], parameters: bool) -> dict[str, Any]:
-    """Saved tensors moved to the device and dtype their current counterparts have (``model.to`` since)."""
-    moved = {}
-    for name, tensor in before.items():
-        now = current.get(name)
-        if tensor is None or now is None or (tensor.device, tensor.dtype) == (now.device, now.dtype):
-            moved[name] = tensor
-        elif parameters:
-            moved[name] = nn.Parameter(tensor.to(device=now.device, dtype=now.dtype), tensor.requires_grad)
-        else:
-            moved[name] = tensor.to(device=now.device, dtype=now.dtype)
-    return moved
+def _hook_dicts(module: nn.Module) -> dict[str, dict]:
+    """The module's hook registries (``_forward_pre_hooks`` ...): hook id -> hook."""
+    return {key: value for key, value in module.__dict__.items() if "hooks" in key and isinstance(value, dict)}
+
+
+def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: tensor for name, tensor in {**module._buffers, **module._parameters}.items() if tensor is not None}
+
+
+def _finish(entry: _ModuleRecord) -> None:
+    """Note what the patch left on the module: tensor layouts and new hook ids."""
+    entry.installed = {name: (tensor.device, tensor.dtype) for name, tensor in _tensors(entry.module).items()}
+    entry.hooks = {key: set(hooks) - set(entry.before.get(key, ())) for key, hooks in _hook_dicts(entry.module).items()}
+
+
+def _follow_moves(entry: _ModuleRecord, name: str, tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """A saved tensor moved to the device / cast to the dtype its current counterpart took since the patch
+    (``model.to`` between patch and unpatch); as it was where nothing moved."""
+    now, installed = _tensors(entry.module).get(name), entry.installed.get(name)
+    if tensor is None or now is None or installed is None:
+        return tensor
+    device = now.device if now.device != installed[0] else tensor.device
+    dtype = now.dtype if now.dtype != installed[1] else tensor.dtype
+    if (device, dtype) == (tensor.device, tensor.dtype):
+        return tensor
+    moved = tensor.to(device=device, dtype=dtype)
+    return nn.Parameter(moved, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else moved
 
 
 def _apply(model: nn.Module, plan: Plan) -> None:
@@ -113,12 +140,14 @@ def _apply(model: nn.Module, plan: Plan) -> None:
         for key, value in plan.updates.items():
             setattr(config, key, copy.deepcopy(value))
         for module, change in plan.changes:
-            if all(module is not saved for saved, _ in record.modules_before):
-                record.modules_before.append((module, _snapshot(module)))
+            if all(module is not entry.module for entry in record.modules):
+                record.modules.append(_ModuleRecord(module, _snapshot(module)))
             change(module)
     except BaseException:
         _restore(model, record)
         raise
+    for entry in record.modules:
+        _finish(entry)
     _RECORDS[model] = record
 
 
@@ -129,12 +158,17 @@ def _restore(model: nn.Module, record: _Record) -> None:
             config.__dict__.pop(key, None)
         else:
             setattr(config, key, copy.deepcopy(value))
-    for module, before in record.modules_before:
-        buffers = _follow_moves(before["_buffers"], module._buffers, parameters=False)
-        parameters = _follow_moves(before["_parameters"], module._parameters, parameters=True)
+    for entry in record.modules:
+        module, before = entry.module, entry.before
+        restored = {
+            key: {name: _follow_moves(entry, name, tensor) for name, tensor in before[key].items()}
+            for key in ("_buffers", "_parameters")
+        }
+        for key, hooks in _hook_dicts(module).items():  # hooks added since the patch stay
+            restored[key] = type(hooks)((i, hook) for i, hook in hooks.items() if i not in entry.hooks.get(key, ()))
         module.__dict__.clear()
         module.__dict__.update(before)
-        module.__dict__["_buffers"], module.__dict__["_parameters"] = buffers, parameters
+        module.__dict__.update(restored)
 
 
 def patch(model: nn.Module, method: str, **params: Any) -> nn.Module:

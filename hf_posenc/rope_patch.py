@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -21,13 +23,11 @@ from .config import (
     transformers_frequencies,
 )
 from .plan import PatchInfo, Plan
-from .registry import Method
+from .registry import Method, get_method
 
 logger = logging.getLogger("hf_posenc")
 
 NATIVE_RTOL = 1e-5  # transformers' float32 math against ours in float64
-
-Frequencies = Callable[[int | None, torch.device | None], tuple[torch.Tensor, float]]
 
 
 def check_rope_model(model: nn.Module) -> list[nn.Module]:
@@ -78,10 +78,10 @@ def _probe_lengths(method: Method, context: int) -> list[int | None]:
     return [None, context, context + 1, 2 * context, 4 * context + 3] if method.dynamic else [None]
 
 
-def _native_matches(plan_config: Any, module: nn.Module, ours: Callable, lengths: list[int | None]) -> bool:
+def _native_matches(plan_config: Any, rotary_class: type, ours: Callable, lengths: list[int | None]) -> bool:
     """Whether transformers' own function for the native config gives our formula at every length."""
     for seq_len in lengths:
-        theirs, their_factor = transformers_frequencies(plan_config, module, seq_len)
+        theirs, their_factor = transformers_frequencies(plan_config, rotary_class, seq_len)
         expected, factor = ours(seq_len)
         if not torch.allclose(theirs.double(), expected, rtol=NATIVE_RTOL, atol=0) or abs(
             their_factor - factor
@@ -98,9 +98,8 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
     resolved = method.make_params(original_max_position_embeddings=_trained_context(config, params), **params)
     head_dim, base = rotary_dim(config), config.rope_parameters["rope_theta"]
 
-    def ours(seq_len):
-        return method.frequencies(resolved, head_dim=head_dim, base=base, seq_len=seq_len)
-
+    source = FrequencySource(method.name, resolved, head_dim, base)
+    ours = source.formula
     lengths = _probe_lengths(method, resolved.context)
     for seq_len in lengths:  # raises on inputs only checkable against the model (e.g. list lengths)
         ours(seq_len)
@@ -111,7 +110,7 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
         candidate = copy.deepcopy(config)
         for key, value in updates.items():
             setattr(candidate, key, copy.deepcopy(value))  # transformers may standardize it in place
-        native = _native_matches(candidate, modules[0], ours, lengths)
+        native = _native_matches(candidate, type(modules[0]), ours, lengths)
         if not native:
             logger.warning(
                 "hf_posenc: transformers' rope_type %r does not reproduce %r for these parameters; recording "
@@ -124,7 +123,8 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
         rope_parameters = own_rope_parameters(method, resolved, config)
         updates = config_updates(method, resolved, config, rope_parameters)
     info = PatchInfo(method.name, params_to_dict(resolved), native, rope_parameters["rope_type"])
-    source = _frequency_source(ours, native, modules[0], config)
+    if native:
+        source = dataclasses.replace(source, native=(config, type(modules[0])))
     # What the patched modules report as rope_type: transformers' dynamic decorator skips both kinds,
     # and its weight init rebuilds them exactly (a native static type, or ours from the config record).
     rope_type = info.rope_type if native and not method.dynamic else OWN_ROPE_TYPE
@@ -132,54 +132,78 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
     return Plan(info, updates, [(module, change) for module in modules])
 
 
-def _frequency_source(ours: Callable, native: bool, module: nn.Module, config: Any) -> Frequencies:
-    """``(seq_len, device) -> (inv_freq float32, attention factor)`` for the patched model.
+@dataclass(eq=False)
+class FrequencySource:
+    """``(seq_len, device) -> (inv_freq float32, attention factor)`` for a patched model's rotary modules.
 
     Native patches use transformers' own function on the patched config (read when called, after the
     config updates), so the patched model is bit for bit what ``from_pretrained`` builds from the saved
-    config; the others use our math.
+    config; the others use our math. Plain data, no closures: ``copy.deepcopy(model)`` and pickling give
+    a copy that reads its own config.
     """
-    if native:
-        return lambda seq_len, device: transformers_frequencies(config, module, seq_len, device)
 
-    def ours_float32(seq_len, device):
-        inv_freq, factor = ours(seq_len)
+    method: str
+    params: Any
+    head_dim: int
+    base: float
+    native: tuple[Any, type] | None = None  # (the patched config, the rotary module's class)
+
+    def formula(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
+        """Our math in float64 (:mod:`hf_posenc.methods`)."""
+        method = get_method(self.method)
+        return method.frequencies(self.params, head_dim=self.head_dim, base=self.base, seq_len=seq_len)
+
+    def __call__(self, seq_len: int | None, device: torch.device | None) -> tuple[torch.Tensor, float]:
+        if self.native is not None:
+            return transformers_frequencies(*self.native, seq_len, device)
+        inv_freq, factor = self.formula(seq_len)
         return inv_freq.to(device=device, dtype=torch.float32), factor
 
-    return ours_float32
 
-
-def _rescale(method: Method, params: Any, source: Frequencies, rope_type: str, module: nn.Module) -> None:
-    original = module.inv_freq, getattr(module, "attention_scaling", 1.0)
+def _rescale(method: Method, params: Any, source: FrequencySource, rope_type: str, module: nn.Module) -> None:
+    original = module.inv_freq.clone(), getattr(module, "attention_scaling", 1.0)
     inv_freq, factor = source(None, module.inv_freq.device)
     module.inv_freq = inv_freq
     module.original_inv_freq = inv_freq.clone()
     module.attention_scaling = factor
     module.rope_type = rope_type
     if method.dynamic:
-        module.forward = _dynamic_forward(module, source, method, params, original)
+        hook = PerCallFrequencies(source, params.context, method.unchanged_within_context, original)
+        module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def _dynamic_forward(
-    module: nn.Module, source: Frequencies, method: Method, params: Any, original: tuple[torch.Tensor, float]
-):
-    """An instance-level forward that sets the frequencies for this call's length, ``max(position) + 1``.
+@dataclass(eq=False)
+class PerCallFrequencies:
+    """Forward pre-hook of a rotary module under a dynamic method: sets the frequencies for this call's
+    length, ``max(position) + 1``, before the module's own forward runs.
 
-    Stateless: the result depends on the current length only (not on earlier calls). With a KV
-    cache each token is rotated with the frequencies of the length at which it was written.
+    Stateless: the result depends on the current length only (not on earlier calls). With a KV cache each
+    token is rotated with the frequencies of the length at which it was written. The module gets its own
+    copy each call, so in-place writes to ``inv_freq`` (transformers' weight init does them) reach neither
+    the cache here nor what ``unpatch`` restores.
     """
-    class_forward = type(module).forward
-    context = params.context
 
-    @functools.lru_cache(maxsize=8)
-    def frequencies(seq_len: int, device: torch.device) -> tuple[torch.Tensor, float]:
-        if method.unchanged_within_context and seq_len <= context:
-            return original[0].to(device), original[1]
-        inv_freq, factor = source(seq_len, device)
-        return inv_freq.to(device=device, dtype=torch.float32), factor
+    source: FrequencySource
+    context: int
+    unchanged_within_context: bool
+    original: tuple[torch.Tensor, float]  # the unpatched module's frequencies and attention scaling
+    cache: dict[tuple[int, torch.device], tuple[torch.Tensor, float]] = field(default_factory=dict, repr=False)
 
-    def forward(x: torch.Tensor, position_ids: torch.Tensor, *args: Any, **kwargs: Any):
-        module.inv_freq, module.attention_scaling = frequencies(int(position_ids.max()) + 1, x.device)
-        return class_forward(module, x, position_ids, *args, **kwargs)
+    CACHE_SIZE: ClassVar[int] = 8
 
-    return forward
+    def frequencies(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, float]:
+        key = (seq_len, device)
+        if key not in self.cache:
+            if len(self.cache) >= self.CACHE_SIZE:
+                del self.cache[next(iter(self.cache))]  # the oldest length
+            if self.unchanged_within_context and seq_len <= self.context:
+                self.cache[key] = self.original[0].to(device), self.original[1]
+            else:
+                self.cache[key] = self.source(seq_len, device)
+        return self.cache[key]
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        x = args[0] if args else kwargs["x"]
+        position_ids = args[1] if len(args) > 1 else kwargs["position_ids"]
+        inv_freq, module.attention_scaling = self.frequencies(int(position_ids.max()) + 1, x.device)
+        module.inv_freq = inv_freq.clone()

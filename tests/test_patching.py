@@ -43,6 +43,7 @@ def assert_same(before: dict, after: dict) -> None:
         assert torch.equal(before["state"][key], after["state"][key]), key
     assert before["buffers"].keys() == after["buffers"].keys()
     for key in before["buffers"]:
+        assert before["buffers"][key].dtype == after["buffers"][key].dtype, key
         assert torch.equal(before["buffers"][key], after["buffers"][key]), key
     assert before["config"] == after["config"]
     assert before["classes"] == after["classes"]

@@ -1,0 +1,107 @@
+"""A patched model as other code handles it: deep copies (reference models, EMA), pickling, in-place writes
+to its buffers, hooks added after the patch, a model cast before patching. Each copy must compute what the
+original computes and leave the original alone; ``unpatch`` must still restore the original bit for bit."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+from conftest import make_tiny
+from test_patching import assert_same, method_params, snapshot
+
+import hf_posenc
+
+L = 64  # the tiny models' trained context
+# Every kind of module change: static and per-call (dynamic) frequencies, ALiBi on RoPE and on GPT-2, GPT-2 PI.
+CASES = [
+    ("llama", "yarn"),
+    ("llama", "dynamic-ntk"),
+    ("llama", "dynamic-yarn"),
+    ("llama", "longrope"),
+    ("llama", "alibi"),
+    ("gpt2", "alibi"),
+    ("gpt2", "pi"),
+]
+
+
+def patched(family: str, method: str):
+    model = make_tiny(family)
+    hf_posenc.patch(model, method, **method_params(method, 8))
+    return model
+
+
+def logits(model, length: int) -> torch.Tensor:
+    ids = torch.randint(1, 97, (1, length), generator=torch.Generator().manual_seed(length))
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize(("family", "method"), CASES)
+def test_deep_copy_runs_on_its_own_and_leaves_the_original_alone(family, method):
+    model = patched(family, method)
+    expected_long, expected_short = logits(model, 3 * L), logits(model, L // 2)
+    twin = copy.deepcopy(model)
+    hf_posenc.unpatch(model)
+    unpatched = snapshot(model)
+    for length, expected in ((3 * L, expected_long), (L // 2, expected_short)):
+        torch.testing.assert_close(logits(twin, length), expected, rtol=0, atol=0)
+        assert_same(unpatched, snapshot(model))  # the copy's forward did not reach the original
+    torch.testing.assert_close(logits(model, L // 2), logits(make_tiny(family), L // 2), rtol=0, atol=0)
+    twin.to(torch.bfloat16)  # the copy's own modules follow its own casts
+    assert logits(twin, 3 * L).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(("family", "method"), CASES)
+def test_pickled_model_computes_the_same(family, method):
+    model = patched(family, method)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)  # a pickle the test wrote itself
+    for length in (L // 2, 3 * L):
+        torch.testing.assert_close(logits(loaded, length), logits(model, length), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("method", ["dynamic-ntk", "dynamic-yarn", "longrope"])
+def test_in_place_writes_to_the_frequencies_do_not_stick(method):
+    """transformers' weight init writes rotary buffers in place; a per-call method sets them again on the next
+    call, and neither its own cache nor what unpatch restores is touched."""
+    model = make_tiny("llama")
+    before = snapshot(model)
+    hf_posenc.patch(model, method, **method_params(method, 8))
+    rotary = model.model.rotary_emb
+    for length in (L // 2, 3 * L):
+        expected = logits(model, length)
+        rotary.inv_freq.mul_(2)
+        model._init_weights(rotary)
+        torch.testing.assert_close(logits(model, length), expected, rtol=0, atol=0)
+    rotary.inv_freq.mul_(2)
+    hf_posenc.unpatch(model)
+    assert_same(before, snapshot(model))
+
+
+@pytest.mark.parametrize(("family", "method"), CASES)
+def test_hooks_added_after_the_patch_survive_unpatch(family, method):
+    def called_modules(model) -> list[str]:
+        names = {module: name for name, module in model.named_modules()}
+        calls = []
+        for module in model.modules():
+            module.register_forward_hook(lambda module, args, output: calls.append(names[module]))
+        if hf_posenc.get_patch(model):
+            hf_posenc.unpatch(model)
+        logits(model, 8)
+        return calls
+
+    assert called_modules(patched(family, method)) == called_modules(make_tiny(family))
+
+
+@pytest.mark.parametrize(("family", "method"), CASES)
+def test_unpatch_of_a_model_cast_before_the_patch_restores_its_dtypes(family, method):
+    model = make_tiny(family).to(torch.bfloat16)
+    before = snapshot(model)
+    hf_posenc.patch(model, method, **method_params(method, 8))
+    hf_posenc.unpatch(model)
+    assert_same(before, snapshot(model))

@@ -108,6 +108,18 @@ def _check_implementation(module: nn.Module, args: tuple) -> None:
         )
 
 
+def _masks_in_forward(model: nn.Module) -> None:
+    """``generate()`` with a compileable (static) cache builds the attention masks before calling the model,
+    and then needs tensors (it calls ``.contiguous()``; the forward passes on only 4D tensors and block
+    masks as prepared). The flex and cudnn masks are neither, so for this model generate() passes the 2D
+    mask on and the forward builds the ALiBi backend's masks itself, as it does with a dynamic cache."""
+    model.create_masks_for_generate = _keep_2d_mask
+
+
+def _keep_2d_mask(*, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:
+    return attention_mask
+
+
 def _no_rotation(module: nn.Module) -> None:
     module.inv_freq = torch.zeros_like(module.inv_freq)
     module.original_inv_freq = module.inv_freq.clone()
@@ -143,19 +155,19 @@ def _plan(
         CONFIG_KEY: patch_record(method.name, info.params, False, base),
     }
     slopes = [(module, functools.partial(_alibi_attention, resolved.slopes)) for module in attention_modules(model)]
-    return info, updates, slopes
+    return info, updates, [(model, _masks_in_forward), *slopes]
 
 
 def plan_alibi_rope(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
     """ALiBi on a RoPE decoder (Llama, Mistral, Qwen2/3): no rotation, the bias in attention."""
     rotary = check_rope_model(model)
     rope_parameters = {**model.config.rope_parameters, "rope_type": ALIBI_ROPE_TYPE}
-    info, updates, slopes = _plan(model, method, params, {"rope_parameters": rope_parameters}, ALIBI_ROPE_TYPE)
-    return Plan(info, updates, [(module, _no_rotation) for module in rotary] + slopes)
+    info, updates, attention = _plan(model, method, params, {"rope_parameters": rope_parameters}, ALIBI_ROPE_TYPE)
+    return Plan(info, updates, [(module, _no_rotation) for module in rotary] + attention)
 
 
 def plan_alibi_learned(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
     """ALiBi on GPT-2: ``wpe`` returns zeros (any length runs), the bias in attention."""
     table = gpt2_position_table(model)
-    info, updates, slopes = _plan(model, method, params, {"activation_function": ALIBI_GPT2_ACTIVATION}, None)
-    return Plan(info, updates, [(table, _no_positions), *slopes])
+    info, updates, attention = _plan(model, method, params, {"activation_function": ALIBI_GPT2_ACTIVATION}, None)
+    return Plan(info, updates, [(table, _no_positions), *attention])

@@ -18,6 +18,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import hf_posenc
+from hf_posenc import alibi_patch
 from hf_posenc.attention import IMPLEMENTATIONS
 from hf_posenc.methods import alibi_slopes
 
@@ -343,9 +344,12 @@ def test_beam_search_with_cache_equals_without():
     assert torch.equal(cached, model.generate(prompt, use_cache=False, **kwargs))
 
 
-def test_static_cache_generates_as_the_dynamic_cache():
-    """A static cache is longer than the sequence (keys past it are masked): distances must not change."""
-    model = tiny("llama", backend="sdpa")
+@pytest.mark.parametrize("backend", [*BACKENDS, "cudnn"])  # cudnn off CUDA: its mask object, flex attention
+def test_static_cache_generates_as_the_dynamic_cache(backend, monkeypatch):
+    """A static cache is longer than the sequence (keys past it are masked): distances must not change. With
+    such a cache generate() prepares the masks itself: they must still be the ALiBi backend's masks."""
+    monkeypatch.setattr(alibi_patch, "_fused_problem", lambda model, slopes: None)  # cudnn accepted on CPU
+    model = tiny("llama", backend=backend)
     model.generation_config.eos_token_id = None
     prompt = torch.randint(1, 97, (2, 12), generator=torch.Generator().manual_seed(13))
     mask = torch.ones_like(prompt)

@@ -147,21 +147,26 @@ def alibi_flex_mask(
 @dataclass
 class AlibiPrefillMask:
     """What the cudnn backend gets as ``attention_mask``: whether the call is a plain causal prefill (what
-    cuDNN's fused ALiBi computes), and the flex mask for every other call, built on first use (once per
-    forward: all layers share the object)."""
+    cuDNN's fused ALiBi computes), and the flex mask for every other call. That one is built with this object
+    (its offsets may be tensors the cache updates in place before attention runs), or for a plain prefill on
+    first use (where cuDNN turns the shape down; the offsets are then the int 0). All layers share it."""
 
     plain_causal: bool
     flex_arguments: dict[str, Any]
+    built: AlibiBlockMask | None = None
 
-    @functools.cached_property
+    @property
     def flex(self) -> AlibiBlockMask:
-        return alibi_flex_mask(**self.flex_arguments)
+        if self.built is None:
+            self.built = alibi_flex_mask(**self.flex_arguments)
+        return self.built
 
 
 def alibi_prefill_mask(**arguments: Any) -> AlibiPrefillMask:
     """Mask function for the cudnn ALiBi backend (transformers passes every argument by keyword; those of
     :func:`alibi_flex_mask`)."""
-    return AlibiPrefillMask(_plain_causal(**arguments), arguments)
+    plain = _plain_causal(**arguments)
+    return AlibiPrefillMask(plain, arguments, None if plain else alibi_flex_mask(**arguments))
 
 
 def _plain_causal(

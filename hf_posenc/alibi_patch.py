@@ -22,16 +22,15 @@ from torch import nn
 
 from .attention import IMPLEMENTATIONS, cudnn
 from .attention.functions import cudnn_self_check
-from .config import CONFIG_KEY, OWN_ROPE_TYPE, params_to_dict, patch_record
+from .config import ALIBI_ROPE_TYPE, CONFIG_KEY, OWN_ROPE_TYPE, params_to_dict, patch_record
 from .learned_patch import gpt2_position_table
-from .methods.alibi import alibi_slopes
+from .methods.alibi import alibi_slopes, are_paper_slopes
 from .plan import ModuleChange, PatchInfo, Plan
 from .registry import Method
 from .rope_patch import check_rope_model
 
 logger = logging.getLogger("hf_posenc")
 
-ALIBI_ROPE_TYPE = "hf_posenc_alibi"
 ALIBI_GPT2_ACTIVATION = "hf_posenc_alibi"
 ATTENTION = "_attn_implementation_internal"  # the config attribute behind config._attn_implementation
 
@@ -64,14 +63,12 @@ def _resolve(model: nn.Module, method: Method, params: dict[str, Any]) -> Any:
 def _fused_problem(model: nn.Module, slopes: tuple[float, ...]) -> str | None:
     """Why cuDNN's fused ALiBi cannot serve this model, or None."""
     config, heads = model.config, model.config.num_attention_heads
-    if not torch.allclose(torch.tensor(slopes), alibi_slopes(heads, dtype=torch.float32), rtol=1e-6, atol=0):
+    if not are_paper_slopes(slopes):
         return "cuDNN computes the paper's slopes itself, and these slopes differ"
     device = next(model.parameters()).device
-    if device.type != "cuda":
-        return f"it needs the model on a CUDA device (it is on {device.type})"
     head_dim = attention_modules(model)[0].head_dim
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    return cudnn_self_check(device.index or 0, heads, kv_heads, head_dim)
+    return cudnn_self_check(device, heads, kv_heads, head_dim)
 
 
 def choose_backend(model: nn.Module, requested: str, slopes: tuple[float, ...]) -> str:
@@ -95,6 +92,7 @@ def _alibi_attention(slopes: tuple[float, ...], module: nn.Module) -> None:
     """The module's slopes, and a check before each call that the ALiBi implementation is still selected:
     ``set_attn_implementation("sdpa")`` would silently drop the bias, leaving no position information."""
     module.alibi_slopes = torch.tensor(slopes, dtype=torch.float32)
+    module.alibi_paper_slopes = are_paper_slopes(slopes)  # what cuDNN's fused kernel computes
     module.register_forward_pre_hook(_check_implementation)
 
 
@@ -149,10 +147,13 @@ def _plan(
     config = model.config
     info = PatchInfo(method.name, params_to_dict(resolved), native=False, rope_type=rope_type)
     base = {key: getattr(config, key) for key in config_changes}
+    # The config records the backend asked for ("auto" by default), not the one chosen here: a model saved
+    # from a GPU with the cudnn extra must load on a machine without either.
+    recorded = {**info.params, "backend": method.make_params(**params).backend}
     updates = {
         **config_changes,
         ATTENTION: IMPLEMENTATIONS[resolved.backend],
-        CONFIG_KEY: patch_record(method.name, info.params, False, base),
+        CONFIG_KEY: patch_record(method.name, recorded, False, base),
     }
     slopes = [(module, functools.partial(_alibi_attention, resolved.slopes)) for module in attention_modules(model)]
     return info, updates, [(model, _masks_in_forward), *slopes]
@@ -160,7 +161,7 @@ def _plan(
 
 def plan_alibi_rope(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
     """ALiBi on a RoPE decoder (Llama, Mistral, Qwen2/3): no rotation, the bias in attention."""
-    rotary = check_rope_model(model)
+    rotary = check_rope_model(model, any_rope_type=True)  # no rotation is left: how it was scaled is moot
     rope_parameters = {**model.config.rope_parameters, "rope_type": ALIBI_ROPE_TYPE}
     info, updates, attention = _plan(model, method, params, {"rope_parameters": rope_parameters}, ALIBI_ROPE_TYPE)
     return Plan(info, updates, [(module, _no_rotation) for module in rotary] + attention)

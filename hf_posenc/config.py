@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 import torch
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddingConfigMixin
 
 from . import __version__
 from .architectures import rotary_dim
@@ -25,6 +25,7 @@ from .registry import Method, get_method
 CONFIG_KEY = "hf_posenc"
 OWN_ROPE_TYPE = "hf_posenc"
 OWN_DYNAMIC_ROPE_TYPE = "hf_posenc_dynamic"  # contains "dynamic": transformers recomputes it per length
+ALIBI_ROPE_TYPE = "hf_posenc_alibi"  # no rotation; no init function, so plain transformers refuses the config
 _OWN_KEYS = ("rope_type", "rope_theta", "partial_rotary_factor", "method")
 
 
@@ -132,9 +133,20 @@ def own_rope_init(config: Any, device: Any = None, seq_len: Any = None, layer_ty
     return inv_freq.to(device=device, dtype=torch.float32), attention
 
 
-# Namespaced and additive: harmless for models that do not use these rope types.
+def _validate_own_rope_parameters(config: Any, rope_parameters: dict[str, Any], ignore_keys: Any = None) -> None:
+    """transformers' config validation for hf_posenc's rope types: a method written into ``rope_parameters``
+    must be one hf_posenc knows (ALiBi's type names none: the base parameters are kept as they were)."""
+    if "method" in rope_parameters:
+        get_method(rope_parameters["method"])
+
+
+# Namespaced and additive: harmless for models that do not use these rope types. ALiBi gets a validation
+# (a config that says it loads without a warning) but no init function: plain transformers must not build it.
 ROPE_INIT_FUNCTIONS.setdefault(OWN_ROPE_TYPE, own_rope_init)
 ROPE_INIT_FUNCTIONS.setdefault(OWN_DYNAMIC_ROPE_TYPE, own_rope_init)
+for _rope_type in (OWN_ROPE_TYPE, OWN_DYNAMIC_ROPE_TYPE, ALIBI_ROPE_TYPE):
+    if not hasattr(RotaryEmbeddingConfigMixin, f"_validate_{_rope_type}_rope_parameters"):
+        setattr(RotaryEmbeddingConfigMixin, f"_validate_{_rope_type}_rope_parameters", _validate_own_rope_parameters)
 
 
 def split_patched_config(config: Any) -> tuple[Any, str | None, dict[str, Any]]:

@@ -30,8 +30,9 @@ logger = logging.getLogger("hf_posenc")
 NATIVE_RTOL = 1e-5  # transformers' float32 math against ours in float64
 
 
-def check_rope_model(model: nn.Module) -> list[nn.Module]:
-    """The rotary modules of a model trained with one set of plain RoPE parameters, or ``ValueError``."""
+def check_rope_model(model: nn.Module, any_rope_type: bool = False) -> list[nn.Module]:
+    """The rotary modules of a model with one set of RoPE parameters, or ``ValueError``; plain RoPE
+    (``rope_type`` default) unless ``any_rope_type``."""
     modules = [module for _, module in rotary_modules(model)]
     rope = getattr(model.config, "rope_parameters", None) or {}
     if "rope_type" not in rope:
@@ -39,7 +40,7 @@ def check_rope_model(model: nn.Module) -> list[nn.Module]:
             f"{type(model).__name__} has per-layer RoPE parameters ({sorted(rope)}); hf_posenc patches "
             "models with one set of RoPE parameters."
         )
-    if rope["rope_type"] != "default":
+    if rope["rope_type"] != "default" and not any_rope_type:
         raise ValueError(
             f"{type(model).__name__} already uses rope_type {rope['rope_type']!r}; hf_posenc patches models "
             "trained with plain RoPE (rope_type 'default'). Load the base model instead."

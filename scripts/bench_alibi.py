@@ -37,6 +37,7 @@ from hf_posenc.attention.functions import (  # noqa: E402
     alibi_cudnn_attention,
     alibi_flex_attention,
     alibi_sdpa_attention,
+    cudnn_self_check,
     paper_alibi_attention,
 )
 from hf_posenc.attention.masks import alibi_distance_mask, alibi_flex_mask, alibi_prefill_mask  # noqa: E402
@@ -58,8 +59,10 @@ def make_inputs(length: int, args: argparse.Namespace, device: torch.device, gra
 
 
 def module_stub(heads: int) -> SimpleNamespace:
-    """What the attention functions read from the attention module: the slopes, and training off."""
-    return SimpleNamespace(alibi_slopes=alibi_slopes(heads, dtype=torch.float32), training=False)
+    """What the attention functions read from the attention module: the paper's slopes, and training off."""
+    return SimpleNamespace(
+        alibi_slopes=alibi_slopes(heads, dtype=torch.float32), alibi_paper_slopes=True, training=False
+    )
 
 
 def causal_sdpa(q, k, v, device: torch.device):
@@ -74,6 +77,13 @@ def alibi_call(name: str, q, k, v, device: torch.device, heads: int):
     mask = mask_function(batch_size=batch, q_length=length, kv_length=length, device=device)
     module = module_stub(heads)
     return lambda q, k, v: attention(module, q, k, v, mask, scaling=q.shape[-1] ** -0.5)[0]
+
+
+def fused(q, k, v, scale: float, backward: bool) -> bool:
+    """Whether the cudnn backend ran cuDNN's fused kernel for these inputs (else it ran flex)."""
+    return cudnn_self_check(q.device, q.shape[1], k.shape[1], q.shape[3]) is None and cudnn.prepare(
+        q, k, v, scale, training=backward
+    )
 
 
 def check_against_eager(args: argparse.Namespace, device: torch.device) -> dict[str, float]:
@@ -134,11 +144,7 @@ def bench(args: argparse.Namespace) -> dict:
                     "ms": seconds * 1e3,
                     "tflops": flops / seconds / 1e12,
                     "peak_gib": peak,
-                    **(
-                        {"fused": cudnn.prepare(q, k, v, args.head_dim**-0.5, training=backward)}
-                        if name == "alibi_cudnn"
-                        else {}
-                    ),
+                    **({"fused": fused(q, k, v, args.head_dim**-0.5, backward)} if name == "alibi_cudnn" else {}),
                 }
                 results.append(row)
                 print(row, flush=True)

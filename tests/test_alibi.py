@@ -240,6 +240,48 @@ def test_save_and_load_round_trip_and_plain_transformers_refuses(tmp_path):
     assert plain.startswith("KeyError") and "hf_posenc_alibi" in plain
 
 
+@pytest.mark.parametrize("backend", ["auto", "flex"])
+def test_the_config_records_the_backend_asked_for(tmp_path, backend):
+    """``auto`` is chosen again where the model is loaded (a model saved from a GPU loads on a CPU); a backend
+    asked for by name is kept. get_patch says which one runs."""
+    model = tiny("llama", backend=backend)
+    assert hf_posenc.get_patch(model).params["backend"] == ("sdpa" if backend == "auto" else backend)
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["hf_posenc"]["params"]["backend"] == backend
+    assert hf_posenc.get_patch(hf_posenc.from_pretrained(str(tmp_path))) == hf_posenc.get_patch(model)
+
+
+@pytest.mark.parametrize(
+    "rope_parameters",
+    [
+        {"rope_type": "linear", "factor": 2.0},
+        {"rope_type": "dynamic", "factor": 2.0},
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+        {"rope_type": "yarn", "factor": 4.0},
+    ],
+    ids=lambda rope: rope["rope_type"],
+)
+def test_alibi_replaces_a_scaled_rope_too(tmp_path, rope_parameters):
+    """ALiBi removes the rotation whatever scaled it (Llama 3.x ships rope_type llama3): the same logits as on
+    the same weights with plain RoPE; unpatch and the saved config bring the scaled RoPE back."""
+    rope = {**rope_parameters, "rope_theta": 10000.0, "original_max_position_embeddings": 32}
+    scaled, plain = make_tiny("llama", rope_parameters=rope), make_tiny("llama")
+    before = snapshot(scaled)
+    for model in (scaled, plain):
+        hf_posenc.patch(model, "alibi", backend="eager")
+    ids = torch.randint(1, 97, (1, 80), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        logits = scaled(ids).logits
+        torch.testing.assert_close(logits, plain(ids).logits, rtol=0, atol=0)
+    hf_posenc.unpatch(scaled)
+    assert_same(before, snapshot(scaled))
+    hf_posenc.patch(scaled, "alibi", backend="eager").save_pretrained(tmp_path)
+    loaded = hf_posenc.from_pretrained(str(tmp_path), attn_implementation="eager").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, logits, rtol=0, atol=0)
+    assert hf_posenc.unpatch(loaded).config.rope_parameters == before["config"]["rope_parameters"]
+
+
 def _bloom():
     config = BloomConfig(vocab_size=97, hidden_size=32, n_layer=1, n_head=4)
     return AutoModelForCausalLM.from_config(config).eval()
@@ -254,12 +296,11 @@ def _opt():
 
 BAD = [
     ("unknown backend", lambda: make_tiny("llama"), {"backend": "cudnn-magic"}, ValueError, "Unknown ALiBi backend 'cudnn-magic'. Available backends: auto, eager, sdpa, flex, cudnn"),
-    ("cudnn off CUDA", lambda: make_tiny("llama"), {"backend": "cudnn"}, ValueError, "cudnn backend cannot be used: it needs the model on a CUDA device"),
+    ("cudnn off CUDA", lambda: make_tiny("llama"), {"backend": "cudnn"}, ValueError, "cudnn backend cannot be used: it needs a CUDA device \\(this is cpu\\)"),
     ("cudnn, own slopes", lambda: make_tiny("llama"), {"backend": "cudnn", "slopes": [0.5, 0.25, 0.125, 0.0625]}, ValueError, "computes the paper's slopes itself, and these slopes differ"),
     ("wrong slope count", lambda: make_tiny("llama"), {"slopes": [0.5, 0.25]}, ValueError, "2 ALiBi slopes given; this model has 4 query heads"),
     ("negative slope", lambda: make_tiny("llama"), {"slopes": [0.5, -0.25, 0.1, 0.1]}, ValueError, "finite and > 0"),
     ("unknown parameter", lambda: make_tiny("llama"), {"factor": 4}, TypeError, "Unknown parameter.*'factor'.*Valid parameters: backend, slopes"),
-    ("already scaled rope", lambda: make_tiny("llama", rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}), {}, ValueError, "already uses rope_type 'linear'"),
     ("model already alibi", _bloom, {}, ValueError, r"encodes position as alibi \(attention bias\); method 'alibi' needs rotary embeddings \(RoPE\) or a learned"),
     ("learned but not gpt2", _opt, {}, ValueError, "learned positions of GPT-2 only.*'opt'"),
 ]  # fmt: skip

@@ -11,7 +11,7 @@ from conftest import make_tiny
 from test_alibi import generate, gpu
 
 import hf_posenc
-from hf_posenc.attention import IMPLEMENTATIONS, cudnn
+from hf_posenc.attention import IMPLEMENTATIONS, cudnn, functions
 from hf_posenc.attention.functions import cudnn_self_check, paper_alibi_attention
 from hf_posenc.methods import alibi_slopes
 
@@ -76,6 +76,7 @@ def fake_kernel(monkeypatch):
         output = cudnn.new_output(query)
         return output.copy_(paper_alibi_attention(query, key, value, scale).transpose(1, 2))
 
+    monkeypatch.setattr(functions, "cudnn_self_check", lambda *args: None)  # as on a GPU where it passed
     monkeypatch.setattr(cudnn, "prepare", lambda *args, **kwargs: True)
     monkeypatch.setattr(cudnn, "fused_alibi_attention", fused)
     return calls
@@ -130,6 +131,22 @@ def test_a_sliding_window_goes_to_flex(fake_kernel):
     assert fake_kernel == []
 
 
+def test_slopes_other_than_the_papers_go_to_flex(fake_kernel):
+    """cuDNN computes the paper's slopes itself: a model patched with its own slopes and switched to cudnn
+    afterwards (the patch refuses cudnn for it) must not reach the kernel."""
+    slopes = (0.5, 0.3, 0.2, 0.1)
+    models = []
+    for _ in range(2):
+        model = make_tiny("llama")
+        hf_posenc.patch(model, "alibi", backend="eager", slopes=slopes)
+        models.append(model)
+    models[0].set_attn_implementation(IMPLEMENTATIONS["cudnn"])
+    ids = torch.randint(1, 97, (1, 20), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(models[0](ids).logits, models[1](ids).logits, rtol=1e-5, atol=1e-5)
+    assert fake_kernel == []
+
+
 def test_dropout_in_training_is_refused(fake_kernel):
     model, _ = on_cudnn(attention_dropout=0.1)
     model.train()
@@ -144,7 +161,7 @@ def test_fused_kernel_matches_the_formula_forward_and_backward(heads, kv_heads, 
     """The kernel on a GPU against the float32 formula with the paper's slopes (non-powers of two included),
     outputs and the gradients of q, k and v."""
     inputs = [rows(2, 1024, h, dim).cuda().requires_grad_() for h in (heads, kv_heads, kv_heads)]
-    assert cudnn_self_check(0, heads, kv_heads, dim) is None
+    assert cudnn_self_check(torch.device("cuda", 0), heads, kv_heads, dim) is None
     assert cudnn.prepare(*inputs, dim**-0.5, training=True)
     output = cudnn.fused_alibi_attention(*inputs, dim**-0.5)
     reference_inputs = [t.detach().float().requires_grad_() for t in inputs]

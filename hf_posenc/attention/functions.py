@@ -155,12 +155,24 @@ def alibi_cudnn_attention(
     backend for every other call (padding, a KV cache, a shape cuDNN refuses)."""
     _check_mask(attention_mask, AlibiPrefillMask, "cudnn")
     _no_dropout(module, dropout, "cudnn")
-    if attention_mask.plain_causal and cudnn.prepare(
-        query, key, value, scaling, training=cudnn.needs_grad(query, key, value)
+    if (
+        attention_mask.plain_causal
+        and _fused_serves(module, query, key)
+        and cudnn.prepare(query, key, value, scaling, training=cudnn.needs_grad(query, key, value))
     ):
         output = cudnn.fused_alibi_attention(query, key, value, scaling)  # (B, H, q, D), (B, q, H, D) in memory
         return output.transpose(1, 2), None  # (B, q, H, D), contiguous
     return alibi_flex_attention(module, query, key, value, attention_mask.flex, scaling, dropout, **kwargs)
+
+
+def _fused_serves(module: nn.Module, query: torch.Tensor, key: torch.Tensor) -> bool:
+    """The checks ``patch`` makes before choosing cudnn, again for a model switched to it afterwards
+    (``set_attn_implementation``): the module's slopes are the paper's and the kernel passed its check on
+    this GPU for these head counts (cached: a lookup after the first call)."""
+    return (
+        module.alibi_paper_slopes
+        and cudnn_self_check(query.device, query.shape[1], key.shape[1], query.shape[3]) is None
+    )
 
 
 def paper_alibi_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
@@ -173,12 +185,13 @@ def paper_alibi_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
 
 
 @functools.cache
-def cudnn_self_check(device_index: int, heads: int, kv_heads: int, head_dim: int) -> str | None:
-    """Why the fused cuDNN kernel cannot serve attention of this shape on this GPU, or ``None``: it runs and
-    agrees with :func:`paper_alibi_attention` computed in float32 (256 tokens, bfloat16, forward)."""
+def cudnn_self_check(device: torch.device, heads: int, kv_heads: int, head_dim: int) -> str | None:
+    """Why the fused cuDNN kernel cannot serve attention of this shape on ``device``, or ``None``: a GPU where
+    it runs and agrees with :func:`paper_alibi_attention` computed in float32 (256 tokens, bfloat16, forward)."""
+    if device.type != "cuda":
+        return f"it needs a CUDA device (this is {device.type})"
     if not cudnn.installed():
         return "the cuDNN frontend is not installed (pip install 'hf-posenc[cudnn]')"
-    device = torch.device("cuda", device_index)
     generator = torch.Generator(device).manual_seed(0)
 
     def rows(n_heads: int) -> torch.Tensor:

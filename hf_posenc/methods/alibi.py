@@ -36,6 +36,12 @@ def alibi_slopes(num_heads: int, *, dtype: torch.dtype = torch.float64) -> torch
     return slopes.to(dtype)
 
 
+def are_paper_slopes(slopes: torch.Tensor | tuple[float, ...]) -> bool:
+    """Whether ``slopes`` are :func:`alibi_slopes` for their count (to float32 precision)."""
+    slopes = torch.as_tensor(slopes, dtype=torch.float32).cpu()
+    return torch.allclose(slopes, alibi_slopes(len(slopes), dtype=torch.float32), rtol=1e-6, atol=0)
+
+
 def _power_of_two_slopes(n: int) -> torch.Tensor:
     exponents = torch.arange(1, n + 1, dtype=torch.float64)  # h = 1 .. n
     return 2.0 ** (-8.0 * exponents / n)

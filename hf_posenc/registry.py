@@ -58,7 +58,8 @@ class Method:
         try:
             return self.params(**kwargs)
         except TypeError as error:  # a required parameter is missing
-            raise TypeError(f"Method {self.name!r}: {error}. Valid parameters: {', '.join(names)}.") from None
+            message = str(error).rstrip(".")
+            raise TypeError(f"Method {self.name!r}: {message}. Valid parameters: {', '.join(names)}.") from None
 
 
 _METHODS: dict[str, Method] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import paper_formulas as paper
 import pytest
 import torch
@@ -166,13 +167,30 @@ BAD = [
     ("unknown method", "rope-magic", {"factor": 2}, ValueError, "Unknown method 'rope-magic'. Available methods: alibi, dynamic-ntk"),
     ("factor zero", "yarn", {"factor": 0}, ValueError, "factor must be >= 1"),
     ("factor nan", "pi", {"factor": float("nan")}, ValueError, "finite"),
-    ("factor string", "ntk", {"factor": "x"}, TypeError, "must be a number"),
+    ("factor string", "ntk", {"factor": "x"}, TypeError, "factor must be a number, got str: 'x'. Valid"),
     ("factor below one", "pi", {"factor": 0.5}, ValueError, "shrink"),
     ("beta order", "yarn", {"factor": 4, "beta_fast": 1, "beta_slow": 2}, ValueError, "beta_fast must be greater"),
     ("longrope length", "longrope", {"factor": 4, "long_factor": [1.0, 2.0]}, ValueError, "long_factor has 2 values; this model's rotary dimension 16 needs 8"),
     ("unknown parameter", "pi", {"factor": 4, "scale": 2}, TypeError, "Unknown parameter.*'scale'"),
     ("bad context", "pi", {"factor": 4, "original_max_position_embeddings": 0}, ValueError, "positive integer"),
 ]  # fmt: skip
+
+
+def test_numpy_scalars_are_numbers_and_the_config_stays_json(tmp_path):
+    model = make_tiny("llama")
+    hf_posenc.patch(model, "yarn", factor=np.float32(4), original_max_position_embeddings=np.int64(64))
+    params = hf_posenc.get_patch(model).params
+    assert (params["factor"], params["original_max_position_embeddings"]) == (4.0, 64)
+    assert type(params["factor"]) is float and type(params["original_max_position_embeddings"]) is int
+    model.save_pretrained(tmp_path)  # json.dumps of the config
+
+
+def test_ntk_on_a_two_dimensional_rotation_is_a_clear_error():
+    model = make_tiny("llama", head_dim=2)
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"rotary dimension d > 2 \(its exponent is d/\(d-2\)\), got 2"):
+        hf_posenc.patch(model, "dynamic-ntk", factor=2)
+    assert_same(before, snapshot(model))
 
 
 @pytest.mark.parametrize(("case", "method", "params", "error", "match"), BAD, ids=[case[0] for case in BAD])

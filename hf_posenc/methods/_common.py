@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 
 def real_number(name: str, value: Any) -> float:
     """``value`` as a finite float, or ``ValueError``/``TypeError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy scalars too
         raise TypeError(f"{name} must be a number, got {type(value).__name__}: {value!r}.")
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value!r}.")
@@ -36,9 +37,9 @@ def positive_number(name: str, value: Any) -> float:
 
 
 def positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-    return value
+    return int(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +55,8 @@ class RopeParams:
 
     def __post_init__(self) -> None:
         if self.original_max_position_embeddings is not None:
-            positive_int("original_max_position_embeddings", self.original_max_position_embeddings)
+            context = positive_int("original_max_position_embeddings", self.original_max_position_embeddings)
+            self._set("original_max_position_embeddings", context)
 
     @property
     def context(self) -> int:

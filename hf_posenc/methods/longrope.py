@@ -22,7 +22,8 @@ class LongRoPEParams(ScaledRopeParams):
     """Args:
     factor (`float`): ``s = L'/L`` >= 1; sets the default attention factor.
     long_factor (`list[float]`): ``lambda_i`` per pair (``head_dim // 2`` values), used past ``L``.
-    short_factor (`list[float]`, *optional*): used up to ``L``; defaults to all ones (the unpatched model).
+    short_factor (`list[float]`, *optional*): used up to ``L``; defaults to all ones (the unscaled frequencies;
+        the attention factor still applies, as in transformers and Phi-3).
     attention_factor (`float`, *optional*): defaults to ``sqrt(1 + ln s / ln L)`` (paper §3.3 / Phi-3).
     """
 

@@ -10,6 +10,8 @@ from ._common import ScaledRopeParams, rope_inv_freq
 
 def ntk_base(base: float, factor: float, head_dim: int) -> float:
     """NTK-aware base, YaRN paper §3.1: ``b' = b * s^(d / (d - 2))``."""
+    if head_dim <= 2:
+        raise ValueError(f"NTK-aware scaling needs a rotary dimension d > 2 (its exponent is d/(d-2)), got {head_dim}.")
     return base * factor ** (head_dim / (head_dim - 2))
 
 
@@ -44,7 +46,7 @@ def dynamic_ntk_frequencies(
     """
     length = max(seq_len or 0, params.context)
     scale = params.factor * length / params.context - (params.factor - 1)
-    return rope_inv_freq(head_dim, base * scale ** (head_dim / (head_dim - 2)), dtype=dtype, device=device), 1.0
+    return rope_inv_freq(head_dim, ntk_base(base, scale, head_dim), dtype=dtype, device=device), 1.0
 
 
 def dynamic_ntk_native(params: ScaledRopeParams, head_dim: int, base: float) -> dict:

@@ -65,6 +65,7 @@ class EvalTable:
 
     source: Path
     protocol: str
+    model: str
     dataset: str
     method_spec: str
     rows: list[tuple[int, float | None, float | None]]  # (length, base ppl, method ppl)
@@ -95,12 +96,18 @@ def load_eval_table(path: str | Path, record: PatchRecord) -> EvalTable:
     equals the resolved parameter (``yarn:factor=4`` matches ``{"factor": 4.0, "beta_fast": 32, ...}``).
 
     Raises:
-        ValueError: when required keys are missing, no row matches the method, rows written with
-            different specs both match, or a length appears twice.
+        ValueError: when the file is not an eval results file, no row matches the method, rows written
+            with different specs both match, a matching row was measured with other resolved parameters
+            (another trained context, say: another model), or a length appears twice.
     """
     path = Path(path)
-    data = json.loads(path.read_text(encoding="utf-8"))
-    missing = [key for key in ("protocol", "dataset", "results") if key not in data]
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"Cannot read the eval results {path}: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not an hf_posenc eval results file (not a JSON object).")
+    missing = [key for key in ("protocol", "model", "dataset", "results") if key not in data]
     if missing:
         raise ValueError(f"{path} is not an hf_posenc eval results file: missing {missing}.")
     specs = {row["method"] for row in data["results"]}
@@ -112,6 +119,7 @@ def load_eval_table(path: str | Path, record: PatchRecord) -> EvalTable:
         )
     if len(matching) > 1:
         raise ValueError(f"{path} has several rows matching {record.spec!r}: {matching}; keep one.")
+    _check_resolved_params(data["results"], matching[0], record, path)
     method_ppl = _ppl_by_length(data["results"], matching[0], path)
     base_ppl = _ppl_by_length(data["results"], NONE_METHOD, path)
     rows = [(length, base_ppl.get(length), method_ppl.get(length)) for length in sorted({*method_ppl, *base_ppl})]
@@ -119,6 +127,7 @@ def load_eval_table(path: str | Path, record: PatchRecord) -> EvalTable:
     return EvalTable(
         source=path,
         protocol=str(data["protocol"]),
+        model=str(data["model"]),
         dataset=str(data["dataset"]),
         method_spec=matching[0],
         rows=rows,
@@ -147,6 +156,26 @@ def _same_value(a: Any, b: Any) -> bool:
     if isinstance(a, list) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
     return a == b
+
+
+def _check_resolved_params(rows: list[dict[str, Any]], spec: str, record: PatchRecord, path: Path) -> None:
+    """The rows of ``spec`` were measured with the patch's resolved parameters (the attention backend aside:
+    it does not change the numbers)."""
+    for row in rows:
+        if row["method"] != spec:
+            continue
+        measured = row.get("params") or {}
+        differ = sorted(
+            key
+            for key in measured.keys() & record.params.keys()
+            if key != "backend" and not _same_value(measured[key], record.params[key])
+        )
+        if differ:
+            details = ", ".join(f"{key}={measured[key]!r} there, {record.params[key]!r} here" for key in differ)
+            raise ValueError(
+                f"{path} measured {spec!r} with other parameters than this patch ({details}): the results are "
+                "of another model or setting. Evaluate this one, or leave the results out."
+            )
 
 
 def _ppl_by_length(rows: list[dict[str, Any]], spec: str, path: Path) -> dict[int, float]:

@@ -28,6 +28,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
-    except (ValueError, FileNotFoundError, NotImplementedError) as error:
+    except (ValueError, TypeError, OSError, NotImplementedError) as error:  # bad input, files, model loading
         print(f"hf-posenc {args.command}: error: {error}", file=sys.stderr)
         return 2

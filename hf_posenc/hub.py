@@ -173,6 +173,11 @@ def _plan_push(
     record = PatchRecord.from_config(model.config)
     eval_table = load_eval_table(eval_results, record) if eval_results is not None else None
     base_id = base_model or model.name_or_path
+    if eval_table and _is_hub_id(eval_table.model) and _is_hub_id(base_id) and eval_table.model != base_id:
+        raise ValueError(
+            f"The eval results {eval_table.source} were measured on {eval_table.model!r}, not on the base model "
+            f"{base_id!r}. Evaluate {base_id!r}, or leave the results out."
+        )
     if not with_weights and not _is_hub_id(base_id):
         raise ValueError(
             f"A config-only push needs the Hub id of the base model, and {base_id!r} is not one; pass "

@@ -44,7 +44,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     push.add_argument("--exist-ok", action="store_true", help="push a new commit to an existing repo")
     push.add_argument("--revision", help="branch to commit to (created from main if missing)")
     push.add_argument("--commit-message", help="commit summary")
-    push.add_argument("--token", help="Hub token (default: the saved login or HF_TOKEN)")
     push.set_defaults(func=run_push)
 
     card = subparsers.add_parser(
@@ -54,8 +53,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_model_arguments(card)
-    card.add_argument("--repo", help="repo id named in the card (default: <model>-<method>)")
-    card.add_argument("--output", type=Path, help="write the card here instead of printing it")
+    card.add_argument("--repo", help="repo id named in the card's snippets, user/name (default: <model>-<method>)")
+    card.add_argument("--output", type=Path, help="write the card to this file instead of printing it")
     card.set_defaults(func=run_card)
 
 
@@ -66,11 +65,16 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", type=Path, help="eval results.json to show in the card")
     parser.add_argument("--license", help="license for the card (default: the base model's)")
     parser.add_argument("--with-weights", action="store_true", help="a full model (safetensors), not config-only")
+    parser.add_argument("--token", help="Hub token, to read the base model and push (default: saved login or HF_TOKEN)")
 
 
 def run_push(args: argparse.Namespace) -> int:
     model = _patched_model(args, with_weights=args.with_weights)
-    tokenizer = AutoTokenizer.from_pretrained(args.model, revision=args.model_revision) if args.with_weights else None
+    tokenizer = (
+        AutoTokenizer.from_pretrained(args.model, revision=args.model_revision, token=args.token)
+        if args.with_weights
+        else None
+    )
     try:
         commit = push_to_hub(
             model,
@@ -95,6 +99,10 @@ def run_push(args: argparse.Namespace) -> int:
 
 
 def run_card(args: argparse.Namespace) -> int:
+    if args.output is not None and args.output.is_dir():
+        raise ValueError(
+            f"--output {args.output} is a folder; name the card's file (e.g. {args.output / 'README.md'})."
+        )
     model = _patched_model(args, with_weights=False)
     method = model.config.hf_posenc["method"]
     try:
@@ -106,6 +114,7 @@ def run_card(args: argparse.Namespace) -> int:
             base_model=args.model,
             base_revision=args.model_revision,
             license=args.license,
+            token=args.token,
         )
     except HubError as error:
         print(f"hf-posenc card: {error}", file=sys.stderr)
@@ -121,9 +130,9 @@ def _patched_model(args: argparse.Namespace, *, with_weights: bool) -> PreTraine
     """The base model patched with ``--method``: real weights, or on the meta device for config-only."""
     method, params = parse_method_spec(args.method)
     if with_weights:
-        model = AutoModelForCausalLM.from_pretrained(args.model, revision=args.model_revision)
+        model = AutoModelForCausalLM.from_pretrained(args.model, revision=args.model_revision, token=args.token)
     else:
-        config = AutoConfig.from_pretrained(args.model, revision=args.model_revision)
+        config = AutoConfig.from_pretrained(args.model, revision=args.model_revision, token=args.token)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
     return patch(model, method, **params)

@@ -95,6 +95,7 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
     """Validate a RoPE scaling method on ``model`` and plan it, without changing the model."""
     modules = check_rope_model(model)
     config = model.config
+    method.make_params(**params)  # bad parameters fail before the trained context is guessed (and logged)
     params = dict(params)
     resolved = method.make_params(original_max_position_embeddings=_trained_context(config, params), **params)
     head_dim, base = rotary_dim(config), config.rope_parameters["rope_theta"]

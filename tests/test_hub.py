@@ -186,20 +186,16 @@ def test_config_only_push_needs_a_hub_base(fake_hub, tmp_path):
     assert fake_hub.requests == []
 
 
-CLI = """
-import argparse, sys
-from hf_posenc import hub_cli
-parser = argparse.ArgumentParser(prog="hf-posenc")
-hub_cli.add_parser(parser.add_subparsers(required=True))
-args = parser.parse_args(sys.argv[1:])
-sys.exit(args.func(args))
-"""
+CLI = "import sys; from hf_posenc.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def run_cli(*argv: str) -> subprocess.CompletedProcess:
-    """The subcommands in a fresh interpreter, where HF_ENDPOINT is read at import as for a user."""
-    env = {**os.environ, "PYTHONPATH": str(Path(hf_posenc.__file__).parents[1])}
-    return subprocess.run([sys.executable, "-c", CLI, *argv], env=env, capture_output=True, text=True, timeout=120)
+def run_cli(*argv: str, **env: str) -> subprocess.CompletedProcess:
+    """``hf-posenc`` in a fresh interpreter, where HF_ENDPOINT is read at import as for a user."""
+    environment = {**os.environ, "PYTHONPATH": str(Path(hf_posenc.__file__).parents[1]), **env}
+    environment = {key: value for key, value in environment.items() if value}  # VAR="" unsets it
+    return subprocess.run(
+        [sys.executable, "-c", CLI, *argv], env=environment, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_push_and_card(fake_hub, tmp_path):
@@ -224,8 +220,33 @@ def test_cli_push_and_card(fake_hub, tmp_path):
 
     wrong = "hf_WrongCliTokenThatMustNeverBePrinted7"
     failed = run_cli("push", *push, "--token", wrong)
-    assert failed.returncode == 1 and "401" in failed.stderr
-    assert wrong not in failed.stderr + failed.stdout
+    assert failed.returncode != 0 and "Traceback" not in failed.stderr
+    assert "hf-posenc push" in failed.stderr and wrong not in failed.stderr + failed.stdout
+
+
+def test_cli_reads_a_private_base_with_the_token_and_reports_user_errors_in_one_line(fake_hub, tmp_path):
+    upload_base()
+    fake_hub.repos[BASE_REPO].private = True
+    method = ["--model", BASE_REPO, "--method", "yarn:factor=4,original_max_position_embeddings=64"]
+    card = tmp_path / "card.md"
+    done = run_cli("card", *method, "--repo", "me/p", "--output", str(card), "--token", TOKEN, HF_TOKEN="")
+    assert done.returncode == 0, done.stderr
+    assert f"base_model: {BASE_REPO}" in card.read_text()
+    results_elsewhere = write_results(tmp_path, {"yarn:factor=4": YARN_PPL}, model="org/another-model")
+    cases = {
+        "no token for the private base": (["card", *method], "org/tiny-base"),
+        "a misspelt parameter": (["card", "--model", BASE_REPO, "--method", "yarn:fctor=4"], "'fctor'"),
+        "a folder as the card's file": (["card", *method, "--token", TOKEN, "--output", str(tmp_path)], "is a folder"),
+        "results of another model": (
+            ["card", *method, "--token", TOKEN, "--results", str(results_elsewhere)],
+            "measured on 'org/another-model', not on the base model 'org/tiny-base'",
+        ),
+    }
+    for case, (argv, message) in cases.items():
+        failed = run_cli(*argv, HF_TOKEN="")
+        assert failed.returncode in (1, 2), (case, failed.stderr)  # 1: the Hub refused, 2: bad input
+        assert failed.stderr.startswith("hf-posenc card:") and message in failed.stderr, (case, failed.stderr)
+        assert "Traceback" not in failed.stderr, case
 
 
 def test_local_folders_without_or_with_a_newer_record(tmp_path):

@@ -16,15 +16,24 @@ YARN_PPL = {512: 25.81, 1024: 27.72, 4096: 26.63}
 BASE_PPL = {512: 23.9, 1024: 25.7, 2048: 25.1}
 
 
-def write_results(folder, rows, *, plot: bool = True):
-    """An eval results.json as the eval engineer writes it (plus the plot file next to it)."""
+def write_results(folder, rows, *, plot: bool = True, model: str = "org/tiny-base", params: dict | None = None):
+    """An eval results.json as the eval engineer writes it (plus the plot file next to it); ``params``: the
+    resolved parameters of every non-``none`` row."""
     data = {
         "protocol": "sliding-window",
-        "model": "tiny",
+        "model": model,
         "dataset": "pg19",
         "versions": {"hf_posenc": "0.1.0"},
         "results": [
-            {"method": method, "length": length, "ppl": ppl, "nll": 1.0, "tokens": 10, "windows": 1}
+            {
+                "method": method,
+                "params": {} if method == "none" or params is None else params,
+                "length": length,
+                "ppl": ppl,
+                "nll": 1.0,
+                "tokens": 10,
+                "windows": 1,
+            }
             for method, table in rows.items()
             for length, ppl in table.items()
         ],
@@ -74,6 +83,26 @@ def test_card_metadata_table_and_model_index(tmp_path):
     assert 'hf_posenc.from_pretrained("me/tiny-yarn")' in text
     assert "https://arxiv.org/abs/2309.00071" in text
     assert f'revision="{"a" * 40}"' in text  # native: the transformers-only snippet pins the base commit
+
+
+def test_results_measured_with_other_resolved_parameters_are_refused(tmp_path):
+    """``yarn:factor=4`` on a model trained on 8192 tokens is not this patch (trained context 64)."""
+    model = yarn_model()
+    record = PatchRecord.from_config(model.config)
+    own = write_results(tmp_path, {"yarn:factor=4": YARN_PPL}, params=dict(record.params))
+    assert load_eval_table(own, record).rows[0] == (512, None, 25.81)
+    other = {**record.params, "original_max_position_embeddings": 8192}
+    write_results(tmp_path, {"yarn:factor=4": YARN_PPL}, params=other)
+    with pytest.raises(ValueError, match="original_max_position_embeddings=8192 there, 64 here"):
+        load_eval_table(own, record)
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", "not json", '{"protocol": "x"}'])
+def test_a_file_that_is_not_eval_results_is_a_clear_error(tmp_path, content):
+    path = tmp_path / "results.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=f"{path}"):
+        load_eval_table(path, PatchRecord.from_config(yarn_model().config))
 
 
 def test_card_without_results_or_license_has_no_model_index():

@@ -63,6 +63,20 @@ def no_model_load(monkeypatch):
     monkeypatch.setattr(runner, "load_model", refuse)
 
 
+@pytest.fixture
+def nothing_loaded(monkeypatch, no_model_load):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the tokenizer must not be loaded")
+
+    monkeypatch.setattr(runner, "load_tokenizer", refuse)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def test_eval_writes_json_csv_plot(tiny_dir, tmp_path, capsys):
     out = tmp_path / "out"
     argv = _args(tiny_dir, out) + ["--method", "none", "--method", "yarn:factor=2", "--lengths", "32,48"]
@@ -81,6 +95,9 @@ def test_eval_writes_json_csv_plot(tiny_dir, tmp_path, capsys):
     with open(out / "results.csv") as f:
         assert [row["method"] for row in csv.DictReader(f)] == [m for m, _ in rows]
     assert (out / "ppl_vs_length.png").read_bytes()[:4] == b"\x89PNG"
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == dict.fromkeys(
+        ["ppl_vs_length.png", "results.csv", "results.json"], 0o666 & ~_umask()
+    )
     printed = capsys.readouterr().out
     assert "yarn:factor=2" in printed and str(out / "ppl_vs_length.png") in printed
 
@@ -196,3 +213,30 @@ def test_passkey_command(tiny_dir, tmp_path, capsys):
         assert cell["accuracy"] == sum(flags) / 2 and cell["trials"] == 2
     assert (out / "passkey_heatmap.png").read_bytes()[:4] == b"\x89PNG"
     assert "Passkey accuracy" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("where", ["file", "file/sub", "/proc/hf-posenc-test"])
+def test_an_output_that_cannot_be_a_folder_fails_before_anything_is_loaded(
+    tiny_dir, tmp_path, capsys, nothing_loaded, where
+):
+    if where.startswith("/proc") and not Path("/proc/self").exists():
+        pytest.skip("needs Linux's /proc")
+    (tmp_path / "file").write_text("mine")
+    out = tmp_path / where if not where.startswith("/") else Path(where)
+    assert main(_args(tiny_dir, out) + ["--lengths", "32"]) == 2
+    err = capsys.readouterr().err
+    assert f"Cannot write results to {out}" in err and "Choose another --output." in err
+    if where.startswith("/proc"):
+        assert "cannot create a folder in /proc" in err
+    else:
+        assert f"{tmp_path / 'file'} is a file" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "mine"
+
+
+def test_a_results_file_that_is_not_json_is_named(tiny_dir, tmp_path, capsys, nothing_loaded):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text("garbage")
+    assert main(_args(tiny_dir, out) + ["--lengths", "32"]) == 2
+    assert f"{out / 'results.json'} is not a results file (not JSON: Expecting value" in capsys.readouterr().err
+    assert (out / "results.json").read_text() == "garbage" and [p.name for p in out.iterdir()] == ["results.json"]

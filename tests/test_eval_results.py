@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
 
-from hf_posenc.eval.results import atomic_write, atomic_write_text, format_table, load_previous
+from hf_posenc.eval.results import (
+    atomic_write,
+    atomic_write_text,
+    format_table,
+    load_previous,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = [
@@ -39,6 +46,25 @@ def test_load_previous_names_the_differing_arguments(tmp_path):
     assert load_previous(path, {"protocol": "truncate", "bos": "auto"})["results"] == ROWS
     with pytest.raises(ValueError, match=r"differing: bos, stride"):
         load_previous(path, {"protocol": "truncate", "bos": "none", "stride": 512})
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
+def test_written_files_get_the_usual_permissions(tmp_path, umask):
+    before = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "results.json", "{}")
+    finally:
+        os.umask(before)
+    assert (tmp_path / "results.json").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+@pytest.mark.parametrize(("content", "problem"), [("garbage", "not JSON: Expecting value"), ("[]", "a JSON list")])
+def test_load_previous_names_a_file_that_is_not_a_record(tmp_path, content, problem):
+    path = tmp_path / "results.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} is not a results file \({problem}"):
+        load_previous(path, {"protocol": "truncate"})
+    assert path.read_text() == content
 
 
 def test_console_table():

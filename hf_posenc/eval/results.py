@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import tempfile
+import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,14 +46,28 @@ def versions() -> dict[str, str]:
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp)`` on a temporary file beside ``path``, then move it onto ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
-    os.close(fd)
+    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}{path.suffix}")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # mode 0666 & ~umask, as a new file gets
     try:
-        write(Path(tmp))
+        write(tmp)
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
+
+
+def check_output(folder: Path) -> None:
+    """Raise ``ValueError`` unless results can be written to ``folder``: a writable folder, or one that can
+    be created. A temporary folder is made and removed to check (permissions alone mislead root)."""
+    existing = next(path for path in (folder, *folder.parents) if path.exists())
+    if not existing.is_dir():
+        raise ValueError(f"Cannot write results to {folder}: {existing} is a file. Choose another --output.")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".hf-posenc-check-"))
+    except OSError as error:
+        place = "" if existing == folder else f" (cannot create a folder in {existing})"
+        raise ValueError(
+            f"Cannot write results to {folder}{place}: {error.strerror}. Choose another --output."
+        ) from None
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -63,11 +78,12 @@ def load_previous(path: Path, arguments: dict[str, Any]) -> dict[str, Any] | Non
     """The record already in ``path`` for the same ``arguments``; None if there is no file.
 
     Raises:
-        `ValueError`: the file holds results of other arguments (it is left untouched).
+        `ValueError`: the file is not a results file, or holds results of other arguments (it is left
+            untouched either way).
     """
     if not path.exists():
         return None
-    previous = json.loads(path.read_text(encoding="utf-8"))
+    previous = _read_record(path)
     if previous.get("arguments") != arguments:
         changed = sorted(
             key
@@ -79,6 +95,18 @@ def load_previous(path: Path, arguments: dict[str, Any]) -> dict[str, Any] | Non
             "choose another --output folder or rerun with the same arguments to resume."
         )
     return previous
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; ``ValueError`` naming the file if it holds none."""
+    advice = "move it away or choose another --output folder"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not a results file (not JSON: {error}); {advice}.") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} is not a results file (a JSON {type(record).__name__}, not an object); {advice}.")
+    return record
 
 
 def sort_results(results: list[dict[str, Any]], methods: list[str]) -> list[dict[str, Any]]:

@@ -31,6 +31,7 @@ from hf_posenc.eval.perplexity import (
     window_nll,
 )
 from hf_posenc.eval.results import (
+    check_output,
     load_previous,
     plot_passkey_heatmap,
     plot_ppl_vs_length,
@@ -199,12 +200,14 @@ def run_perplexity(
 ) -> dict[str, Any]:
     """Perplexity of every method at every length on the same windows; writes and returns the record.
 
-    Everything that can be wrong with the arguments is checked before the model is loaded: method
-    specs, the output folder (results of other arguments are refused), the data and every length.
-    (method, length) pairs already in ``output`` are kept and not recomputed.
+    Everything that can be wrong with the arguments is checked before the model is loaded, and then
+    nothing is written: method specs, the output folder (a folder that can be written; results of
+    other arguments are refused), the data and every length. (method, length) pairs already in
+    ``output`` are kept and not recomputed.
     """
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
     methods = normalize_methods(methods)
+    check_output(output)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
     arguments = {
         "model": model_source.name,
         "gguf_file": model_source.gguf_file,
@@ -341,11 +344,13 @@ def run_passkey(
 ) -> dict[str, Any]:
     """Passkey accuracy of every method by length and depth; writes passkey.json and the heatmap.
 
-    The same keys (from ``seed``) are used at every length, depth and method. Finished (method, length)
-    pairs in ``output`` are kept and not recomputed.
+    The same keys (from ``seed``) are used at every length, depth and method. Method specs, the output
+    folder and every length are checked before the model is loaded, and then nothing is written.
+    Finished (method, length) pairs in ``output`` are kept and not recomputed.
     """
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
     methods = normalize_methods(methods)
+    check_output(output)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
     arguments = {
         "model": model_source.name,
         "gguf_file": model_source.gguf_file,

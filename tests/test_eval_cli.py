@@ -215,6 +215,55 @@ def test_passkey_command(tiny_dir, tmp_path, capsys):
     assert "Passkey accuracy" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--method", "yarn:fctor=4"], "--method 'yarn:fctor=4': Unknown parameter(s) 'fctor' for method 'yarn'"),
+        (["--method", "yarn:factor=abc"], "--method 'yarn:factor=abc': Method 'yarn': factor must be a number"),
+        (["--method", "yarn:factor=0.5"], "--method 'yarn:factor=0.5': factor must be >= 1"),
+        (["--method", "none:factor=2"], "--method 'none:factor=2': 'none' is the unpatched model and takes no"),
+        (
+            ["--method", "yarn:factor=2", "--method", "yarn:factor=2.0"],
+            "--method 'yarn:factor=2' and --method 'yarn:factor=2.0' are the same method with the same parameters",
+        ),
+        (
+            ["--method", "pi:factor=2", "--method", "linear:factor=2"],
+            "--method 'pi:factor=2' and --method 'linear:factor=2' are the same method",
+        ),
+        (
+            ["--method", "yarn:factor=2", "--method", "yarn:beta_fast=32,factor=2"],
+            "--method 'yarn:factor=2' and --method 'yarn:beta_fast=32,factor=2' are the same method",
+        ),
+    ],
+)
+def test_bad_arguments_fail_before_anything_is_loaded(tiny_dir, tmp_path, capsys, nothing_loaded, extra, message):
+    out = tmp_path / "out"
+    assert main(_args(tiny_dir, out) + ["--lengths", "32"] + extra) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_passkey_refuses_the_same_method_twice_before_loading(tiny_dir, tmp_path, capsys, nothing_loaded):
+    argv = ["passkey", "--model", str(tiny_dir / "model"), "--output", str(tmp_path / "pk")]
+    assert main(argv + ["--method", "pi:factor=2", "--method", "linear:factor=2.0"]) == 2
+    assert "--method 'pi:factor=2' and --method 'linear:factor=2.0' are the same method" in capsys.readouterr().err
+    assert not (tmp_path / "pk").exists()
+
+
+def test_a_method_already_in_the_results_under_another_spelling_is_refused(tiny_dir, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    assert main(_args(tiny_dir, out) + ["--method", "pi:factor=2", "--lengths", "32"]) == 0
+    files = _snapshot(out)
+    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    assert main(_args(tiny_dir, out) + ["--method", "linear:factor=2.0", "--lengths", "32"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"--method 'linear:factor=2.0' is the same method with the same parameters as 'pi:factor=2', already in {out / 'results.json'}"
+        in err
+    )
+    assert _snapshot(out) == files
+
+
 @pytest.mark.parametrize("where", ["file", "file/sub", "/proc/hf-posenc-test"])
 def test_an_output_that_cannot_be_a_folder_fails_before_anything_is_loaded(
     tiny_dir, tmp_path, capsys, nothing_loaded, where
@@ -240,3 +289,10 @@ def test_a_results_file_that_is_not_json_is_named(tiny_dir, tmp_path, capsys, no
     assert main(_args(tiny_dir, out) + ["--lengths", "32"]) == 2
     assert f"{out / 'results.json'} is not a results file (not JSON: Expecting value" in capsys.readouterr().err
     assert (out / "results.json").read_text() == "garbage" and [p.name for p in out.iterdir()] == ["results.json"]
+
+
+def test_each_note_on_the_trained_context_is_logged_once_per_method(tiny_dir, tmp_path, caplog):
+    argv = _args(tiny_dir, tmp_path / "out") + ["--lengths", "32,48", "--method", "none"]
+    assert main(argv + ["--method", "yarn:factor=2", "--method", "ntk:factor=2"]) == 0
+    notes = [r for r in caplog.records if "original_max_position_embeddings not given" in r.getMessage()]
+    assert len(notes) == 2

@@ -8,9 +8,10 @@ per (method, length) and checked to cover every window exactly once, then summed
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,16 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
-from hf_posenc import get_patch, patched
-from hf_posenc.eval.data import TextSource, Window, WindowPlan, build_windows, load_texts, tokenize_texts
+from hf_posenc import get_patch, patch, unpatch
+from hf_posenc.config import params_to_dict
+from hf_posenc.eval.data import (
+    TextSource,
+    Window,
+    WindowPlan,
+    build_windows,
+    load_texts,
+    tokenize_texts,
+)
 from hf_posenc.eval.passkey import accuracy_grid, build_prompt, random_keys
 from hf_posenc.eval.perplexity import (
     DEFAULT_CHUNK_SIZE,
@@ -68,27 +77,96 @@ class ModelSource:
 
 
 def normalize_methods(specs: list[str]) -> list[str]:
-    """Parse every method spec and check its name, before any heavy work; returns canonical specs."""
-    canonical = []
+    """Check every method spec without a model; returns canonical specs.
+
+    Raises:
+        `ValueError`: a spec does not parse, names an unknown method or parameter, or has a bad value.
+    """
     for spec in specs:
-        name, params = parse_method_spec(spec)
-        if name != NONE_METHOD:
-            get_method(name)  # raises naming the unknown method and the available ones (aliases accepted)
-        canonical.append(format_method_spec(name, params))
-    if len(set(canonical)) != len(canonical):
-        raise ValueError(f"A method is given twice in {canonical}.")
-    return canonical
+        method_identity(spec)
+    return [format_method_spec(*parse_method_spec(spec)) for spec in specs]
+
+
+def method_identity(spec: str) -> tuple[str, dict[str, Any]]:
+    """The registered method and its built parameters (defaults filled in): equal for specs that
+    compute the same thing, such as ``pi:factor=2`` and ``linear:factor=2.0``.
+
+    What depends on the model (the trained context when not given) is left unresolved.
+    """
+    name, params = parse_method_spec(spec)
+    if name == NONE_METHOD:
+        if params:
+            raise ValueError(f"--method {spec!r}: 'none' is the unpatched model and takes no parameters.")
+        return NONE_METHOD, {}
+    method = get_method(name)  # raises naming the unknown method and the available ones (aliases accepted)
+    try:
+        built = method.make_params(**params)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"--method {spec!r}: {error}") from None
+    return method.name, params_to_dict(built)
+
+
+def refuse_duplicates(specs: list[str], existing: Sequence[str] = (), where: Path | str = "") -> None:
+    """Raise ``ValueError`` naming both specs when two of ``specs``, or one of them and a row already in
+    the results file ``where`` (``existing``), are the same method."""
+    seen = _identities_of_rows([spec for spec in existing if spec not in specs])
+    for spec in specs:
+        identity = method_identity(spec)
+        for other, other_identity in seen:
+            if identity != other_identity:
+                continue
+            if other in existing:
+                raise ValueError(
+                    f"--method {spec!r} is the same method with the same parameters as {other!r}, already in "
+                    f"{where}; write it as {other!r} to keep that row, or choose another --output folder."
+                )
+            raise ValueError(
+                f"--method {other!r} and --method {spec!r} are the same method with the same parameters; give it once."
+            )
+        seen.append((spec, identity))
+
+
+def _identities_of_rows(specs: list[str]) -> list[tuple[str, tuple[str, dict[str, Any]]]]:
+    """``(spec, identity)`` of rows already written; a row an older version wrote that no longer builds
+    is left out (no valid spec can be the same method)."""
+    identities = []
+    for spec in specs:
+        try:
+            identities.append((spec, method_identity(spec)))
+        except ValueError:
+            continue
+    return identities
 
 
 @contextmanager
-def applied(model, spec: str) -> Iterator[dict[str, Any]]:
-    """Patch ``model`` with ``spec`` for the duration (``none``: unchanged); yields the resolved params."""
+def applied(model, spec: str, *, quiet: bool = False) -> Iterator[dict[str, Any]]:
+    """Patch ``model`` with ``spec`` for the duration (``none``: unchanged); yields the resolved params.
+
+    ``quiet``: without hf_posenc's notes on patching (such as the trained context it assumed), for a
+    method already applied once (by :func:`_load_checked`), so each note is logged once per run.
+    """
     name, params = parse_method_spec(spec)
     if name == NONE_METHOD:
         yield {}
         return
-    with patched(model, name, **params):
+    with _patch_notes_hidden() if quiet else nullcontext():
+        patch(model, name, **params)
+    try:
         yield dict(get_patch(model).params)
+    finally:
+        unpatch(model)
+
+
+@contextmanager
+def _patch_notes_hidden() -> Iterator[None]:
+    """hf_posenc's log below errors hidden for the duration."""
+    logger = logging.getLogger("hf_posenc")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def load_model(source: ModelSource, device: torch.device):
@@ -201,9 +279,9 @@ def run_perplexity(
     """Perplexity of every method at every length on the same windows; writes and returns the record.
 
     Everything that can be wrong with the arguments is checked before the model is loaded, and then
-    nothing is written: method specs, the output folder (a folder that can be written; results of
-    other arguments are refused), the data and every length. (method, length) pairs already in
-    ``output`` are kept and not recomputed.
+    nothing is written: method specs (and methods given twice), the output folder (a folder that can
+    be written; results of other arguments are refused), the data and every length. (method, length)
+    pairs already in ``output`` are kept and not recomputed.
     """
     methods = normalize_methods(methods)
     check_output(output)
@@ -220,6 +298,7 @@ def run_perplexity(
     }
     previous = load_previous(output / RESULTS_JSON, arguments)
     results = previous["results"] if previous else []
+    refuse_duplicates(methods, [r["method"] for r in results], output / RESULTS_JSON)
 
     tokenizer = load_tokenizer(model_source)
     bos_id = resolve_bos(bos, tokenizer)
@@ -264,7 +343,7 @@ def run_perplexity(
     for spec, spec_lengths in todo.items():
         if not spec_lengths:
             continue
-        with applied(model, spec) as params:
+        with applied(model, spec, quiet=True) as params:
             for n in spec_lengths:
                 start = time.perf_counter()
                 scored = score_windows(
@@ -362,6 +441,7 @@ def run_passkey(
     }
     previous = load_previous(output / PASSKEY_JSON, arguments)
     done_trials = previous["trials"] if previous else []
+    refuse_duplicates(methods, list(dict.fromkeys(t["method"] for t in done_trials)), output / PASSKEY_JSON)
     tokenizer = load_tokenizer(model_source)
     bos_id = resolve_bos(bos, tokenizer)
     keys = random_keys(trials, seed)
@@ -382,7 +462,7 @@ def run_passkey(
             model = _load_checked(model_source, methods, accelerator, prompts[todo[0]][0][1].input_ids)
         if not todo:
             continue
-        with applied(model, spec):
+        with applied(model, spec, quiet=True):
             for n in todo:
                 flags = _passkey_flags(model, [p for _, p in prompts[n]], accelerator, f"passkey {spec} @ {n}")
                 done_trials += [
@@ -411,7 +491,7 @@ def _load_checked(model_source: ModelSource, methods: list[str], accelerator: Ac
     """Load the model, check the chunked head applies to it, and that every method patches it."""
     model = load_model(model_source, accelerator.device)
     check_head_decomposition(model, torch.tensor([ids[:16]], device=accelerator.device))
-    for spec in methods:  # a parameter the method rejects fails here, before any long forward
+    for spec in methods:  # what only the model can reject fails here, before any long forward; notes logged
         with applied(model, spec):
             pass
     return model

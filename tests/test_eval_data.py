@@ -7,10 +7,14 @@ import json
 
 import pytest
 
-from hf_posenc.eval.data import TextSource, build_windows, load_texts, parse_length, parse_lengths
+from hf_posenc.eval.data import PROTOCOLS, TextSource, build_windows, load_texts, parse_length, parse_lengths
 
 DOC_LENGTHS = [5, 37, 100, 64, 1, 129]
-CASES = list(itertools.product(("sliding", "disjoint", "truncate"), (8, 17, 64), (False, True), (None, 3, 8)))
+CASES = [
+    (protocol, length, bos, stride)
+    for protocol, length, bos, stride in itertools.product(PROTOCOLS, (8, 17, 64), (False, True), (None, 3, 8))
+    if protocol == "sliding" or stride is None  # a stride is an error elsewhere (tested below)
+]
 
 
 def _scored_positions(plan):
@@ -57,9 +61,23 @@ def test_disjoint_and_truncate_spans():
     assert len(build_windows([100, 100], 8, "disjoint", bos=False, max_windows=3).windows) == 3
 
 
+@pytest.mark.parametrize("protocol", ["disjoint", "truncate"])
+def test_a_stride_is_an_error_outside_sliding(protocol):
+    with pytest.raises(ValueError, match=f"--stride applies to --protocol sliding; --protocol {protocol} does not"):
+        build_windows(DOC_LENGTHS, 8, protocol, bos=False, stride=4)
+
+
 def test_length_longer_than_every_document_is_an_error():
-    with pytest.raises(ValueError, match=r"longer than every document \(the longest has 129 tokens\)"):
+    with pytest.raises(ValueError, match=r"longer than every document \(the longest has 129 tokens\)") as error:
         build_windows(DOC_LENGTHS, 1024, "truncate", bos=False)
+    assert "--join" not in str(error.value)  # the 336 tokens together are too few as well
+
+
+@pytest.mark.parametrize(("doc_lengths", "suggested"), [([100, 129, 107], True), ([129], False), ([100, 29], False)])
+def test_join_is_suggested_only_where_joining_makes_a_window_fit(doc_lengths, suggested):
+    with pytest.raises(ValueError, match="longer than every document") as error:
+        build_windows(doc_lengths, 300, "truncate", bos=False)
+    assert ("--join to evaluate the documents as one stream (336 tokens together)" in str(error.value)) == suggested
 
 
 @pytest.mark.parametrize(("text", "expected"), [("512", 512), ("4k", 4096), (" 16K ", 16384)])
@@ -105,3 +123,19 @@ def test_streaming_reads_only_the_first_documents_and_checks_the_column(tmp_path
     assert load_texts(TextSource(str(path), text_column="body", streaming=True, max_documents=3)) == ["0", "1", "2"]
     with pytest.raises(ValueError, match=r"no column 'text'; its columns are \['body'\]"):
         load_texts(TextSource(str(path), streaming=True))
+
+
+def test_the_split_recorded_is_the_split_read(tmp_path):
+    (tmp_path / "a.txt").write_text("x")
+    assert TextSource(str(tmp_path)).describe()["split"] == "train"  # how `datasets` names local files
+    assert TextSource(str(tmp_path), split="train").describe()["split"] == "train"
+    assert load_texts(TextSource(str(tmp_path), split="train")) == ["x"]
+    assert TextSource("user/hub-dataset").describe()["split"] == "test"
+    assert TextSource("user/hub-dataset", split="validation").describe()["split"] == "validation"
+
+
+@pytest.mark.parametrize("given", [{"split": "test"}, {"config": "wikitext-103-raw-v1"}])
+def test_a_split_or_config_for_local_files_is_an_error(tmp_path, given):
+    (tmp_path / "a.txt").write_text("x")
+    with pytest.raises(ValueError, match=r"local: its files are read whole, so --dataset-config and --split"):
+        load_texts(TextSource(str(tmp_path), **given))

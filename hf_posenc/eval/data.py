@@ -20,6 +20,8 @@ PROTOCOL_HELP = {
     "dropped and counted",
     "truncate": "one window per document: its first LENGTH tokens (YaRN's evaluation)",
 }
+DEFAULT_SPLIT = "test"
+LOCAL_SPLIT = "train"
 LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 _LENGTH_RE = re.compile(r"^\s*(\d+)\s*([kK]?)\s*$")
 
@@ -58,7 +60,8 @@ class TextSource:
     Args:
         path (`str`): Hub dataset id (``emozilla/pg19-test``) or a local path.
         config (`str`, *optional*): dataset configuration (``wikitext-103-raw-v1``).
-        split (`str`, defaults to ``"test"``): split to read (local files are always ``train``).
+        split (`str`, *optional*): split of a Hub dataset, ``"test"`` if not given. Local files are read
+            whole, as the split ``"train"``; another split or a config for them is an error.
         text_column (`str`, defaults to ``"text"``): column holding the documents.
         streaming (`bool`, defaults to `False`): stream instead of downloading the whole split.
         max_documents (`int`, *optional*): read only the first documents.
@@ -67,23 +70,33 @@ class TextSource:
 
     path: str
     config: str | None = None
-    split: str = "test"
+    split: str | None = None
     text_column: str = "text"
     streaming: bool = False
     max_documents: int | None = None
     join: str | None = None
 
     @property
+    def local(self) -> Path | None:
+        """The local file or folder, or None for a Hub dataset."""
+        path = Path(self.path).expanduser()
+        return path if path.exists() else None
+
+    @property
     def label(self) -> str:
         """Short name for tables and plots: the Hub id, or the last two parts of a local path."""
-        path = Path(self.path).expanduser()
-        return "/".join(path.parts[-2:]) if path.exists() else self.path
+        return "/".join(self.local.parts[-2:]) if self.local else self.path
+
+    @property
+    def read_split(self) -> str:
+        """The split actually read: ``train`` for local files (how `datasets` names them), else ``split``."""
+        return LOCAL_SPLIT if self.local else self.split or DEFAULT_SPLIT
 
     def describe(self) -> dict:
         return {
             "name": self.path,
             "config": self.config,
-            "split": self.split,
+            "split": self.read_split,
             "text_column": self.text_column,
             "max_documents": self.max_documents,
             "join": self.join,
@@ -106,23 +119,39 @@ def parse_lengths(text: str) -> list[int]:
     return sorted({parse_length(part) for part in parts})
 
 
+def check_protocol(protocol: str, stride: int | None) -> None:
+    """Raise ``ValueError`` for an unknown protocol, or a stride given to a protocol that has none."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"Unknown protocol {protocol!r}; choose one of {PROTOCOLS}.")
+    if stride is not None and protocol != "sliding":
+        raise ValueError(
+            f"--stride applies to --protocol sliding; --protocol {protocol} does not use it. "
+            "Leave --stride out, or use --protocol sliding."
+        )
+
+
 def load_texts(source: TextSource) -> list[str]:
     """Read the documents of ``source`` with `datasets`; errors name the bad dataset or column."""
     from datasets import load_dataset
 
-    local = Path(source.path).expanduser()
-    if local.exists():
+    local = source.local
+    if local:
+        if source.config is not None or source.split not in (None, LOCAL_SPLIT):
+            raise ValueError(
+                f"{local} is local: its files are read whole, so --dataset-config and --split (Hub datasets "
+                "only) do not apply. Leave them out."
+            )
         builder, files = _local_files(local)
-        kwargs = {"data_files": [str(f) for f in files], "split": "train"}
+        kwargs = {"data_files": [str(f) for f in files], "split": LOCAL_SPLIT}
         if builder == "text":
             kwargs["sample_by"] = "document"
         dataset = load_dataset(builder, streaming=source.streaming, **kwargs)
     else:
         try:
-            dataset = load_dataset(source.path, source.config, split=source.split, streaming=source.streaming)
+            dataset = load_dataset(source.path, source.config, split=source.read_split, streaming=source.streaming)
         except Exception as error:  # datasets raises many types (not found, offline, bad config)
             raise ValueError(
-                f"Cannot load dataset {source.path!r} (config {source.config!r}, split {source.split!r}): "
+                f"Cannot load dataset {source.path!r} (config {source.config!r}, split {source.read_split!r}): "
                 f"{error}. Give a Hub dataset id or an existing local file or folder."
             ) from error
     texts = []
@@ -172,13 +201,12 @@ def build_windows(
         length (`int`): model input length; with ``bos`` one position is the BOS token.
         protocol (`str`): one of ``sliding``, ``disjoint``, ``truncate`` (see ``PROTOCOL_HELP``).
         bos (`bool`): a BOS token is prepended to every window (then every token of a span is scored).
-        stride (`int`, *optional*): step of ``sliding`` windows, ``0 < stride <= length``; default half.
+        stride (`int`, *optional*): step of ``sliding`` windows (only), ``0 < stride <= length``; default half.
         max_windows (`int`, *optional*): keep only the first windows, in document order.
 
     Documents with fewer tokens than a span are skipped and counted in every protocol.
     """
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"Unknown protocol {protocol!r}; choose one of {PROTOCOLS}.")
+    check_protocol(protocol, stride)
     span = length - int(bos)
     if span < 2 - int(bos):
         raise ValueError(f"Length {length} is too short to score any token.")
@@ -202,12 +230,17 @@ def build_windows(
         if max_windows is not None and len(windows) >= max_windows:
             break
     if not windows:
-        longest = max(doc_lengths, default=0)
-        raise ValueError(
-            f"Length {length} is longer than every document (the longest has {longest} tokens); "
-            "use shorter --lengths, other data, or --join to evaluate the documents as one stream."
-        )
+        raise ValueError(_too_long(doc_lengths, length, span))
     return WindowPlan(windows[:max_windows], skipped, dropped)
+
+
+def _too_long(doc_lengths: list[int], length: int, span: int) -> str:
+    """Why no window fits; suggests ``--join`` only where joining the documents would make one fit."""
+    longest, total = max(doc_lengths, default=0), sum(doc_lengths)
+    advice = "use shorter --lengths or other data"
+    if len(doc_lengths) > 1 and total >= span:
+        advice += f", or --join to evaluate the documents as one stream ({total} tokens together)"
+    return f"Length {length} is longer than every document (the longest has {longest} tokens); {advice}."
 
 
 def _window(doc: int, start: int, end: int, bos: bool) -> Window:

@@ -28,6 +28,7 @@ from hf_posenc.eval.data import (
     Window,
     WindowPlan,
     build_windows,
+    check_protocol,
     load_texts,
     tokenize_texts,
 )
@@ -283,6 +284,7 @@ def run_perplexity(
     be written; results of other arguments are refused), the data and every length. (method, length)
     pairs already in ``output`` are kept and not recomputed.
     """
+    check_protocol(protocol, stride)
     methods = normalize_methods(methods)
     check_output(output)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())

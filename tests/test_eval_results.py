@@ -14,7 +14,9 @@ from hf_posenc.eval.results import (
     atomic_write,
     atomic_write_text,
     format_table,
+    line_style,
     load_previous,
+    ppl_figure,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +67,21 @@ def test_load_previous_names_a_file_that_is_not_a_record(tmp_path, content, prob
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} is not a results file \({problem}"):
         load_previous(path, {"protocol": "truncate"})
     assert path.read_text() == content
+
+
+def test_identical_curves_stay_visible():
+    rows = [{**row, "method": method} for method in ("none", "dynamic-ntk:factor=4", "yarn:factor=4") for row in ROWS]
+    lines = ppl_figure(rows, trained_context=8192, title="t").axes[0].get_lines()[:3]
+    assert [line.get_label() for line in lines] == ["none", "dynamic-ntk:factor=4", "yarn:factor=4"]
+    assert len({line.get_marker() for line in lines}) == len({line.get_linestyle() for line in lines}) == 3
+    sizes = [(line.get_markersize(), line.get_linewidth()) for line in lines]
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 3  # later curves drawn inside earlier ones
+    assert all(line.get_markerfacecolor() == "none" for line in lines)
+
+
+def test_line_styles_differ_for_many_methods():
+    styles = [(style["marker"], style["linestyle"]) for style in map(line_style, range(32))]
+    assert len(set(styles)) == 32
 
 
 def test_console_table():

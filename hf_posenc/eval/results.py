@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINESTYLES = ("-", "--", "-.", ":")
 CSV_FIELDS = ("method", "length", "ppl", "nll", "tokens", "windows", "skipped_documents", "dropped_tokens", "seconds")
 
 
@@ -129,16 +131,20 @@ def write_csv(path: Path, results: list[dict[str, Any]]) -> None:
 
 def plot_ppl_vs_length(path: Path, results: list[dict[str, Any]], *, trained_context: int, title: str) -> None:
     """One line per method, perplexity on a log scale against length, the trained context marked."""
-    import matplotlib
+    fig = ppl_figure(results, trained_context=trained_context, title=title)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def ppl_figure(results: list[dict[str, Any]], *, trained_context: int, title: str):
+    """The figure of :func:`plot_ppl_vs_length` (a `matplotlib.figure.Figure`, outside pyplot)."""
+    from matplotlib.figure import Figure
     from matplotlib.ticker import ScalarFormatter
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method in dict.fromkeys(r["method"] for r in results):
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    for index, method in enumerate(dict.fromkeys(r["method"] for r in results)):
         points = sorted((r["length"], r["ppl"]) for r in results if r["method"] == method)
-        ax.plot(*zip(*points, strict=True), marker="o", label=method)
+        ax.plot(*zip(*points, strict=True), label=method, **line_style(index))
     ax.axvline(trained_context, color="gray", linestyle="--", label=f"trained context ({trained_context})")
     lengths = sorted({r["length"] for r in results})
     ax.set_xscale("log", base=2)
@@ -153,8 +159,19 @@ def plot_ppl_vs_length(path: Path, results: list[dict[str, Any]], *, trained_con
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
-    plt.close(fig)
+    return fig
+
+
+def line_style(index: int) -> dict[str, Any]:
+    """Marker, line style and sizes of the ``index``-th method: identical curves stay visible, since later
+    ones are drawn thinner, with smaller hollow markers of another shape, over the earlier ones."""
+    return {
+        "marker": MARKERS[index % len(MARKERS)],
+        "linestyle": LINESTYLES[(index + index // len(MARKERS)) % len(LINESTYLES)],
+        "markersize": max(3.0, 9.0 - 1.5 * index),
+        "linewidth": max(1.0, 2.5 - 0.5 * index),
+        "markerfacecolor": "none",
+    }
 
 
 def plot_passkey_heatmap(path: Path, grid: list[dict[str, Any]], *, title: str) -> None:

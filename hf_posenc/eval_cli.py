@@ -207,6 +207,7 @@ def run_eval(args: argparse.Namespace) -> int:
         output=output,
         note=note,
     )
+    _end_processes()
     if _is_main_process():
         bos = "prepended" if record["protocol_details"]["bos"] else "none"
         print(
@@ -245,6 +246,7 @@ def run_passkey(args: argparse.Namespace) -> int:
         bos=args.bos,
         output=output,
     )
+    _end_processes()
     if _is_main_process():
         by_length: dict[tuple[str, int], list[float]] = {}
         for cell in record["accuracy"]:
@@ -254,6 +256,16 @@ def run_passkey(args: argparse.Namespace) -> int:
         print(format_table(rows, value="accuracy"))
         print(f"\nResults: {output / 'passkey.json'}\nHeatmap: {output / 'passkey_heatmap.png'}")
     return 0
+
+
+def _end_processes() -> None:
+    """Under ``accelerate launch``: every process finishes together and closes the process group, or one
+    can abort at exit ("terminate called without an active exception") while another still uses it."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    state.wait_for_everyone()
+    state.destroy_process_group()
 
 
 def _is_main_process() -> bool:

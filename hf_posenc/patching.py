@@ -114,10 +114,12 @@ def _finish(entry: _ModuleRecord) -> None:
     entry.hooks = {key: set(hooks) - set(entry.before.get(key, ())) for key, hooks in _hook_dicts(entry.module).items()}
 
 
-def _follow_moves(entry: _ModuleRecord, name: str, tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """A saved tensor moved to the device / cast to the dtype its current counterpart took since the patch
-    (``model.to`` between patch and unpatch); as it was where nothing moved."""
-    now, installed = _tensors(entry.module).get(name), entry.installed.get(name)
+def _follow_moves(
+    entry: _ModuleRecord, current: dict[str, torch.Tensor], name: str, tensor: torch.Tensor | None
+) -> torch.Tensor | None:
+    """A saved tensor moved to the device / cast to the dtype its ``current`` counterpart took since the
+    patch (``model.to`` between patch and unpatch); as it was where nothing moved."""
+    now, installed = current.get(name), entry.installed.get(name)
     if tensor is None or now is None or installed is None:
         return tensor
     device = now.device if now.device != installed[0] else tensor.device
@@ -159,9 +161,9 @@ def _restore(model: nn.Module, record: _Record) -> None:
         else:
             setattr(config, key, copy.deepcopy(value))
     for entry in record.modules:
-        module, before = entry.module, entry.before
+        module, before, current = entry.module, entry.before, _tensors(entry.module)
         restored = {
-            key: {name: _follow_moves(entry, name, tensor) for name, tensor in before[key].items()}
+            key: {name: _follow_moves(entry, current, name, tensor) for name, tensor in before[key].items()}
             for key in ("_buffers", "_parameters")
         }
         for key, hooks in _hook_dicts(module).items():  # hooks added since the patch stay

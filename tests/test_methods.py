@@ -89,6 +89,21 @@ def test_yarn_attention_factor_is_the_papers():
         assert factor == pytest.approx(expected, abs=1e-7)
 
 
+def test_yarn_mscale_ratio():
+    """The authors' code's variant: (0.1 mscale ln s + 1) / (0.1 mscale_all_dim ln s + 1)."""
+    s = 4
+    expected = (0.1 * 1.0 * math.log(s) + 1) / (0.1 * 0.5 * math.log(s) + 1)
+    _, factor = hf_posenc.rope_frequencies(
+        "yarn", head_dim=D, base=B, original_max_position_embeddings=L, factor=s, mscale=1.0, mscale_all_dim=0.5
+    )
+    assert factor == pytest.approx(expected, rel=1e-15)
+    _, agreeing = hf_posenc.rope_frequencies(
+        "yarn", head_dim=D, base=B, original_max_position_embeddings=L, factor=s,
+        mscale=1.0, mscale_all_dim=0.5, attention_factor=expected,
+    )  # fmt: skip
+    assert agreeing == factor
+
+
 def test_dynamic_methods_are_the_unscaled_rope_inside_the_context():
     theta = torch.tensor(paper.theta(D, B), dtype=torch.float64)
     for method, params in [("dynamic-ntk", {"factor": 4}), ("dynamic-yarn", {})]:
@@ -111,6 +126,7 @@ NATIVE = [
     ("pi", {"factor": 4}, {"rope_type": "linear", "factor": 4.0}, None),
     ("dynamic-ntk", {"factor": 4}, {"rope_type": "dynamic", "factor": 4.0}, 20000),
     ("yarn", {"factor": 4}, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L}, None),
+    ("yarn", {"factor": 4, "mscale": 1.0, "mscale_all_dim": 0.5}, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L, "mscale": 1.0, "mscale_all_dim": 0.5}, None),
     ("ntk-by-parts", {"factor": 4}, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L, "attention_factor": 1.0}, None),
     ("llama3", {"factor": 8}, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": L}, None),
     ("longrope", {"factor": 4, "long_factor": LONG}, {"rope_type": "longrope", "factor": 4.0, "long_factor": LONG, "short_factor": [1.0] * (D // 2), "original_max_position_embeddings": L}, 9000),
@@ -152,6 +168,9 @@ def test_ratio_ramp_differs_from_transformers_yarn():
         ("yarn", {"factor": 4, "beta_fast": 1, "beta_slow": 32}, ValueError, "beta_fast must be greater"),
         ("yarn", {"factor": 4, "beta_fast": 2, "beta_slow": 2}, ValueError, "beta_fast must be greater"),
         ("yarn", {"factor": 4, "ramp": "cosine"}, ValueError, "ramp must be one of"),
+        ("yarn", {"factor": 4, "mscale": 1.0}, ValueError, "mscale and mscale_all_dim go together"),
+        ("yarn", {"factor": 4, "mscale": 1.0, "mscale_all_dim": 0}, ValueError, "mscale_all_dim must be > 0"),
+        ("yarn", {"factor": 4, "mscale": 1.0, "mscale_all_dim": 0.5, "attention_factor": 1.2}, ValueError, "disagrees with mscale"),
         ("yarn", {"factor": 4, "fctor": 4}, TypeError, "Unknown parameter.*'fctor'.*Valid parameters: original"),
         ("llama3", {"factor": 8, "low_freq_factor": 4, "high_freq_factor": 1}, ValueError, "high_freq_factor must be greater"),
         ("longrope", {"factor": 4, "long_factor": [1.0] * 3}, ValueError, "long_factor has 3 values.*needs 32"),

@@ -69,21 +69,39 @@ class YaRNParams(NTKByPartsParams):
     """Args:
     attention_factor (`float`, *optional*): ``sqrt(1/t)``, multiplying cos and sin (so q.k by its
         square). Defaults to the paper's ``0.1 ln(s) + 1`` (§3.4).
+    mscale, mscale_all_dim (`float`, *optional*): given together (both > 0), the attention factor is
+        ``(0.1 mscale ln s + 1) / (0.1 mscale_all_dim ln s + 1)``, the variant of the YaRN authors' code
+        that DeepSeek-V2 configs use and transformers' ``yarn`` type reads. With ``attention_factor`` too,
+        the two must agree.
     """
 
     attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.attention_factor is None:
-            self._set("attention_factor", yarn_attention_factor(self.factor))
-        else:
-            self._set("attention_factor", positive_number("attention_factor", self.attention_factor))
+        given = None if self.attention_factor is None else positive_number("attention_factor", self.attention_factor)
+        if (self.mscale is None) != (self.mscale_all_dim is None):
+            raise ValueError("mscale and mscale_all_dim go together: give both or neither.")
+        if self.mscale is None:
+            self._set("attention_factor", yarn_attention_factor(self.factor) if given is None else given)
+            return
+        self._set("mscale", positive_number("mscale", self.mscale))
+        self._set("mscale_all_dim", positive_number("mscale_all_dim", self.mscale_all_dim))
+        ratio = yarn_attention_factor(self.factor, self.mscale)
+        ratio /= yarn_attention_factor(self.factor, self.mscale_all_dim)
+        if given is not None and not math.isclose(given, ratio, rel_tol=1e-12):
+            raise ValueError(
+                f"attention_factor={given} disagrees with mscale={self.mscale} and mscale_all_dim="
+                f"{self.mscale_all_dim}, which give {ratio}; give one or the other."
+            )
+        self._set("attention_factor", ratio)
 
 
-def yarn_attention_factor(factor: float) -> float:
-    """YaRN §3.4: ``sqrt(1/t) = 0.1 ln(s) + 1`` (1 for ``s <= 1``)."""
-    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+def yarn_attention_factor(factor: float, mscale: float = 1.0) -> float:
+    """YaRN §3.4: ``sqrt(1/t) = 0.1 ln(s) + 1`` (1 for ``s <= 1``); ``mscale`` multiplies the ``0.1``."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def correction_dim(rotations: float, head_dim: int, base: float, context: int) -> float:

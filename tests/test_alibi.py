@@ -385,16 +385,19 @@ def test_beam_search_with_cache_equals_without():
     assert torch.equal(cached, model.generate(prompt, use_cache=False, **kwargs))
 
 
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
 @pytest.mark.parametrize("backend", [*BACKENDS, "cudnn"])  # cudnn off CUDA: its mask object, flex attention
-def test_static_cache_generates_as_the_dynamic_cache(backend, monkeypatch):
+def test_static_cache_generates_as_the_dynamic_cache(backend, padded, monkeypatch):
     """A static cache is longer than the sequence (keys past it are masked): distances must not change. With
-    such a cache generate() prepares the masks itself: they must still be the ALiBi backend's masks."""
+    such a cache generate() prepares the masks itself: they must still be the ALiBi backend's masks. Without
+    padding only the cache offsets bound the keys; the static cache advances its offset tensor in place
+    before attention runs, so a mask that kept a reference to it would let each query see one empty slot."""
     monkeypatch.setattr(alibi_patch, "_fused_problem", lambda model, slopes: None)  # cudnn accepted on CPU
     model = tiny("llama", backend=backend)
     model.generation_config.eos_token_id = None
     prompt = torch.randint(1, 97, (2, 12), generator=torch.Generator().manual_seed(13))
     mask = torch.ones_like(prompt)
-    mask[1, :4] = 0
+    mask[1, :4] = 0 if padded else 1
     kwargs = dict(attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=0)
     dynamic = model.generate(prompt, **kwargs)
     assert torch.equal(model.generate(prompt, cache_implementation="static", **kwargs), dynamic)

@@ -129,8 +129,9 @@ def alibi_flex_mask(
         padding = prepare_padding_mask(attention_mask.to(device=device, dtype=torch.bool), kv_length, kv_offset)
         mask_function = and_masks(mask_function, padding_mask_function(padding))
     # Offsets as tensors: a compiled mask_mod that captured them as ints would recompile at every decoding
-    # step, and past dynamo's recompile limit fall back to the uncompiled n x n path.
-    offsets = torch.as_tensor(q_offset, device=device), torch.as_tensor(kv_offset, device=device)
+    # step, and past dynamo's recompile limit fall back to the uncompiled n x n path. Copies: a static cache
+    # advances its own offset tensor in place before attention runs, and flex evaluates mask_mod in there.
+    offsets = tuple(torch.as_tensor(offset, device=device).clone() for offset in (q_offset, kv_offset))
     build = _compiled_create_block_mask() if compiles_flex(device) else create_block_mask
     block_mask = build(
         mask_mod=add_offsets_to_mask_function(mask_function, *offsets),

@@ -32,6 +32,10 @@ from .rope_patch import check_rope_model
 logger = logging.getLogger("hf_posenc")
 
 ALIBI_GPT2_ACTIVATION = "hf_posenc_alibi"
+# RoPE families whose attention goes through transformers' interface with nothing beyond q.k (no logit
+# soft-capping, no attention sinks), checked against the eager reference in the test suite. Others with a
+# rotary module (Falcon's own attention, Gemma 2's softcap, GPT-OSS's sinks) would silently be wrong.
+ALIBI_ROPE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 ATTENTION = "_attn_implementation_internal"  # the config attribute behind config._attn_implementation
 
 
@@ -161,6 +165,13 @@ def _plan(
 
 def plan_alibi_rope(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
     """ALiBi on a RoPE decoder (Llama, Mistral, Qwen2/3): no rotation, the bias in attention."""
+    model_type = model.config.model_type
+    if model_type not in ALIBI_ROPE_MODEL_TYPES:
+        raise ValueError(
+            f"ALiBi replaces RoPE in {', '.join(ALIBI_ROPE_MODEL_TYPES)} models (and GPT-2's learned positions); "
+            f"{type(model).__name__} (model_type {model_type!r}) is not one of them: its attention may add terms "
+            "or not go through transformers' attention interface, so the bias could be silently wrong."
+        )
     rotary = check_rope_model(model, any_rope_type=True)  # no rotation is left: how it was scaled is moot
     rope_parameters = {**model.config.rope_parameters, "rope_type": ALIBI_ROPE_TYPE}
     info, updates, attention = _plan(model, method, params, {"rope_parameters": rope_parameters}, ALIBI_ROPE_TYPE)

@@ -13,7 +13,7 @@ import torch
 from conftest import make_tiny
 from test_config import PLAIN_LOAD
 from test_patching import assert_same, snapshot
-from transformers import AutoModelForCausalLM, BloomConfig, OPTConfig
+from transformers import AutoModelForCausalLM, BloomConfig, FalconConfig, Gemma2Config, OPTConfig
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -287,6 +287,19 @@ def _bloom():
     return AutoModelForCausalLM.from_config(config).eval()
 
 
+def _falcon():  # rotary, but Falcon's attention does not go through the attention interface
+    config = FalconConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, alibi=False)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def _gemma2():  # rotary, attention through the interface, but with soft-capped logits
+    config = Gemma2Config(
+        vocab_size=97, hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8,
+    )  # fmt: skip
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
 def _opt():
     config = OPTConfig(
         vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, ffn_dim=32, word_embed_proj_dim=32
@@ -303,6 +316,8 @@ BAD = [
     ("unknown parameter", lambda: make_tiny("llama"), {"factor": 4}, TypeError, "Unknown parameter.*'factor'.*Valid parameters: backend, slopes"),
     ("model already alibi", _bloom, {}, ValueError, r"encodes position as alibi \(attention bias\); method 'alibi' needs rotary embeddings \(RoPE\) or a learned"),
     ("learned but not gpt2", _opt, {}, ValueError, "learned positions of GPT-2 only.*'opt'"),
+    ("rope, attention of its own", _falcon, {}, ValueError, "ALiBi replaces RoPE in llama, mistral, qwen2, qwen3 models.*'falcon'"),
+    ("rope, soft-capped logits", _gemma2, {}, ValueError, "Gemma2ForCausalLM \\(model_type 'gemma2'\\) is not one of them"),
 ]  # fmt: skip
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .attention import IMPLEMENTATIONS, cudnn
+from .attention import BACKEND_OF, IMPLEMENTATIONS, cudnn
 from .attention.functions import cudnn_self_check
 from .config import ALIBI_ROPE_TYPE, CONFIG_KEY, OWN_ROPE_TYPE, params_to_dict, patch_record
 from .learned_patch import gpt2_position_table
@@ -52,6 +52,26 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
             f"{model.config.num_hidden_layers} layers; ALiBi cannot be applied to this architecture."
         )
     return modules
+
+
+# Standard implementations -> the ALiBi backend that replaces each, and back (cudnn's fallback is flex,
+# but a model unpatched after loading gets SDPA, transformers' default).
+_STANDARD = {"eager": "eager", "sdpa": "sdpa", "flex_attention": "flex"}
+_BASE_OF = {"eager": "eager", "sdpa": "sdpa", "flex": "flex_attention", "cudnn": "sdpa"}
+
+
+def loading_backend(attn_implementation: str) -> tuple[str, str]:
+    """``(ALiBi backend, base model's implementation)`` for ``attn_implementation`` asked for when loading
+    a saved ALiBi model: a standard name (``"sdpa"``) selects the ALiBi backend replacing it, an ALiBi name
+    (``"hf_posenc_alibi_flex"``) that backend; the base model (what ``unpatch`` gives back) gets the
+    standard one."""
+    backend = _STANDARD.get(attn_implementation) or BACKEND_OF.get(attn_implementation)
+    if backend is None:
+        raise ValueError(
+            f"attn_implementation={attn_implementation!r} has no ALiBi counterpart; this model is patched with "
+            f"ALiBi, so use one of {', '.join(_STANDARD)}, {', '.join(IMPLEMENTATIONS.values())}."
+        )
+    return backend, _BASE_OF[backend]
 
 
 def _resolve(model: nn.Module, method: Method, params: dict[str, Any]) -> Any:

@@ -15,7 +15,7 @@ import copy
 import logging
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ from torch import nn
 
 from .alibi_patch import plan_alibi_learned, plan_alibi_rope
 from .architectures import positions_of, unsupported
+from .attention import BACKEND_OF
 from .config import CONFIG_KEY
 from .learned_patch import plan_learned_pi
 from .plan import PatchInfo, Plan
@@ -209,9 +210,15 @@ def unpatch(model: nn.Module) -> nn.Module:
 
 
 def get_patch(model: nn.Module) -> PatchInfo | None:
-    """The method applied to ``model`` and its fully resolved parameters, or None."""
+    """The method applied to ``model`` and its fully resolved parameters, or None. For ALiBi the backend
+    is the one running now (``set_attn_implementation`` may have switched it)."""
     record = _RECORDS.get(model)
-    return None if record is None else record.info
+    if record is None:
+        return None
+    backend = BACKEND_OF.get(model.config._attn_implementation)  # ALiBi: switched since the patch?
+    if "backend" in record.info.params and backend is not None:
+        return replace(record.info, params={**record.info.params, "backend": backend})
+    return record.info
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from conftest import make_tiny
@@ -57,8 +58,10 @@ def test_slopes_known_values():
     assert alibi_slopes(8).tolist() == [2.0**-k for k in range(1, 9)]  # the paper's 1/2 ... 1/256
     expected = torch.tensor([2.0**-0.5, 2.0**-1.5, 2.0**-2.5, 2.0**-3.5], dtype=torch.float64)  # slopes(16)[0::2][:4]
     torch.testing.assert_close(alibi_slopes(12)[8:], expected, rtol=1e-15, atol=0)
-    with pytest.raises(ValueError, match="positive integer"):
-        alibi_slopes(0)
+    assert torch.equal(alibi_slopes(np.int64(12)), alibi_slopes(12))  # a head count read from an array
+    for bad in (0, 2.0, True, "4"):
+        with pytest.raises(ValueError, match="positive integer"):
+            alibi_slopes(bad)
 
 
 def tiny(family="llama", heads=4, kv_heads=2, backend="eager", seed=0):
@@ -221,12 +224,12 @@ def test_save_and_load_round_trip_and_plain_transformers_refuses(tmp_path):
     saved = json.loads((tmp_path / "alibi" / "config.json").read_text())
     assert saved["rope_parameters"]["rope_type"] == "hf_posenc_alibi"
     assert saved["hf_posenc"]["params"] == {"backend": "sdpa", "slopes": alibi_slopes(4).tolist()}
-    loaded = hf_posenc.from_pretrained(str(tmp_path / "alibi"), attn_implementation="eager").eval()
+    loaded = hf_posenc.from_pretrained(str(tmp_path / "alibi")).eval()
     assert hf_posenc.get_patch(loaded) == hf_posenc.get_patch(model)
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, logits, rtol=0, atol=0)
     hf_posenc.unpatch(loaded)
-    assert loaded.config._attn_implementation == "eager"
+    assert loaded.config._attn_implementation == "sdpa"
     assert loaded.config.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
     torch.save(ids, tmp_path / "ids.pt")
     result = subprocess.run(
@@ -238,6 +241,46 @@ def test_save_and_load_round_trip_and_plain_transformers_refuses(tmp_path):
     )
     plain = json.loads(result.stdout.strip().splitlines()[-1])[str(tmp_path / "alibi")]
     assert plain.startswith("KeyError") and "hf_posenc_alibi" in plain
+
+
+@pytest.mark.parametrize(
+    ("asked", "backend", "base"),
+    [("eager", "eager", "eager"), ("sdpa", "sdpa", "sdpa"), ("hf_posenc_alibi_eager", "eager", "eager")],
+)
+def test_attn_implementation_at_load_picks_the_alibi_backend(tmp_path, asked, backend, base):
+    """``attn_implementation`` given to ``from_pretrained`` is honoured (not overridden by the saved backend):
+    a standard name selects the ALiBi backend replacing it, and is what ``unpatch`` leaves."""
+    model = tiny("llama", backend="sdpa")
+    ids = torch.randint(0, 97, (1, 60), generator=torch.Generator().manual_seed(8))
+    model.save_pretrained(tmp_path)
+    loaded = hf_posenc.from_pretrained(str(tmp_path), attn_implementation=asked).eval()
+    assert loaded.config._attn_implementation == IMPLEMENTATIONS[backend]
+    assert hf_posenc.get_patch(loaded).params == {**hf_posenc.get_patch(model).params, "backend": backend}
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+    hf_posenc.unpatch(loaded)
+    assert loaded.config._attn_implementation == base
+
+
+def test_attn_implementation_without_alibi_counterpart_is_refused(tmp_path):
+    tiny("llama").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="'flash_attention_2' has no ALiBi counterpart.*use one of eager, sdpa"):
+        hf_posenc.from_pretrained(str(tmp_path), attn_implementation="flash_attention_2")
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "cudnn"])
+def test_alibi_implementation_on_an_unpatched_model_says_so(backend):
+    model = make_tiny("llama")
+    model.set_attn_implementation(IMPLEMENTATIONS[backend])
+    with pytest.raises(RuntimeError, match="has no ALiBi slopes.*not ones switched to them by hand"):
+        model(torch.randint(0, 97, (1, 8)))
+
+
+def test_get_patch_reports_the_backend_running_now():
+    model = tiny("llama", backend="eager")
+    model.set_attn_implementation(IMPLEMENTATIONS["sdpa"])
+    assert hf_posenc.get_patch(model).params["backend"] == "sdpa"
+    assert model.config.hf_posenc["params"]["backend"] == "eager"  # the saved config keeps the one asked for
 
 
 @pytest.mark.parametrize("backend", ["auto", "flex"])

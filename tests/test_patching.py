@@ -124,6 +124,8 @@ def test_get_patch_reports_resolved_parameters(caplog):
         "truncate": True,
         "factor": 4.0,
         "attention_factor": pytest.approx(1.1386294361),
+        "mscale": None,
+        "mscale_all_dim": None,
     }
     hf_posenc.unpatch(model)
     caplog.clear()

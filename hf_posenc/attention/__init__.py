@@ -19,6 +19,7 @@ IMPLEMENTATIONS = {
     "flex": "hf_posenc_alibi_flex",
     "cudnn": "hf_posenc_alibi_cudnn",
 }
+BACKEND_OF = {name: backend for backend, name in IMPLEMENTATIONS.items()}
 
 for _backend, (_attention, _mask) in {
     "eager": (alibi_eager_attention, alibi_distance_mask),

@@ -3,7 +3,7 @@
 Each receives what the model's attention module passes to any attention implementation: ``module``,
 ``query (B, H, q, D)``, ``key``/``value (B, H_kv, kv, D)``, the mask built by the matching function of
 :mod:`hf_posenc.attention.masks`, ``scaling`` and ``dropout``. The slopes are the patched attention
-module's ``alibi_slopes`` buffer (one per query head: with grouped-query attention they follow the
+module's ``alibi_slopes`` (one per query head: with grouped-query attention they follow the
 query heads). Press et al. 2022, §3: ``softmax(q_i K^T * scaling - m_h * (i - j))``.
 """
 
@@ -44,6 +44,11 @@ def _no_dropout(module: nn.Module, dropout: float, backend: str) -> None:
 def slopes_on(module: nn.Module, device: torch.device) -> torch.Tensor:
     """The module's float32 slopes on ``device``; moved there once (a plain attribute, not a buffer, so that
     ``model.to(dtype)`` cannot round them)."""
+    if not hasattr(module, "alibi_slopes"):
+        raise RuntimeError(
+            f"{type(module).__name__} has no ALiBi slopes: the hf_posenc_alibi_* attention implementations serve "
+            "models patched with hf_posenc.patch(model, 'alibi'), not ones switched to them by hand."
+        )
     if module.alibi_slopes.device != device:
         module.alibi_slopes = module.alibi_slopes.to(device)
     return module.alibi_slopes
@@ -170,7 +175,7 @@ def _fused_serves(module: nn.Module, query: torch.Tensor, key: torch.Tensor) -> 
     (``set_attn_implementation``): the module's slopes are the paper's and the kernel passed its check on
     this GPU for these head counts (cached: a lookup after the first call)."""
     return (
-        module.alibi_paper_slopes
+        getattr(module, "alibi_paper_slopes", False)
         and cudnn_self_check(query.device, query.shape[1], key.shape[1], query.shape[3]) is None
     )
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..registry import Method, register
+from ._common import positive_int
 
 BACKENDS = ("auto", "eager", "sdpa", "flex", "cudnn")
 
@@ -27,8 +28,7 @@ def alibi_slopes(num_heads: int, *, dtype: torch.dtype = torch.float64) -> torch
     Returns:
         `torch.Tensor`: ``(num_heads,)`` slopes, the first head's the largest.
     """
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}.")
+    num_heads = positive_int("num_heads", num_heads)  # numpy integers too
     closest = 2 ** math.floor(math.log2(num_heads))
     slopes = _power_of_two_slopes(closest)
     if closest != num_heads:

@@ -54,17 +54,17 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
     return modules
 
 
-# Standard implementations -> the ALiBi backend that replaces each, and back (cudnn's fallback is flex,
-# but a model unpatched after loading gets SDPA, transformers' default).
+# Standard implementations -> the ALiBi backend that replaces each, and back: the base model is built with
+# eager or SDPA (GPT-2 has no flex_attention), so a model unpatched after loading gets those.
 _STANDARD = {"eager": "eager", "sdpa": "sdpa", "flex_attention": "flex"}
-_BASE_OF = {"eager": "eager", "sdpa": "sdpa", "flex": "flex_attention", "cudnn": "sdpa"}
+_BASE_OF = {"eager": "eager", "sdpa": "sdpa", "flex": "sdpa", "cudnn": "sdpa"}
 
 
 def loading_backend(attn_implementation: str) -> tuple[str, str]:
     """``(ALiBi backend, base model's implementation)`` for ``attn_implementation`` asked for when loading
     a saved ALiBi model: a standard name (``"sdpa"``) selects the ALiBi backend replacing it, an ALiBi name
-    (``"hf_posenc_alibi_flex"``) that backend; the base model (what ``unpatch`` gives back) gets the
-    standard one."""
+    (``"hf_posenc_alibi_flex"``) that backend; the base model (what ``unpatch`` gives back) gets eager for
+    eager, SDPA otherwise."""
     backend = _STANDARD.get(attn_implementation) or BACKEND_OF.get(attn_implementation)
     if backend is None:
         raise ValueError(

@@ -17,10 +17,12 @@ from .registry import Method, methods_for
 
 @dataclass(frozen=True)
 class Positions:
-    """How a model family encodes position: ``"rope"``, ``"learned"`` (absolute table) or ``"alibi"``."""
+    """How a model family encodes position: ``"rope"``, ``"learned"`` (absolute table) or ``"alibi"``;
+    ``patched``: whether the methods for that kind apply to this family (learned tables: GPT-2 only)."""
 
     kind: str
     where: str = ""
+    patched: bool = True
 
 
 ROPE = Positions("rope", "rotary-embedding module")
@@ -32,9 +34,9 @@ ARCHITECTURES: dict[str, Positions] = {
     "qwen3": ROPE,
     # Learned absolute positions and models that already use ALiBi: RoPE methods do not apply.
     "gpt2": Positions("learned", "transformer.wpe"),
-    "gpt_bigcode": Positions("learned", "transformer.wpe"),
-    "gpt_neo": Positions("learned", "transformer.wpe"),
-    "opt": Positions("learned", "model.decoder.embed_positions"),
+    "gpt_bigcode": Positions("learned", "transformer.wpe", patched=False),
+    "gpt_neo": Positions("learned", "transformer.wpe", patched=False),
+    "opt": Positions("learned", "model.decoder.embed_positions", patched=False),
     "bloom": Positions("alibi", "attention bias"),
     "mpt": Positions("alibi", "attention bias"),
 }
@@ -69,11 +71,11 @@ def unsupported(model: nn.Module, method: Method, positions: Positions) -> Value
             f"patch (one with an `inv_freq` buffer, a `rope_type` and the config; per-layer-type RoPE such as "
             f"Gemma 3's is not supported yet), so method {method.name!r} does not apply."
         )
-    applicable = methods_for(positions.kind)
+    applicable = methods_for(positions.kind) if positions.patched else []
     alternatives = (
         f"Methods for {positions.kind} positions: {', '.join(applicable)}."
         if applicable
-        else f"No registered method patches {positions.kind} positions yet."
+        else f"No registered method patches {positions.kind} positions of {model_type!r} models yet."
     )
     where = f" ({positions.where})" if positions.where else ""
     needs = " or ".join(KIND_NAMES.get(kind, kind) for kind in sorted(method.applies_to, reverse=True))

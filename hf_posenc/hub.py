@@ -173,7 +173,7 @@ def _plan_push(
     record = PatchRecord.from_config(model.config)
     eval_table = load_eval_table(eval_results, record) if eval_results is not None else None
     base_id = base_model or model.name_or_path
-    if eval_table and _is_hub_id(eval_table.model) and _is_hub_id(base_id) and eval_table.model != base_id:
+    if eval_table and _different_models(eval_table.model, base_id):
         raise ValueError(
             f"The eval results {eval_table.source} were measured on {eval_table.model!r}, not on the base model "
             f"{base_id!r}. Evaluate {base_id!r}, or leave the results out."
@@ -289,6 +289,17 @@ def read_metadata(
     if not metadata["weights"] and not metadata.get("base_model"):
         raise ValueError(f"{pretrained_model_name_or_path!r} holds no weights and names no base model to load.")
     return metadata
+
+
+def _different_models(measured: str, base: str) -> bool:
+    """Whether results measured on ``measured`` are known to come from another model than ``base``: two Hub
+    ids that differ, or two local folders that are not the same folder. A Hub id against a local folder
+    (a downloaded copy?) or a folder no longer there cannot be told apart, and is let through."""
+    if _is_hub_id(measured) and _is_hub_id(base):
+        return measured != base
+    if Path(measured).is_dir() and Path(base).is_dir():
+        return not Path(measured).samefile(base)
+    return False
 
 
 def _is_hub_id(name: str | None) -> bool:

@@ -182,8 +182,8 @@ def patch(model: nn.Module, method: str, **params: Any) -> nn.Module:
             or any decoder whose RoPE comes from a rotary-embedding module), or GPT-2 (learned positions:
             ``alibi`` and ``pi``).
         method (`str`): one of :func:`hf_posenc.available_methods` (or an alias such as ``"linear"``).
-        **params: the method's parameters, e.g. ``factor=4``. ``original_max_position_embeddings``
-            defaults to the config's ``max_position_embeddings`` (logged for RoPE models).
+        **params: the method's parameters, e.g. ``factor=4``. RoPE methods' ``original_max_position_embeddings``
+            defaults to the one the config records, else to its ``max_position_embeddings`` (logged).
 
     Returns:
         The same ``model``, patched; ``model.config`` now describes the method.

@@ -244,13 +244,18 @@ def test_save_and_load_round_trip_and_plain_transformers_refuses(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("asked", "backend", "base"),
-    [("eager", "eager", "eager"), ("sdpa", "sdpa", "sdpa"), ("hf_posenc_alibi_eager", "eager", "eager")],
+    ("family", "asked", "backend", "base"),
+    [
+        ("llama", "eager", "eager", "eager"),
+        ("llama", "sdpa", "sdpa", "sdpa"),
+        ("llama", "hf_posenc_alibi_eager", "eager", "eager"),
+        ("gpt2", "flex_attention", "flex", "sdpa"),  # GPT-2 itself has no flex_attention
+    ],
 )
-def test_attn_implementation_at_load_picks_the_alibi_backend(tmp_path, asked, backend, base):
+def test_attn_implementation_at_load_picks_the_alibi_backend(tmp_path, family, asked, backend, base):
     """``attn_implementation`` given to ``from_pretrained`` is honoured (not overridden by the saved backend):
-    a standard name selects the ALiBi backend replacing it, and is what ``unpatch`` leaves."""
-    model = tiny("llama", backend="sdpa")
+    a standard name selects the ALiBi backend replacing it; ``unpatch`` leaves eager or SDPA."""
+    model = tiny(family, backend="sdpa")
     ids = torch.randint(0, 97, (1, 60), generator=torch.Generator().manual_seed(8))
     model.save_pretrained(tmp_path)
     loaded = hf_posenc.from_pretrained(str(tmp_path), attn_implementation=asked).eval()

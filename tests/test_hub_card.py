@@ -11,6 +11,7 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 
 import hf_posenc
 from hf_posenc.card import PatchRecord, load_eval_table, render_card
+from hf_posenc.hub import _different_models
 
 YARN_PPL = {512: 25.81, 1024: 27.72, 4096: 26.63}
 BASE_PPL = {512: 23.9, 1024: 25.7, 2048: 25.1}
@@ -151,3 +152,12 @@ def test_results_with_two_matching_specs_raise(tmp_path):
 def test_unpatched_model_has_no_card():
     with pytest.raises(ValueError, match="not patched by hf_posenc"):
         render_card(make_tiny("llama").config, repo_id="me/x", base_model=None, base_revision=None, config_only=True)
+
+
+def test_results_of_another_model_are_told_apart_by_hub_id_or_folder(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    assert _different_models("org/model-a", "org/model-b") and not _different_models("org/model-a", "org/model-a")
+    assert _different_models(str(first), str(second))
+    assert not _different_models(str(first), str(tmp_path / "second" / ".." / "first"))  # one folder, two spellings
+    assert not _different_models("org/model-a", str(first))  # a Hub id against a folder: cannot tell

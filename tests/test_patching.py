@@ -9,6 +9,7 @@ import paper_formulas as paper
 import pytest
 import torch
 from conftest import make_tiny
+from transformers import AutoModelForCausalLM, OPTConfig
 
 import hf_posenc
 from hf_posenc.registry import get_method
@@ -207,9 +208,23 @@ def test_bad_input_raises_and_changes_nothing(tiny_model, case, method, params, 
 def test_gpt2_error_names_what_applies():
     model = make_tiny("gpt2")
     before = snapshot(model)
-    with pytest.raises(ValueError, match=r"model_type 'gpt2'\) encodes position as learned \(transformer.wpe\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"model_type 'gpt2'\) encodes position as learned \(transformer.wpe\).*Methods for learned positions: alibi, pi\.",
+    ):
         hf_posenc.patch(model, "yarn", factor=4)
     assert_same(before, snapshot(model))
+
+
+def test_opt_error_names_no_method_since_none_applies():
+    config = OPTConfig(
+        vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, ffn_dim=32, word_embed_proj_dim=32
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"encodes position as learned .*No registered method patches learned positions of 'opt' models yet\.",
+    ):
+        hf_posenc.patch(AutoModelForCausalLM.from_config(config), "yarn", factor=4)
 
 
 def test_patching_twice_raises_and_keeps_the_first_patch(ids):

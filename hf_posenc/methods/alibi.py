@@ -26,7 +26,8 @@ def alibi_slopes(num_heads: int, *, dtype: torch.dtype = torch.float64) -> torch
         dtype (`torch.dtype`, defaults to float64): dtype of the result.
 
     Returns:
-        `torch.Tensor`: ``(num_heads,)`` slopes, the first head's the largest.
+        `torch.Tensor`: ``(num_heads,)`` slopes; decreasing for a power of two (otherwise the appended
+        ``n - c`` slopes interleave: for 6 heads ``1/4, 1/16, 1/64, 1/256, 1/2, 1/8``).
     """
     num_heads = positive_int("num_heads", num_heads)  # numpy integers too
     closest = 2 ** math.floor(math.log2(num_heads))

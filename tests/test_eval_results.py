@@ -60,6 +60,14 @@ def test_written_files_get_the_usual_permissions(tmp_path, umask):
     assert (tmp_path / "results.json").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
+def test_a_replaced_file_keeps_its_permissions(tmp_path):
+    path = tmp_path / "results.json"
+    atomic_write_text(path, "{}")
+    path.chmod(0o600)
+    atomic_write_text(path, '{"results": []}')
+    assert path.stat().st_mode & 0o777 == 0o600 and path.read_text() == '{"results": []}'
+
+
 @pytest.mark.parametrize(("content", "problem"), [("garbage", "not JSON: Expecting value"), ("[]", "a JSON list")])
 def test_load_previous_names_a_file_that_is_not_a_record(tmp_path, content, problem):
     path = tmp_path / "results.json"

@@ -9,6 +9,7 @@ Log-probabilities are taken in float32 (float64 for a float64 model) and summed 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator
 
 import torch
@@ -89,8 +90,9 @@ def check_head_decomposition(model, input_ids: torch.Tensor, atol: float = 1e-3)
 
 
 def perplexity(nll_sum: float, tokens: int) -> tuple[float, float]:
-    """Token-weighted mean NLL and its perplexity ``exp(mean)`` from a summed NLL over ``tokens``."""
+    """Token-weighted mean NLL and its perplexity ``exp(mean)`` from a summed NLL over ``tokens`` (``inf``
+    past float range: a diverging model is a result too)."""
     if tokens <= 0:
         raise ValueError("No token was scored.")
     mean = nll_sum / tokens
-    return mean, math.exp(mean)
+    return mean, math.exp(mean) if mean < math.log(sys.float_info.max) else math.inf

@@ -13,9 +13,10 @@ import io
 import json
 import os
 import platform
+import shutil
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -46,11 +47,14 @@ def versions() -> dict[str, str]:
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then move it onto ``path``."""
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then move it onto ``path``. A file replaced
+    keeps its permissions (results someone restricted stay restricted)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}{path.suffix}")
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # mode 0666 & ~umask, as a new file gets
     try:
+        if path.exists():
+            shutil.copymode(path, tmp)
         write(tmp)
         os.replace(tmp, path)
     finally:
@@ -121,9 +125,9 @@ def write_json(path: Path, record: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(record, indent=2) + "\n")
 
 
-def write_csv(path: Path, results: list[dict[str, Any]]) -> None:
+def write_csv(path: Path, results: list[dict[str, Any]], fields: Sequence[str] = CSV_FIELDS) -> None:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     writer.writerows(results)
     atomic_write_text(path, buffer.getvalue())

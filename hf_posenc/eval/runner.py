@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,14 +107,19 @@ def method_identity(spec: str) -> tuple[str, dict[str, Any]]:
     return method.name, params_to_dict(built)
 
 
-def refuse_duplicates(specs: list[str], existing: Sequence[str] = (), where: Path | str = "") -> None:
+def refuse_duplicates(
+    specs: list[str],
+    existing: Sequence[str] = (),
+    where: Path | str = "",
+    identity: Callable[[str], tuple[str, dict[str, Any]]] = method_identity,
+) -> None:
     """Raise ``ValueError`` naming both specs when two of ``specs``, or one of them and a row already in
-    the results file ``where`` (``existing``), are the same method."""
-    seen = _identities_of_rows([spec for spec in existing if spec not in specs])
+    the results file ``where`` (``existing``), are the same method (equal ``identity``)."""
+    seen = _identities_of_rows([spec for spec in existing if spec not in specs], identity)
     for spec in specs:
-        identity = method_identity(spec)
+        this = identity(spec)
         for other, other_identity in seen:
-            if identity != other_identity:
+            if this != other_identity:
                 continue
             if other in existing:
                 raise ValueError(
@@ -124,16 +129,26 @@ def refuse_duplicates(specs: list[str], existing: Sequence[str] = (), where: Pat
             raise ValueError(
                 f"--method {other!r} and --method {spec!r} are the same method with the same parameters; give it once."
             )
-        seen.append((spec, identity))
+        seen.append((spec, this))
 
 
-def _identities_of_rows(specs: list[str]) -> list[tuple[str, tuple[str, dict[str, Any]]]]:
+def resolved_identity(spec: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The method and the parameters a model resolved for it (its trained context filled in; the ALiBi
+    backend, which does not change the numbers, left out): ``yarn:factor=4`` and
+    ``yarn:factor=4,original_max_position_embeddings=8192`` are one method on a model trained on 8192."""
+    name = method_identity(spec)[0]
+    return name, {key: value for key, value in params.items() if key != "backend"}
+
+
+def _identities_of_rows(
+    specs: list[str], identity: Callable[[str], tuple[str, dict[str, Any]]]
+) -> list[tuple[str, tuple[str, dict[str, Any]]]]:
     """``(spec, identity)`` of rows already written; a row an older version wrote that no longer builds
     is left out (no valid spec can be the same method)."""
     identities = []
     for spec in specs:
         try:
-            identities.append((spec, method_identity(spec)))
+            identities.append((spec, identity(spec)))
         except ValueError:
             continue
     return identities
@@ -319,7 +334,14 @@ def run_perplexity(
             write_all(output, record)
         return record
 
-    model = _load_checked(model_source, methods, accelerator, docs[0])
+    model, resolved = _load_checked(model_source, methods, accelerator, max(docs, key=len))  # (some may be empty)
+    written = {row["method"]: row.get("params") or {} for row in results}
+    refuse_duplicates(
+        methods,
+        list(written),
+        output / RESULTS_JSON,
+        identity=lambda spec: resolved_identity(spec, resolved[spec] if spec in resolved else written[spec]),
+    )
     record = {
         "protocol": protocol,
         "model": model_source.label,
@@ -461,7 +483,7 @@ def run_passkey(
     for spec in methods:
         todo = [n for n in lengths if (spec, n) not in done]
         if todo and model is None:
-            model = _load_checked(model_source, methods, accelerator, prompts[todo[0]][0][1].input_ids)
+            model, _ = _load_checked(model_source, methods, accelerator, prompts[todo[0]][0][1].input_ids)
         if not todo:
             continue
         with applied(model, spec, quiet=True):
@@ -489,19 +511,25 @@ def _passkey_flags(model, prompts: list, accelerator: Accelerator, desc: str) ->
     return _map_split(accelerator, len(prompts), correct, desc)
 
 
-def _load_checked(model_source: ModelSource, methods: list[str], accelerator: Accelerator, ids: list[int]):
-    """Load the model, check the chunked head applies to it, and that every method patches it."""
+def _load_checked(
+    model_source: ModelSource, methods: list[str], accelerator: Accelerator, ids: list[int]
+) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """Load the model, check the chunked head applies to it, and that every method patches it; returns the
+    model and each method's parameters as resolved on it."""
     model = load_model(model_source, accelerator.device)
-    check_head_decomposition(model, torch.tensor([ids[:16]], device=accelerator.device))
+    check_head_decomposition(model, torch.tensor([ids[:16]], dtype=torch.long, device=accelerator.device))
+    resolved = {}
     for spec in methods:  # what only the model can reject fails here, before any long forward; notes logged
-        with applied(model, spec):
-            pass
-    return model
+        with applied(model, spec) as params:
+            resolved[spec] = params
+    return model, resolved
 
 
 def write_passkey(output: Path, record: dict[str, Any]) -> None:
-    """passkey.json and passkey_heatmap.png (each written atomically)."""
+    """passkey.json, passkey.csv (accuracy by method, length and depth) and passkey_heatmap.png (each
+    written atomically)."""
     write_json(output / PASSKEY_JSON, record)
+    write_csv(output / "passkey.csv", record["accuracy"], fields=("method", "length", "depth", "accuracy", "trials"))
     plot_passkey_heatmap(
         output / "passkey_heatmap.png",
         record["accuracy"],

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .attention import BACKEND_OF, IMPLEMENTATIONS, cudnn
-from .attention.functions import cudnn_self_check
+from .attention.functions import fused_problem
 from .config import ALIBI_ROPE_TYPE, CONFIG_KEY, OWN_ROPE_TYPE, params_to_dict, patch_record
 from .learned_patch import gpt2_position_table
 from .methods.alibi import alibi_slopes, are_paper_slopes
@@ -74,25 +74,21 @@ def loading_backend(attn_implementation: str) -> tuple[str, str]:
     return backend, _BASE_OF[backend]
 
 
-def _resolve(model: nn.Module, method: Method, params: dict[str, Any]) -> Any:
-    """Parameters with the backend chosen (:func:`choose_backend`) and the slopes filled in."""
-    resolved = method.make_params(**params)
+def _resolve(model: nn.Module, method: Method, requested: Any) -> Any:
+    """The parameters asked for with the backend chosen (:func:`choose_backend`) and the slopes filled in."""
     heads = model.config.num_attention_heads
-    if resolved.slopes is not None and len(resolved.slopes) != heads:
-        raise ValueError(f"{len(resolved.slopes)} ALiBi slopes given; this model has {heads} query heads.")
-    slopes = resolved.slopes or tuple(alibi_slopes(heads).tolist())
-    return method.make_params(backend=choose_backend(model, resolved.backend, slopes), slopes=slopes)
+    if requested.slopes is not None and len(requested.slopes) != heads:
+        raise ValueError(f"{len(requested.slopes)} ALiBi slopes given; this model has {heads} query heads.")
+    slopes = requested.slopes or tuple(alibi_slopes(heads).tolist())
+    return method.make_params(backend=choose_backend(model, requested.backend, slopes), slopes=slopes)
 
 
 def _fused_problem(model: nn.Module, slopes: tuple[float, ...]) -> str | None:
     """Why cuDNN's fused ALiBi cannot serve this model, or None."""
     config, heads = model.config, model.config.num_attention_heads
-    if not are_paper_slopes(slopes):
-        return "cuDNN computes the paper's slopes itself, and these slopes differ"
     device = next(model.parameters()).device
-    head_dim = attention_modules(model)[0].head_dim
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    return cudnn_self_check(device, heads, kv_heads, head_dim)
+    return fused_problem(are_paper_slopes(slopes), device, heads, kv_heads, attention_modules(model)[0].head_dim)
 
 
 def choose_backend(model: nn.Module, requested: str, slopes: tuple[float, ...]) -> str:
@@ -167,13 +163,14 @@ def _zeros(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor
 def _plan(
     model: nn.Module, method: Method, params: dict[str, Any], config_changes: dict[str, Any], rope_type: str | None
 ) -> tuple[PatchInfo, dict[str, Any], list[tuple[nn.Module, ModuleChange]]]:
-    resolved = _resolve(model, method, params)
+    requested = method.make_params(**params)
+    resolved = _resolve(model, method, requested)
     config = model.config
     info = PatchInfo(method.name, params_to_dict(resolved), native=False, rope_type=rope_type)
     base = {key: getattr(config, key) for key in config_changes}
     # The config records the backend asked for ("auto" by default), not the one chosen here: a model saved
     # from a GPU with the cudnn extra must load on a machine without either.
-    recorded = {**info.params, "backend": method.make_params(**params).backend}
+    recorded = {**info.params, "backend": requested.backend}
     updates = {
         **config_changes,
         ATTENTION: IMPLEMENTATIONS[resolved.backend],

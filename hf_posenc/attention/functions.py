@@ -170,14 +170,19 @@ def alibi_cudnn_attention(
     return alibi_flex_attention(module, query, key, value, attention_mask.flex, scaling, dropout, **kwargs)
 
 
+def fused_problem(paper_slopes: bool, device: torch.device, heads: int, kv_heads: int, head_dim: int) -> str | None:
+    """Why cuDNN's fused ALiBi cannot serve attention with these slopes and head counts on ``device``, or None:
+    it computes the paper's slopes itself, and must pass :func:`cudnn_self_check` there (cached)."""
+    if not paper_slopes:
+        return "cuDNN computes the paper's slopes itself, and these slopes differ"
+    return cudnn_self_check(device, heads, kv_heads, head_dim)
+
+
 def _fused_serves(module: nn.Module, query: torch.Tensor, key: torch.Tensor) -> bool:
-    """The checks ``patch`` makes before choosing cudnn, again for a model switched to it afterwards
-    (``set_attn_implementation``): the module's slopes are the paper's and the kernel passed its check on
-    this GPU for these head counts (cached: a lookup after the first call)."""
-    return (
-        getattr(module, "alibi_paper_slopes", False)
-        and cudnn_self_check(query.device, query.shape[1], key.shape[1], query.shape[3]) is None
-    )
+    """The check ``patch`` makes before choosing cudnn, again for a model switched to it afterwards
+    (``set_attn_implementation``)."""
+    paper_slopes = getattr(module, "alibi_paper_slopes", False)
+    return fused_problem(paper_slopes, query.device, query.shape[1], key.shape[1], query.shape[3]) is None
 
 
 def paper_alibi_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:

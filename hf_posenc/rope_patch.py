@@ -182,30 +182,36 @@ class PerCallFrequencies:
     Stateless: the result depends on the current length only (not on earlier calls). With a KV cache each
     token is rotated with the frequencies of the length at which it was written. The module gets its own
     copy each call, so in-place writes to ``inv_freq`` (transformers' weight init does them) reach neither
-    the cache here nor what ``unpatch`` restores.
+    the cache here nor what ``unpatch`` restores. The copy keeps the dtype ``inv_freq`` has when the call
+    comes: a ``model.to(torch.bfloat16)`` rounds these frequencies as it rounds the unpatched model's (so
+    within ``L`` the two stay equal), and ``unpatch`` sees the cast.
     """
 
     source: FrequencySource
     context: int
     unchanged_within_context: bool
     original: tuple[torch.Tensor, float]  # the unpatched module's frequencies and attention scaling
-    cache: dict[tuple[int, torch.device], tuple[torch.Tensor, float]] = field(default_factory=dict, repr=False)
+    cache: dict[tuple[int, torch.device, torch.dtype], tuple[torch.Tensor, float]] = field(
+        default_factory=dict, repr=False
+    )
 
     CACHE_SIZE: ClassVar[int] = 8
 
-    def frequencies(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, float]:
-        key = (seq_len, device)
+    def frequencies(self, seq_len: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
+        key = (seq_len, device, dtype)
         if key not in self.cache:
             if len(self.cache) >= self.CACHE_SIZE:
                 del self.cache[next(iter(self.cache))]  # the oldest length
             if self.unchanged_within_context and seq_len <= self.context:
-                self.cache[key] = self.original[0].to(device), self.original[1]
+                inv_freq, factor = self.original
             else:
-                self.cache[key] = self.source(seq_len, device)
+                inv_freq, factor = self.source(seq_len, device)
+            self.cache[key] = inv_freq.to(device=device, dtype=dtype), factor
         return self.cache[key]
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         x = args[0] if args else kwargs["x"]
         position_ids = args[1] if len(args) > 1 else kwargs["position_ids"]
-        inv_freq, module.attention_scaling = self.frequencies(int(position_ids.max()) + 1, x.device)
+        length = int(position_ids.max()) + 1
+        inv_freq, module.attention_scaling = self.frequencies(length, x.device, module.inv_freq.dtype)
         module.inv_freq = inv_freq.clone()

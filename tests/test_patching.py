@@ -261,6 +261,25 @@ def test_unpatch_follows_a_device_or_dtype_move(ids):
     assert restored.dtype == torch.float64 and torch.equal(restored, original.double())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("method", [name for name in ROPE_SCALING if get_method(name).dynamic])
+def test_dynamic_patch_follows_a_dtype_cast(method, dtype, ids):
+    """``model.to(dtype)`` after a dynamic patch rounds its per-call frequencies as it rounds the unpatched
+    model's: within L dynamic NTK / YaRN stay the unpatched model, and unpatch after a forward past L gives
+    the cast model back exactly."""
+    reference = make_tiny("llama").to(dtype)
+    model = make_tiny("llama")
+    hf_posenc.patch(model, method, **method_params(method, 8))
+    model.to(dtype)
+    with torch.no_grad():
+        if get_method(method).unchanged_within_context:
+            assert torch.equal(model(ids[:, : L - 4]).logits, reference(ids[:, : L - 4]).logits)
+        model(ids)
+    assert model.model.rotary_emb.inv_freq.dtype == dtype
+    hf_posenc.unpatch(model)
+    assert_same(snapshot(reference), snapshot(model))
+
+
 def test_trained_context_recorded_by_the_config_is_used(caplog):
     model = make_tiny("llama")
     model.config.original_max_position_embeddings = 32  # Phi-3 style: recorded outside rope_parameters

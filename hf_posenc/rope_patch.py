@@ -91,6 +91,27 @@ def _native_matches(plan_config: Any, rotary_class: type, ours: Callable, length
     return True
 
 
+def _updated_copy(config: Any, updates: dict[str, Any]) -> Any:
+    """A copy of ``config`` with the patch's updates: what the patched model's config will be."""
+    candidate = copy.deepcopy(config)
+    for key, value in updates.items():
+        setattr(candidate, key, copy.deepcopy(value))  # transformers may standardize it in place
+    return candidate
+
+
+def _check_config_accepts(candidate: Any, method: Method) -> None:
+    """transformers validates a config's RoPE parameters when it is saved, and some config classes accept
+    only a few rope types (Phi-3: ``default`` and ``longrope``): refuse at patch time what could not be saved."""
+    try:
+        candidate.validate_rope()
+    except (ValueError, TypeError, KeyError) as error:
+        rope_type = candidate.rope_parameters["rope_type"]
+        raise ValueError(
+            f"{type(candidate).__name__} refuses the config that method {method.name!r} writes (rope_type "
+            f"{rope_type!r}), so the patched model could not be saved: {error}"
+        ) from None
+
+
 def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
     """Validate a RoPE scaling method on ``model`` and plan it, without changing the model."""
     modules = check_rope_model(model)
@@ -109,10 +130,7 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
     native = rope_parameters is not None
     if native:
         updates = config_updates(method, resolved, config, rope_parameters)
-        candidate = copy.deepcopy(config)
-        for key, value in updates.items():
-            setattr(candidate, key, copy.deepcopy(value))  # transformers may standardize it in place
-        native = _native_matches(candidate, type(modules[0]), ours, lengths)
+        native = _native_matches(_updated_copy(config, updates), type(modules[0]), ours, lengths)
         if not native:
             logger.warning(
                 "hf_posenc: transformers' rope_type %r does not reproduce %r for these parameters; recording "
@@ -124,6 +142,7 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
     if not native:
         rope_parameters = own_rope_parameters(method, resolved, config)
         updates = config_updates(method, resolved, config, rope_parameters)
+    _check_config_accepts(_updated_copy(config, updates), method)
     info = PatchInfo(method.name, params_to_dict(resolved), native, rope_parameters["rope_type"])
     if native:
         source = dataclasses.replace(source, native=(config, type(modules[0])))

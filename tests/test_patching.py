@@ -317,6 +317,34 @@ def test_other_rope_decoders_are_patched_by_the_same_code(model_type, ids):
     assert_same(before, snapshot(model))
 
 
+def tiny_phi3():
+    import transformers
+
+    config = transformers.Phi3Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("method", ["yarn", "pi", "dynamic-ntk", "llama3", "dynamic-yarn"])
+def test_rope_types_the_config_class_refuses_are_refused_at_patch_time(method):
+    """Phi-3's config accepts only rope types default and longrope, and transformers validates it on save:
+    a patch it would refuse there is refused here, before the model changes."""
+    model = tiny_phi3()
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"Phi3Config refuses the config that method .* could not be saved"):
+        hf_posenc.patch(model, method, **method_params(method, 8))
+    assert_same(before, snapshot(model))
+
+
+@pytest.mark.parametrize("method", ["ntk", "longrope"])
+def test_rope_types_the_config_class_accepts_save_and_load(method, tmp_path, ids):
+    model = hf_posenc.patch(tiny_phi3(), method, **method_params(method, 8))
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
 def test_per_layer_type_rope_is_refused_clearly():
     import transformers
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import make_tiny
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -220,6 +221,20 @@ def test_passkey_command(tiny_dir, tmp_path, capsys):
     ]
     assert (out / "passkey_heatmap.png").read_bytes()[:4] == b"\x89PNG"
     assert "Passkey accuracy" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("matches", "after", "correct"), [(True, ".", True), (True, " ", True), (True, "7", False), (False, ".", False)]
+)
+def test_passkey_counts_the_key_only_where_the_number_ends(tiny_dir, tmp_path, monkeypatch, matches, after, correct):
+    """Tokenizers that split numbers into digits: the key's digits followed by another digit are another number."""
+    token = ord(after) - 30  # its id in the character tokenizer of tiny_dir
+    greedy = lambda model, ids, answer_from: (torch.tensor([matches]), torch.tensor([token]))  # noqa: E731
+    monkeypatch.setattr(runner, "greedy_continuation", greedy)
+    out = tmp_path / "pk"
+    argv = ["passkey", "--model", str(tiny_dir / "model"), "--output", str(out), "--method", "none", "--lengths", "400"]
+    assert main(argv + ["--depths", "0.5", "--trials", "1"]) == 0
+    assert [trial["correct"] for trial in json.loads((out / "passkey.json").read_text())["trials"]] == [correct]
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from accelerate import Accelerator
 from conftest import make_tiny
 
 from hf_posenc.eval.data import build_windows
-from hf_posenc.eval.perplexity import check_head_decomposition, greedy_matches, perplexity, window_nll
+from hf_posenc.eval.perplexity import check_head_decomposition, greedy_continuation, perplexity, window_nll
 from hf_posenc.eval.runner import applied, score_windows
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gpt2"]
@@ -130,14 +130,16 @@ def test_disjoint_and_truncate_equal_labels_loss_on_the_same_windows(protocol):
     assert math.isclose(ours, math.exp(nll / (31 * len(spans))), rel_tol=1e-4)
 
 
-def test_greedy_matches_is_greedy_decoding():
+@pytest.mark.parametrize("chunk_size", [1, 2, 2048])
+def test_greedy_continuation_is_greedy_decoding(chunk_size):
     model = _tiny64("llama")
     prompt = _ids(20, seed=5)
-    generated = model.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0)
-    assert greedy_matches(model, generated, 20).item()
-    wrong = generated.clone()
+    generated = model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0)  # (1, 24)
+    matches, after = greedy_continuation(model, generated[:, :-1], 20, chunk_size)
+    assert matches.item() and after.item() == generated[0, -1].item()
+    wrong = generated[:, :-1].clone()
     wrong[0, -1] = (wrong[0, -1] + 1) % 97
-    assert not greedy_matches(model, wrong, 20).item()
+    assert not greedy_continuation(model, wrong, 20, chunk_size)[0].item()
 
 
 def test_head_decomposition_check_rejects_scaled_logits():

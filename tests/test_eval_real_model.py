@@ -1,15 +1,18 @@
-"""The real offline SmolLM2-135M: our unpatched perplexity equals a plain ``labels=`` loss (short)."""
+"""The real offline SmolLM2-135M: our unpatched perplexity equals a plain ``labels=`` loss (short), and the
+passkey verdict equals greedy generation."""
 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 from accelerate import Accelerator
 
 from hf_posenc.eval.data import build_windows
-from hf_posenc.eval.perplexity import perplexity
+from hf_posenc.eval.passkey import build_prompt, ends_the_number
+from hf_posenc.eval.perplexity import greedy_continuation, perplexity
 from hf_posenc.eval.runner import score_windows
 
 
@@ -28,3 +31,19 @@ def test_unpatched_ppl_equals_labels_loss_on_two_512_token_windows(smollm2, essa
         ]
     assert math.isclose(ours, math.exp(sum(loss.item() for loss in losses) / 2), rel_tol=1e-4)
     assert 15 < ours < 40  # the offline notes measure PPL 23.9 on the first 512 tokens
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_passkey_verdict_equals_greedy_generation(smollm2, depth):
+    """The teacher-forced verdict (the key's tokens, then no further digit) against ``generate()``: the first
+    number of the greedy answer is the key."""
+    model, tokenizer = smollm2
+    prompt = build_prompt(tokenizer, 1024, depth, key=60494)
+    ids = torch.tensor([prompt.input_ids])
+    with torch.no_grad():
+        generated = model.generate(ids[:, : prompt.answer_from], max_new_tokens=8, do_sample=False)
+    answer = re.match(r"\s?(\d+)", tokenizer.decode(generated[0, prompt.answer_from :]))
+    matches, after = greedy_continuation(model, ids, prompt.answer_from)
+    verdict = bool(matches[0]) and ends_the_number(tokenizer, int(after[0]))
+    assert verdict == (answer is not None and answer.group(1) == "60494")

@@ -3,7 +3,9 @@
 The prompt follows Landmark Attention (Mohtashami & Jaggi 2023) and YaRN: an instruction, repeated
 filler sentences, the key sentence at ``depth`` (0 = right after the instruction, 1 = right before the
 question), then the question. A trial is correct when greedy decoding would produce the key's tokens
-first: checked by teacher forcing, one forward, no generation and no KV cache.
+first and then no further digit, so that the first number of the answer is the key (tokenizers that
+split numbers into digits would otherwise count ``604947`` for ``60494``): checked by teacher forcing,
+one forward, no generation and no KV cache.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ def build_prompt(tokenizer, length: int, depth: float, key: int, bos_id: int | N
     before = round(depth * repeats)
     prompt = prefix + filler * before + needle + filler * (repeats - before) + question
     return PasskeyPrompt(prompt + answer, len(prompt), key)
+
+
+def ends_the_number(tokenizer, token_id: int) -> bool:
+    """Whether greedy decoding's token after the key's tokens leaves the number as it is (no digit follows)."""
+    return not tokenizer.decode([token_id])[:1].isdigit()
 
 
 def accuracy_grid(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:

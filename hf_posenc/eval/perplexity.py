@@ -18,58 +18,64 @@ import torch.nn.functional as F
 DEFAULT_CHUNK_SIZE = 2048
 
 
-def _logit_chunks(
-    model, input_ids: torch.Tensor, score_from: int, chunk_size: int
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Yield ``(logits, targets)`` for the targets at input positions ``score_from … T-1``.
+def _hidden_states(model, input_ids: torch.Tensor, score_from: int) -> torch.Tensor:
+    """The decoder's hidden states ``(B, T, H)`` of ``input_ids``, checking ``1 <= score_from < T``."""
+    if not 1 <= score_from < input_ids.shape[1]:
+        raise ValueError(f"score_from={score_from} must be in [1, {input_ids.shape[1]}).")
+    return model.get_decoder()(input_ids=input_ids, use_cache=False)[0]
+
+
+def _logit_chunks(model, hidden: torch.Tensor, chunk_size: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """Yield ``(begin, logits (B, C, V))`` of the output head on ``hidden[:, begin : begin + C]``.
 
     Args:
         model: a causal LM whose logits are ``get_output_embeddings()(get_decoder()(ids)[0])``
             (checked by :func:`check_head_decomposition`).
-        input_ids (`torch.LongTensor` of shape `(B, T)`): the windows, all of the same length.
-        score_from (`int`): first scored position, ``>= 1`` (position ``p`` is predicted at ``p - 1``).
+        hidden (`torch.Tensor` of shape `(B, S, H)`): the hidden states of the positions to score.
         chunk_size (`int`): positions per output-head call.
     """
-    if not 1 <= score_from < input_ids.shape[1]:
-        raise ValueError(f"score_from={score_from} must be in [1, {input_ids.shape[1]}).")
-    hidden = model.get_decoder()(input_ids=input_ids, use_cache=False)[0]  # (B, T, H)
-    hidden = hidden[:, score_from - 1 : -1]  # (B, S, H): predicts input_ids[:, score_from:]
-    targets = input_ids[:, score_from:]  # (B, S)
     head = model.get_output_embeddings()
-    for begin in range(0, targets.shape[1], chunk_size):
+    for begin in range(0, hidden.shape[1], chunk_size):
         logits = head(hidden[:, begin : begin + chunk_size])  # (B, C, V)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        yield logits, targets[:, begin : begin + chunk_size]
+        yield begin, logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
 @torch.inference_mode()
 def window_nll(model, input_ids: torch.Tensor, score_from: int, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
     """Summed NLL (nats, float64) of each window's tokens at positions ``score_from … T-1``.
 
+    Position ``p`` is predicted at ``p - 1``, so ``score_from >= 1``.
+
     Returns:
         `torch.DoubleTensor` of shape `(B,)`; each window scores ``T - score_from`` tokens.
     """
+    hidden = _hidden_states(model, input_ids, score_from)[:, score_from - 1 : -1]  # (B, S, H)
+    targets = input_ids[:, score_from:]  # (B, S): what those positions predict
     total = torch.zeros(input_ids.shape[0], dtype=torch.float64, device=input_ids.device)
-    for logits, targets in _logit_chunks(model, input_ids, score_from, chunk_size):
+    for begin, logits in _logit_chunks(model, hidden, chunk_size):
+        chunk = targets[:, begin : begin + logits.shape[1]]  # (B, C)
         # (B*C, V) rows: the class-dim-1 layout (B, V, C) is ~10x less accurate in float32 on CPU
-        nll = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")  # (B*C,)
-        total += nll.view(targets.shape).sum(dim=1, dtype=torch.float64)
+        nll = F.cross_entropy(logits.flatten(0, 1), chunk.flatten(), reduction="none")  # (B*C,)
+        total += nll.view(chunk.shape).sum(dim=1, dtype=torch.float64)
     return total
 
 
 @torch.inference_mode()
-def greedy_matches(
+def greedy_continuation(
     model, input_ids: torch.Tensor, score_from: int, chunk_size: int = DEFAULT_CHUNK_SIZE
-) -> torch.Tensor:
-    """Whether the argmax prediction equals every token at positions ``score_from … T-1``.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whether the argmax prediction equals every token at positions ``score_from … T-1``, and the argmax
+    after the last one.
 
     Under teacher forcing this is exactly "greedy decoding from ``input_ids[:, :score_from]`` produces
-    these tokens first", without generating or a KV cache. Returns a `torch.BoolTensor` of shape `(B,)`.
+    these tokens first, then that token", without generating or a KV cache.
+
+    Returns:
+        `tuple[torch.BoolTensor, torch.LongTensor]`: both of shape `(B,)`.
     """
-    ok = torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-    for logits, targets in _logit_chunks(model, input_ids, score_from, chunk_size):
-        ok &= (logits.argmax(dim=-1) == targets).all(dim=1)
-    return ok
+    hidden = _hidden_states(model, input_ids, score_from)[:, score_from - 1 :]  # (B, S + 1, H)
+    predicted = torch.cat([logits.argmax(dim=-1) for _, logits in _logit_chunks(model, hidden, chunk_size)], dim=1)
+    return (predicted[:, :-1] == input_ids[:, score_from:]).all(dim=1), predicted[:, -1]
 
 
 @torch.inference_mode()

@@ -32,11 +32,11 @@ from hf_posenc.eval.data import (
     load_texts,
     tokenize_texts,
 )
-from hf_posenc.eval.passkey import accuracy_grid, build_prompt, random_keys
+from hf_posenc.eval.passkey import accuracy_grid, build_prompt, ends_the_number, random_keys
 from hf_posenc.eval.perplexity import (
     DEFAULT_CHUNK_SIZE,
     check_head_decomposition,
-    greedy_matches,
+    greedy_continuation,
     perplexity,
     window_nll,
 )
@@ -472,7 +472,7 @@ def run_passkey(
     prompts = {n: [(d, build_prompt(tokenizer, n, d, k, bos_id)) for d in depths for k in keys] for n in lengths}
     done = {(t["method"], t["length"]) for t in done_trials}
     record = {
-        "task": "passkey retrieval, greedy (teacher-forced) exact match of the key's tokens",
+        "task": "passkey retrieval, greedy (teacher-forced): the key's tokens, then no further digit",
         "model": model_source.label,
         "model_details": {"name": model_source.name, "gguf_file": model_source.gguf_file, "dtype": arguments["dtype"]},
         "bos": bos_id is not None,
@@ -488,7 +488,9 @@ def run_passkey(
             continue
         with applied(model, spec, quiet=True):
             for n in todo:
-                flags = _passkey_flags(model, [p for _, p in prompts[n]], accelerator, f"passkey {spec} @ {n}")
+                flags = _passkey_flags(
+                    model, tokenizer, [p for _, p in prompts[n]], accelerator, f"passkey {spec} @ {n}"
+                )
                 done_trials += [
                     {"method": spec, "length": n, "depth": d, "key": p.key, "correct": ok}
                     for (d, p), ok in zip(prompts[n], flags, strict=True)
@@ -501,12 +503,14 @@ def run_passkey(
     return record if model is not None else previous
 
 
-def _passkey_flags(model, prompts: list, accelerator: Accelerator, desc: str) -> list[bool]:
-    """Whether each prompt is answered correctly, prompts split across processes."""
+def _passkey_flags(model, tokenizer, prompts: list, accelerator: Accelerator, desc: str) -> list[bool]:
+    """Whether each prompt is answered correctly (the key, then no further digit), prompts split across
+    processes."""
 
     def correct(i: int) -> bool:
         ids = torch.tensor([prompts[i].input_ids], device=accelerator.device)
-        return bool(greedy_matches(model, ids, prompts[i].answer_from)[0])
+        matches, after = greedy_continuation(model, ids, prompts[i].answer_from)
+        return bool(matches[0]) and ends_the_number(tokenizer, int(after[0]))
 
     return _map_split(accelerator, len(prompts), correct, desc)
 

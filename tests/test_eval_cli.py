@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
-    """A tiny Llama (64 positions) with a character tokenizer, and 4 text documents of 20-300 chars."""
+    """A tiny Llama and a tiny GPT-2 (64 positions) with a character tokenizer, and 4 text documents of 20-300
+    chars."""
     root = tmp_path_factory.mktemp("tiny")
     make_tiny("llama", max_position_embeddings=64).save_pretrained(root / "model")
     vocab = {"<unk>": 0, "<s>": 1, **{chr(c): i + 2 for i, c in enumerate(range(32, 127))}}
@@ -38,6 +39,8 @@ def tiny_dir(tmp_path_factory) -> Path:
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", unk_token="<unk>")
     fast.save_pretrained(root / "model")
+    make_tiny("gpt2").save_pretrained(root / "gpt2")  # a learned table of 64 positions
+    fast.save_pretrained(root / "gpt2")
     (root / "texts").mkdir()
     rng = random.Random(0)
     for i, n in enumerate([300, 90, 20, 171]):
@@ -203,6 +206,22 @@ def test_lengths_that_are_not_numbers(tiny_dir, tmp_path, capsys, lengths):
         main(_args(tiny_dir, tmp_path / "out") + ["--lengths", lengths])
     assert exit_info.value.code == 2
     assert "argument --lengths" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("command", "length", "pi"), [("eval", "250", "pi:factor=4"), ("passkey", "400", "pi:factor=8")]
+)
+def test_a_learned_table_too_short_for_a_length_fails_before_any_forward(
+    tiny_dir, tmp_path, capsys, command, length, pi
+):
+    """GPT-2 unpatched has 64 positions: a longer window would fail in the middle of the run."""
+    out = tmp_path / "out"
+    data = ["--dataset", str(tiny_dir / "texts")] if command == "eval" else ["--trials", "1", "--depths", "0.5"]
+    argv = [command, "--model", str(tiny_dir / "gpt2"), "--output", str(out), *data, "--lengths", length]
+    assert main([*argv, "--method", pi, "--method", "none"]) == 2
+    assert "--method 'none': GPT2LMHeadModel has a learned table of 64 positions" in capsys.readouterr().err
+    assert not out.exists()
+    assert main([*argv, "--method", pi, "--method", "alibi"]) == 0  # a longer table; ALiBi: any length
 
 
 def test_passkey_command(tiny_dir, tmp_path, capsys):

@@ -22,6 +22,7 @@ from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
 from hf_posenc import get_patch, patch, unpatch
+from hf_posenc.architectures import positions_of
 from hf_posenc.config import params_to_dict
 from hf_posenc.eval.data import (
     TextSource,
@@ -334,7 +335,8 @@ def run_perplexity(
             write_all(output, record)
         return record
 
-    model, resolved = _load_checked(model_source, methods, accelerator, max(docs, key=len))  # (some may be empty)
+    longest = max(_shape(w, bos_id is not None)[0] for n in set().union(*todo.values()) for w in plans[n].windows)
+    model, resolved = _load_checked(model_source, methods, accelerator, max(docs, key=len), longest)
     written = {row["method"]: row.get("params") or {} for row in results}
     refuse_duplicates(
         methods,
@@ -483,7 +485,8 @@ def run_passkey(
     for spec in methods:
         todo = [n for n in lengths if (spec, n) not in done]
         if todo and model is None:
-            model, _ = _load_checked(model_source, methods, accelerator, prompts[todo[0]][0][1].input_ids)
+            longest = max(len(p.input_ids) for n in lengths for _, p in prompts[n])
+            model, _ = _load_checked(model_source, methods, accelerator, prompts[todo[0]][0][1].input_ids, longest)
         if not todo:
             continue
         with applied(model, spec, quiet=True):
@@ -516,17 +519,33 @@ def _passkey_flags(model, tokenizer, prompts: list, accelerator: Accelerator, de
 
 
 def _load_checked(
-    model_source: ModelSource, methods: list[str], accelerator: Accelerator, ids: list[int]
+    model_source: ModelSource, methods: list[str], accelerator: Accelerator, ids: list[int], longest: int
 ) -> tuple[Any, dict[str, dict[str, Any]]]:
-    """Load the model, check the chunked head applies to it, and that every method patches it; returns the
-    model and each method's parameters as resolved on it."""
+    """Load the model, check the chunked head applies to it, and that every method patches it and takes
+    inputs of ``longest`` tokens; returns the model and each method's parameters as resolved on it."""
     model = load_model(model_source, accelerator.device)
     check_head_decomposition(model, torch.tensor([ids[:16]], dtype=torch.long, device=accelerator.device))
     resolved = {}
     for spec in methods:  # what only the model can reject fails here, before any long forward; notes logged
         with applied(model, spec) as params:
             resolved[spec] = params
+            check_position_table(model, spec, longest)
     return model, resolved
+
+
+def check_position_table(model, spec: str, longest: int) -> None:
+    """Raise ``ValueError`` if ``model`` (patched with ``spec``) looks positions up in a learned table (GPT-2's
+    ``wpe``) with fewer rows than ``longest`` input tokens; RoPE and ALiBi take any length."""
+    patch = get_patch(model)
+    if positions_of(model).kind != "learned" or (patch is not None and patch.method == "alibi"):
+        return
+    rows = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
+    if longest > rows:
+        raise ValueError(
+            f"--method {spec!r}: {type(model).__name__} has a learned table of {rows} positions, and the longest "
+            f"input here has {longest} tokens. Evaluate it at lengths up to {rows} (runs with the same --output "
+            "add up), or with a method that extends or replaces the table (pi:factor=..., alibi)."
+        )
 
 
 def write_passkey(output: Path, record: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -163,6 +164,19 @@ def test_resume_keeps_finished_results_and_survives_a_kill(tiny_dir, tmp_path, m
         ("pi:factor=2", 48),
     ]
     assert results[0] == before
+
+
+def test_resuming_on_changed_data_is_refused_and_untouched(tiny_dir, tmp_path, capsys):
+    """The same arguments on a folder whose files changed would mix numbers of two data sets."""
+    texts, out = tmp_path / "texts", tmp_path / "out"
+    shutil.copytree(tiny_dir / "texts", texts)
+    argv = ["eval", "--model", str(tiny_dir / "model"), "--dataset", str(texts), "--output", str(out)]
+    assert main(argv + ["--method", "none", "--lengths", "32"]) == 0
+    before = _snapshot(out)
+    (texts / "1.txt").write_text("a b c " * 40)
+    assert main(argv + ["--method", "none", "--lengths", "32,48"]) == 2
+    assert "were computed on other data: 4 documents of 581 tokens then" in capsys.readouterr().err
+    assert _snapshot(out) == before
 
 
 def test_output_of_other_arguments_is_refused_and_untouched(tiny_dir, tmp_path, capsys, monkeypatch):

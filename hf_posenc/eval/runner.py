@@ -323,6 +323,12 @@ def run_perplexity(
     with accelerator.main_process_first():
         docs = tokenize_texts(tokenizer, load_texts(text_source))
     doc_lengths = [len(d) for d in docs]
+    data_details = {**text_source.describe(), "documents": len(docs), "tokens": sum(doc_lengths)}
+    if previous and _counts(previous["dataset_details"]) != _counts(data_details):  # same arguments, new data
+        raise ValueError(
+            f"The results in {output / RESULTS_JSON} were computed on other data: "
+            f"{_counts(previous['dataset_details'])} then, {_counts(data_details)} now. Choose another --output folder."
+        )
     plans = {
         n: build_windows(doc_lengths, n, protocol, bos=bos_id is not None, stride=stride, max_windows=max_windows)
         for n in lengths
@@ -361,7 +367,7 @@ def run_perplexity(
             "dtype": arguments["dtype"],
             "trained_context": trained_context(model.config),
         },
-        "dataset_details": {**text_source.describe(), "documents": len(docs), "tokens": sum(doc_lengths)},
+        "dataset_details": data_details,
         "processes": accelerator.num_processes,
         "arguments": arguments,
         "results": results,
@@ -388,6 +394,10 @@ def run_perplexity(
                 if accelerator.is_main_process:
                     write_all(output, record)
     return record
+
+
+def _counts(details: dict[str, Any]) -> str:
+    return f"{details['documents']} documents of {details['tokens']} tokens"
 
 
 def _result(spec: str, params: dict, length: int, scored: list, plan: WindowPlan, seconds: float) -> dict:

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 import transformers
 
+from hf_posenc.eval.results import device_description
+
 # Llama-2-7B's shape (random weights) and a tiny one for a CPU smoke run.
 SHAPES = {
     "llama-7b": dict(
@@ -39,9 +41,8 @@ SHAPES = {
 
 def environment(device: torch.device) -> dict:
     """Device, versions and date, for the results JSON."""
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     return {
-        "device": name,
+        "device": device_description(device),
         "device_type": device.type,
         "cpu_threads": torch.get_num_threads(),
         "torch": torch.__version__,

@@ -91,6 +91,7 @@ def test_eval_writes_json_csv_plot(tiny_dir, tmp_path, capsys):
     assert record["protocol"] == "disjoint" and record["protocol_details"]["bos"] is True
     assert record["model"] == str(tiny_dir / "model") and record["dataset"] == f"{tiny_dir.name}/texts"
     assert record["model_details"]["trained_context"] == 64 and "transformers" in record["versions"]
+    assert record["device"].endswith(f" ({torch.get_num_threads()} threads)")  # the CPU's model name first
     rows = [(r["method"], r["length"]) for r in record["results"]]
     assert rows == [("none", 32), ("none", 48), ("yarn:factor=2", 32), ("yarn:factor=2", 48)]
     first = record["results"][0]

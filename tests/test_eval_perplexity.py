@@ -191,5 +191,6 @@ def test_eval_under_each_method_changes_the_score_and_restores_the_model(method)
 def test_perplexity_is_the_exponential_of_the_mean_and_inf_past_float_range():
     assert perplexity(6.0, 3) == (2.0, math.exp(2.0))
     assert perplexity(2000.0, 2) == (1000.0, math.inf)  # exp(1000) overflows a float: a diverged model
+    assert all(map(math.isnan, perplexity(math.nan, 2)))  # a numerical failure, not a diverged model
     with pytest.raises(ValueError, match="No token was scored"):
         perplexity(1.0, 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -85,6 +86,21 @@ def test_identical_curves_stay_visible():
     sizes = [(line.get_markersize(), line.get_linewidth()) for line in lines]
     assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 3  # later curves drawn inside earlier ones
     assert all(line.get_markerfacecolor() == "none" for line in lines)
+
+
+def test_perplexities_past_float_range_or_nan_are_named_at_the_top_not_dropped():
+    rows = [
+        {"method": method, "length": n, "ppl": ppl}
+        for method, values in {"none": [20.0, math.inf], "pi": [30.0, math.nan]}.items()
+        for n, ppl in zip([1024, 2048], values, strict=True)
+    ]
+    ax = ppl_figure(rows, trained_context=1024, title="t").axes[0]
+    lines = ax.get_lines()[:2]
+    assert [list(line.get_xdata()) for line in lines] == [[1024], [1024]]
+    assert [(text.get_text(), text.xy[0], text.get_color()) for text in ax.texts] == [
+        ("inf", 2048, lines[0].get_color()),
+        ("NaN", 2048, lines[1].get_color()),
+    ]
 
 
 def test_line_styles_differ_for_many_methods():

@@ -97,8 +97,10 @@ def check_head_decomposition(model, input_ids: torch.Tensor, atol: float = 1e-3)
 
 def perplexity(nll_sum: float, tokens: int) -> tuple[float, float]:
     """Token-weighted mean NLL and its perplexity ``exp(mean)`` from a summed NLL over ``tokens`` (``inf``
-    past float range: a diverging model is a result too)."""
+    past float range: a diverging model is a result too; a NaN loss, a numerical failure, stays NaN)."""
     if tokens <= 0:
         raise ValueError("No token was scored.")
     mean = nll_sum / tokens
-    return mean, math.exp(mean) if mean < math.log(sys.float_info.max) else math.inf
+    if math.isnan(mean) or mean < math.log(sys.float_info.max):
+        return mean, math.exp(mean)
+    return mean, math.inf

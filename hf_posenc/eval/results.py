@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import platform
 import shutil
@@ -44,6 +45,20 @@ def versions() -> dict[str, str]:
         "python": platform.python_version(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def device_description(device: Any) -> str:
+    """The accelerator's name (``NVIDIA H100 80GB HBM3``), or the CPU's model and thread count: last digits of
+    the numbers, and all timings, depend on it."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")  # Linux
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    name = names[0] if names else platform.processor() or platform.machine()
+    return f"{name} ({torch.get_num_threads()} threads)"
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -148,10 +163,17 @@ def ppl_figure(results: list[dict[str, Any]], *, trained_context: int, title: st
     ax = fig.subplots()
     for index, method in enumerate(dict.fromkeys(r["method"] for r in results)):
         points = sorted((r["length"], r["ppl"]) for r in results if r["method"] == method)
-        ax.plot(*zip(*points, strict=True), label=method, **line_style(index))
+        finite = [(n, ppl) for n, ppl in points if math.isfinite(ppl)]
+        (line,) = ax.plot([n for n, _ in finite], [ppl for _, ppl in finite], label=method, **line_style(index))
+        for n, ppl in points:  # past float range, or NaN: named at the top edge in the method's colour
+            if not math.isfinite(ppl):
+                label, where = "inf" if ppl > 0 else "NaN", (n, 0.98 - 0.05 * index)
+                top = ("data", "axes fraction")
+                ax.annotate(label, where, xycoords=top, ha="center", va="top", color=line.get_color())
     ax.axvline(trained_context, color="gray", linestyle="--", label=f"trained context ({trained_context})")
     lengths = sorted({r["length"] for r in results})
     ax.set_xscale("log", base=2)
+    ax.margins(x=0.06)  # room for the labels of non-finite points at the last length
     ax.set_xticks(lengths, [_length_label(n) for n in lengths])
     ax.minorticks_off()
     ax.set_yscale("log")

@@ -9,6 +9,7 @@ per (method, length) and checked to cover every window exactly once, then summed
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -43,6 +44,7 @@ from hf_posenc.eval.perplexity import (
 )
 from hf_posenc.eval.results import (
     check_output,
+    device_description,
     load_previous,
     plot_passkey_heatmap,
     plot_ppl_vs_length,
@@ -53,6 +55,8 @@ from hf_posenc.eval.results import (
 )
 from hf_posenc.registry import get_method
 from hf_posenc.spec import NONE_METHOD, format_method_spec, parse_method_spec
+
+logger = logging.getLogger("hf_posenc")
 
 RESULTS_JSON = "results.json"
 PASSKEY_JSON = "passkey.json"
@@ -369,6 +373,7 @@ def run_perplexity(
         },
         "dataset_details": data_details,
         "processes": accelerator.num_processes,
+        "device": device_description(accelerator.device),
         "arguments": arguments,
         "results": results,
     }
@@ -404,6 +409,8 @@ def _result(spec: str, params: dict, length: int, scored: list, plan: WindowPlan
     """One row of results.json: token-weighted NLL and PPL, and what was (not) scored."""
     tokens = sum(r[2] for r in scored)
     nll, ppl = perplexity(sum(r[1] for r in scored), tokens)
+    if math.isnan(nll):
+        logger.warning("%s @ %d: the loss is NaN, a numerical failure (float16 overflow?)", spec, length)
     return {
         "method": spec,
         "params": params,
@@ -489,6 +496,8 @@ def run_passkey(
         "model_details": {"name": model_source.name, "gguf_file": model_source.gguf_file, "dtype": arguments["dtype"]},
         "bos": bos_id is not None,
         "versions": versions(),
+        "processes": accelerator.num_processes,
+        "device": device_description(accelerator.device),
         "arguments": arguments,
     }
     model = None

@@ -125,6 +125,15 @@ def test_streaming_reads_only_the_first_documents_and_checks_the_column(tmp_path
         load_texts(TextSource(str(path), streaming=True))
 
 
+def test_a_column_that_is_not_text_is_a_clear_error(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps({"id": i, "body": "x"}) for i in range(3)))
+    with pytest.raises(
+        ValueError, match=r"Column 'id' .* holds int values, not text; its columns are \['id', 'body'\]"
+    ):
+        load_texts(TextSource(str(path), text_column="id"))
+
+
 def test_the_split_recorded_is_the_split_read(tmp_path):
     (tmp_path / "a.txt").write_text("x")
     assert TextSource(str(tmp_path)).describe()["split"] == "train"  # how `datasets` names local files

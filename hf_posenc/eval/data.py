@@ -163,7 +163,13 @@ def load_texts(source: TextSource) -> list[str]:
             )
         if source.max_documents is not None and len(texts) >= source.max_documents:
             break
-        texts.append(row[source.text_column])
+        text = row[source.text_column]
+        if not isinstance(text, str):
+            raise ValueError(
+                f"Column {source.text_column!r} of dataset {source.path!r} holds {type(text).__name__} values, not "
+                f"text; its columns are {list(row)}. Choose the text column with --text-column."
+            )
+        texts.append(text)
     if not texts:
         raise ValueError(f"Dataset {source.path!r} has no documents.")
     return [source.join.join(texts)] if source.join is not None else texts

@@ -35,6 +35,7 @@ class PatchRecord:
     native: bool
     base_max_position_embeddings: int | None
     version: str | None
+    baked: bool = False  # the change is in the weights (GPT-2 pi's resampled table), not in the config
 
     @classmethod
     def from_config(cls, config: Any) -> PatchRecord:
@@ -52,6 +53,7 @@ class PatchRecord:
             native=bool(record.get("native")),
             base_max_position_embeddings=base.get("max_position_embeddings"),
             version=record.get("version"),
+            baked=bool(record.get("baked")),
         )
 
     @property
@@ -67,12 +69,16 @@ class EvalTable:
     protocol: str
     model: str
     dataset: str
+    hub_dataset: bool  # a Hub id, not local files: only then the results go into model-index
     method_spec: str
     rows: list[tuple[int, float | None, float | None]]  # (length, base ppl, method ppl)
-    plot: Path | None
+    results: list[dict[str, Any]]  # the results.json rows of the method and of none, for the plot
 
     def eval_results(self) -> list[EvalResult]:
-        """One ``model-index`` perplexity per context length, for the method's rows only."""
+        """One ``model-index`` perplexity per context length, for the method's finite rows on a Hub dataset
+        (a local folder's label is no dataset id; inf / NaN are no valid metric values)."""
+        if not self.hub_dataset:
+            return []
         return [
             EvalResult(
                 task_type="text-generation",
@@ -85,7 +91,7 @@ class EvalTable:
                 metric_args={"context_length": length, "protocol": self.protocol},
             )
             for length, _, ppl in self.rows
-            if ppl is not None
+            if ppl is not None and math.isfinite(ppl)
         ]
 
 
@@ -123,16 +129,35 @@ def load_eval_table(path: str | Path, record: PatchRecord) -> EvalTable:
     method_ppl = _ppl_by_length(data["results"], matching[0], path)
     base_ppl = _ppl_by_length(data["results"], NONE_METHOD, path)
     rows = [(length, base_ppl.get(length), method_ppl.get(length)) for length in sorted({*method_ppl, *base_ppl})]
-    plot = path.parent / PLOT_FILE
+    hub_dataset = _is_hub_dataset(str((data.get("dataset_details") or {}).get("name") or data["dataset"]))
     return EvalTable(
         source=path,
         protocol=str(data["protocol"]),
         model=str(data["model"]),
-        dataset=str(data["dataset"]),
+        dataset=str(data["dataset"]) if hub_dataset else Path(str(data["dataset"])).name,  # no local folders' names
+        hub_dataset=hub_dataset,
         method_spec=matching[0],
         rows=rows,
-        plot=plot if plot.is_file() else None,
+        results=[row for row in data["results"] if row["method"] in (matching[0], NONE_METHOD)],
     )
+
+
+def _is_hub_dataset(name: str) -> bool:
+    """``org/name`` or ``name``, not a local file or folder (absolute, relative or existing here)."""
+    path = Path(name).expanduser()
+    return not (path.is_absolute() or name.startswith(".") or path.exists()) and name.count("/") <= 1
+
+
+def public_results(value: Any) -> Any:
+    """``value`` (a results record) with every absolute local path replaced by its last part: what a pushed
+    ``eval_results.json`` may say about the machine it was measured on."""
+    if isinstance(value, dict):
+        return {key: public_results(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [public_results(item) for item in value]
+    if isinstance(value, str) and Path(value).is_absolute():
+        return Path(value).name
+    return value
 
 
 def _spec_matches(spec: str, record: PatchRecord) -> bool:
@@ -234,5 +259,5 @@ def render_card(
         paper=paper,
         paper_url=f"https://arxiv.org/abs/{arxiv.group(1)}" if arxiv else None,
         eval_table=eval_table,
-        plot_file=PLOT_FILE if eval_table and eval_table.plot else None,
+        plot_file=PLOT_FILE if eval_table else None,
     )

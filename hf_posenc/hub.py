@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,12 +25,24 @@ from huggingface_hub.errors import EntryNotFoundError
 from transformers import AutoConfig, PreTrainedModel
 
 from . import __version__
-from .card import PLOT_FILE, EvalTable, PatchRecord, load_eval_table, render_card
+from .card import PLOT_FILE, EvalTable, PatchRecord, load_eval_table, public_results, render_card
+from .eval.results import plot_ppl_vs_length
 from .loading import from_pretrained as _load_saved_model
 
 METADATA_FILE = "hf_posenc.json"
 METADATA_FORMAT = 1
 RESULTS_FILE = "eval_results.json"
+# Files a push writes that a later push to the same repo may not write again: removed in that push's commit
+# (unless it writes them), so a repo never mixes two pushes (a config-only push over earlier weights).
+PUSH_ARTIFACTS = (
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "pytorch_model*.bin",
+    "pytorch_model*.bin.index.json",
+    "generation_config.json",
+    RESULTS_FILE,
+    PLOT_FILE,
+)
 _LICENSE_FIELDS = ("license", "license_name", "license_link")
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
 
@@ -116,6 +127,11 @@ def push_to_hub(
     ):
         stage_repo(model, Path(folder), repo_id=repo_id, plan=plan, tokenizer=tokenizer)
         api.create_repo(repo_id, private=private, exist_ok=exist_ok)
+        if private and not api.repo_info(repo_id).private:
+            raise HubPushError(
+                f"Pushing to {repo_id!r} refused: the repo exists and is public, and private=True (--private) does not "
+                "change an existing repo's visibility. Make it private on the Hub first, or push without it."
+            )
         if revision not in (None, "main"):
             api.create_branch(repo_id, branch=revision, exist_ok=True)
         return api.upload_folder(
@@ -123,6 +139,7 @@ def push_to_hub(
             folder_path=folder,
             revision=revision,
             commit_message=commit_message or f"Add {plan.record.spec} patch of {plan.base_id} (hf_posenc)",
+            delete_patterns=list(PUSH_ARTIFACTS),
         )
 
 
@@ -178,6 +195,12 @@ def _plan_push(
             f"The eval results {eval_table.source} were measured on {eval_table.model!r}, not on the base model "
             f"{base_id!r}. Evaluate {base_id!r}, or leave the results out."
         )
+    if not with_weights and record.baked:
+        raise ValueError(
+            f"{record.spec!r} changed this model's weights (GPT-2's position table, resampled to "
+            f"{model.config.n_positions} rows), which a config-only repo would load from the base model unchanged. "
+            "Push with with_weights=True (--with-weights)."
+        )
     if not with_weights and not _is_hub_id(base_id):
         raise ValueError(
             f"A config-only push needs the Hub id of the base model, and {base_id!r} is not one; pass "
@@ -212,9 +235,12 @@ def stage_repo(model: PreTrainedModel, folder: Path, *, repo_id: str, plan: _Pus
     }
     (folder / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
     if plan.eval_table is not None:
-        shutil.copyfile(plan.eval_table.source, folder / RESULTS_FILE)
-        if plan.eval_table.plot is not None:
-            shutil.copyfile(plan.eval_table.plot, folder / PLOT_FILE)
+        table = plan.eval_table
+        results = {**public_results(json.loads(table.source.read_text(encoding="utf-8"))), "dataset": table.dataset}
+        (folder / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        trained = plan.record.params.get("original_max_position_embeddings") or plan.record.base_max_position_embeddings
+        title = f"{repo_id}: perplexity on {table.dataset}\nprotocol {table.protocol}"
+        plot_ppl_vs_length(folder / PLOT_FILE, table.results, trained_context=trained, title=title)
     _render(model, repo_id, plan).save(folder / "README.md")
 
 

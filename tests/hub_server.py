@@ -1,8 +1,8 @@
 """A local stand-in for the Hugging Face Hub, just big enough for huggingface_hub's own client.
 
 It implements the routes that ``HfApi.create_repo``, ``create_branch``, ``upload_folder`` /
-``create_commit`` (with every file sent inline as a "regular" blob), ``model_info`` and
-``hf_hub_download`` call, checks the bearer token, and keeps every commit of every repo in memory.
+``create_commit`` (with every file sent inline as a "regular" blob, and file deletions), ``list_repo_tree``,
+``model_info`` and ``hf_hub_download`` call, checks the bearer token, and keeps every commit of every repo in memory.
 Failures are injected per route with :meth:`FakeHub.fail`. Written against the client code of
 huggingface_hub 2.x (``hf_api.py``, ``_commit_api.py``, ``file_download.py``).
 """
@@ -131,9 +131,12 @@ class FakeHub:
             return 400, {"error": "The first line must be the commit header"}, {}
         files = dict(repo.commits[parent])
         for line in lines[1:]:
-            if line["key"] != "file" or line["value"].get("encoding") != "base64":
+            if line["key"] == "deletedFile" and line["value"]["path"] in files:
+                del files[line["value"]["path"]]
+            elif line["key"] == "file" and line["value"].get("encoding") == "base64":
+                files[line["value"]["path"]] = base64.b64decode(line["value"]["content"])
+            else:
                 return 400, {"error": f"Unsupported operation {line['key']!r}"}, {}
-            files[line["value"]["path"]] = base64.b64decode(line["value"]["content"])
         oid = hashlib.sha1(parent.encode() + raw).hexdigest()
         repo.commits[oid] = files
         repo.messages[oid] = lines[0]["value"]["summary"]
@@ -153,6 +156,18 @@ class FakeHub:
             "cardData": _front_matter(files.get("README.md", b"").decode()),
         }
         return 200, info, {}
+
+    def tree(self, repo: Repo, revision: str) -> tuple[int, Any, dict[str, str]]:
+        """Every file at ``revision`` as one page of ``list_repo_tree(recursive=True)`` (no folders, no paging)."""
+        commit = repo.resolve(revision)
+        if commit is None:
+            return 404, {"error": "Invalid rev id"}, {"X-Error-Code": "RevisionNotFound"}
+        files = repo.commits[commit]
+        entries = [
+            {"type": "file", "path": path, "size": len(content), "oid": hashlib.sha1(content).hexdigest()}
+            for path, content in sorted(files.items())
+        ]
+        return 200, entries, {}
 
     def resolve_file(self, repo: Repo, revision: str, path: str) -> tuple[int, Any, dict[str, str]]:
         commit = repo.resolve(revision)
@@ -175,7 +190,7 @@ def _front_matter(readme: str) -> dict[str, Any]:
 
 
 API_REPO = re.compile(
-    r"^/api/models/(?P<repo>[^/]+/[^/]+)(?:/(?P<verb>preupload|commit|revision|branch)/(?P<rev>.+))?$"
+    r"^/api/models/(?P<repo>[^/]+/[^/]+)(?:/(?P<verb>preupload|commit|revision|branch|tree)/(?P<rev>[^/]+).*)?$"
 )
 RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
 WRITE_ROUTES = ("create", "branch", "preupload", "commit")
@@ -248,8 +263,9 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 return "missing", lambda: missing
             if resolve:
                 return "resolve", lambda: hub.resolve_file(repo, revision, unquote(resolve["path"]))
-            verb = api["verb"] if self.command == "POST" else "info"
+            verb = api["verb"] if self.command == "POST" or api["verb"] == "tree" else "info"
             handlers = {
+                "tree": lambda: hub.tree(repo, revision),
                 "branch": lambda: hub.create_branch(repo, revision, body),
                 "preupload": lambda: hub.preupload(repo, revision, body),
                 "commit": lambda: hub.commit(repo_id, repo, revision, raw),

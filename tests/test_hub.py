@@ -94,7 +94,8 @@ def test_config_only_push_and_load_back(fake_hub, tmp_path):
     assert_unchanged(model, before)
     files = fake_hub.files("me/tiny-yarn")
     assert sorted(files) == ["README.md", "config.json", "eval_results.json", "hf_posenc.json", "ppl_vs_length.png"]
-    assert files["ppl_vs_length.png"] == (tmp_path / "ppl_vs_length.png").read_bytes()
+    assert files["ppl_vs_length.png"][:4] == b"\x89PNG"  # drawn for the push: the method and none only
+    assert json.loads(files["eval_results.json"]) == json.loads(results.read_text())  # no local path in it
     metadata = json.loads(files["hf_posenc.json"])
     assert (metadata["base_model"], metadata["base_revision"], metadata["weights"]) == (BASE_REPO, base_commit, False)
     card = ModelCard.load("me/tiny-yarn")
@@ -142,6 +143,45 @@ def test_push_to_a_branch_and_again_with_exist_ok(fake_hub):
     assert fake_hub.files("me/tiny-yarn", "main") == fake_hub.files("me/tiny-yarn", "exp")
     loaded = hf_posenc.hub.from_pretrained("me/tiny-yarn", revision="exp")
     assert hf_posenc.get_patch(loaded).params["factor"] == 2.0
+
+
+def test_a_push_over_an_earlier_one_leaves_none_of_its_weights_or_results(fake_hub, tmp_path):
+    """A config-only push with exist_ok over a full push with results: the old weights would load under the new
+    config with plain transformers. Files a push never writes (a LICENSE added by hand) stay."""
+    upload_base()
+    results = write_results(tmp_path, {"yarn:factor=4": YARN_PPL, "none": BASE_PPL})
+    hub.push_to_hub(load_base_patched(factor=4), "me/tiny", with_weights=True, eval_results=results)
+    HfApi(token=TOKEN).upload_file(path_or_fileobj=b"MIT", path_in_repo="LICENSE", repo_id="me/tiny")
+    assert {"model.safetensors", "eval_results.json", "ppl_vs_length.png"} <= set(fake_hub.files("me/tiny"))
+    model = load_base_patched("pi", factor=2)
+    hub.push_to_hub(model, "me/tiny", exist_ok=True)
+    assert sorted(fake_hub.files("me/tiny")) == ["LICENSE", "README.md", "config.json", "hf_posenc.json"]
+    torch.testing.assert_close(logits(hf_posenc.hub.from_pretrained("me/tiny")), logits(model), rtol=0, atol=0)
+
+
+def test_private_push_to_an_existing_public_repo_is_refused(fake_hub):
+    upload_base()
+    model = load_base_patched(factor=2)
+    hub.push_to_hub(model, "me/tiny")
+    before = fake_hub.files("me/tiny")
+    with pytest.raises(hub.HubPushError, match="exists and is public"):
+        hub.push_to_hub(model, "me/tiny", private=True, exist_ok=True)
+    assert fake_hub.files("me/tiny") == before and not fake_hub.repos["me/tiny"].private
+
+
+def test_gpt2_pi_is_in_the_weights_so_a_config_only_push_is_refused(fake_hub):
+    api = HfApi(token=TOKEN)
+    api.create_repo("org/gpt2")
+    with tempfile.TemporaryDirectory() as folder:
+        make_tiny("gpt2").save_pretrained(folder)
+        api.upload_folder(repo_id="org/gpt2", folder_path=folder)
+    model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained("org/gpt2").eval(), "pi", factor=2)
+    with pytest.raises(ValueError, match=r"position table, resampled to 128 rows.*with_weights=True"):
+        hub.push_to_hub(model, "me/gpt2-pi")
+    assert "me/gpt2-pi" not in fake_hub.repos
+    hub.push_to_hub(model, "me/gpt2-pi", with_weights=True)
+    loaded = AutoModelForCausalLM.from_pretrained("me/gpt2-pi").eval()  # a plain GPT-2 with 128 positions
+    torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(

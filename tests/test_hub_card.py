@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from conftest import make_tiny
@@ -10,21 +11,24 @@ from huggingface_hub import ModelCard
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
 import hf_posenc
-from hf_posenc.card import PatchRecord, load_eval_table, render_card
+from hf_posenc.card import PatchRecord, load_eval_table, public_results, render_card
 from hf_posenc.hub import _different_models
 
 YARN_PPL = {512: 25.81, 1024: 27.72, 4096: 26.63}
 BASE_PPL = {512: 23.9, 1024: 25.7, 2048: 25.1}
 
 
-def write_results(folder, rows, *, plot: bool = True, model: str = "org/tiny-base", params: dict | None = None):
-    """An eval results.json as the eval engineer writes it (plus the plot file next to it); ``params``: the
-    resolved parameters of every non-``none`` row."""
+def write_results(
+    folder, rows, *, model: str = "org/tiny-base", params: dict | None = None, dataset: str = "pg19", **details
+):
+    """An eval results.json as the eval engineer writes it; ``params``: the resolved parameters of every
+    non-``none`` row; ``details``: more top-level fields (``dataset_details``, ``model_details``...)."""
     data = {
         "protocol": "sliding-window",
         "model": model,
-        "dataset": "pg19",
+        "dataset": dataset,
         "versions": {"hf_posenc": "0.1.0"},
+        **details,
         "results": [
             {
                 "method": method,
@@ -41,8 +45,6 @@ def write_results(folder, rows, *, plot: bool = True, model: str = "org/tiny-bas
     }
     path = folder / "results.json"
     path.write_text(json.dumps(data))
-    if plot:
-        (folder / "ppl_vs_length.png").write_bytes(b"\x89PNG fake")
     return path
 
 
@@ -130,11 +132,42 @@ def test_non_native_method_card_says_it_needs_hf_posenc():
 @pytest.mark.parametrize("spec", ["linear:factor=4", "pi:factor=4.0,original_max_position_embeddings=64"])
 def test_result_rows_match_aliases_and_resolved_params(tmp_path, spec):
     model = hf_posenc.patch(make_tiny("llama"), "pi", factor=4, original_max_position_embeddings=64)
-    results = write_results(tmp_path, {spec: {512: 150.0}, "pi:factor=2": {512: 60.0}, "none": BASE_PPL}, plot=False)
+    results = write_results(tmp_path, {spec: {512: 150.0}, "pi:factor=2": {512: 60.0}, "none": BASE_PPL})
     table = load_eval_table(results, PatchRecord.from_config(model.config))
     assert table.method_spec == spec
-    assert table.plot is None
+    assert {row["method"] for row in table.results} == {spec, "none"}  # what the pushed plot shows
     assert [(length, ppl) for length, _, ppl in table.rows if ppl is not None] == [(512, 150.0)]
+
+
+def test_model_index_holds_finite_perplexities_on_hub_datasets_only(tmp_path):
+    """inf / NaN are no metric values, and a local folder's name is no dataset id; the table shows them all."""
+    record = PatchRecord.from_config(yarn_model().config)
+    rows = {"yarn:factor=4": {512: 25.81, 1024: math.inf, 2048: math.nan}, "none": BASE_PPL}
+    table = load_eval_table(write_results(tmp_path, rows), record)
+    assert [(r.metric_args["context_length"], r.metric_value) for r in table.eval_results()] == [(512, 25.81)]
+    text = str(render_card(yarn_model().config, repo_id="me/x", base_model=None, base_revision=None, config_only=False, eval_table=table))  # fmt: skip
+    assert "| 1024 | 25.70 | inf |" in text and "| 2048 | 25.10 | nan |" in text
+    for local in (str(tmp_path / "texts"), "./texts", "data/pg19/texts"):
+        details = {"dataset_details": {"name": local}}
+        table = load_eval_table(write_results(tmp_path, rows, dataset="me/texts", **details), record)
+        assert table.eval_results() == [] and table.dataset == "texts"
+
+
+def test_pushed_results_name_no_local_path():
+    record = {
+        "model": "/home/alice/models/tiny",
+        "model_details": {"name": "/home/alice/models/tiny", "gguf_file": None, "dtype": "float32"},
+        "dataset": "org/pg19",
+        "arguments": {"dataset": {"name": "/home/alice/texts", "join": "\n\n"}},
+        "results": [{"method": "none", "ppl": 25.0}],
+    }
+    assert public_results(record) == {
+        "model": "tiny",
+        "model_details": {"name": "tiny", "gguf_file": None, "dtype": "float32"},
+        "dataset": "org/pg19",
+        "arguments": {"dataset": {"name": "texts", "join": "\n\n"}},
+        "results": [{"method": "none", "ppl": 25.0}],
+    }
 
 
 def test_results_without_the_pushed_method_raise(tmp_path):

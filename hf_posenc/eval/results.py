@@ -148,13 +148,13 @@ def write_csv(path: Path, results: list[dict[str, Any]], fields: Sequence[str] =
     atomic_write_text(path, buffer.getvalue())
 
 
-def plot_ppl_vs_length(path: Path, results: list[dict[str, Any]], *, trained_context: int, title: str) -> None:
-    """One line per method, perplexity on a log scale against length, the trained context marked."""
+def plot_ppl_vs_length(path: Path, results: list[dict[str, Any]], *, trained_context: int | None, title: str) -> None:
+    """One line per method, perplexity on a log scale against length, the trained context (if known) marked."""
     fig = ppl_figure(results, trained_context=trained_context, title=title)
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
 
 
-def ppl_figure(results: list[dict[str, Any]], *, trained_context: int, title: str):
+def ppl_figure(results: list[dict[str, Any]], *, trained_context: int | None, title: str):
     """The figure of :func:`plot_ppl_vs_length` (a `matplotlib.figure.Figure`, outside pyplot)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import ScalarFormatter
@@ -170,7 +170,8 @@ def ppl_figure(results: list[dict[str, Any]], *, trained_context: int, title: st
                 label, where = "inf" if ppl > 0 else "NaN", (n, 0.98 - 0.05 * index)
                 top = ("data", "axes fraction")
                 ax.annotate(label, where, xycoords=top, ha="center", va="top", color=line.get_color())
-    ax.axvline(trained_context, color="gray", linestyle="--", label=f"trained context ({trained_context})")
+    if trained_context is not None:
+        ax.axvline(trained_context, color="gray", linestyle="--", label=f"trained context ({trained_context})")
     lengths = sorted({r["length"] for r in results})
     ax.set_xscale("log", base=2)
     ax.margins(x=0.06)  # room for the labels of non-finite points at the last length

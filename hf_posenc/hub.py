@@ -337,11 +337,11 @@ def _resolve_base(api: HfApi, repo_id: str, revision: str | None) -> BaseRef:
     """The base model's commit for ``revision`` and the license fields of its card."""
     info = api.model_info(repo_id, revision=revision)
     card = info.card_data.to_dict() if info.card_data else {}
-    return BaseRef(
-        repo_id=repo_id,
-        revision=info.sha,
-        license_info={key: card[key] for key in _LICENSE_FIELDS if card.get(key)},
-    )
+    license_info = {key: card[key] for key in _LICENSE_FIELDS if card.get(key)}
+    link = license_info.get("license_link")
+    if link and "://" not in link:  # a file of the base repo (LICENSE): the new repo does not have it
+        license_info["license_link"] = f"{api.endpoint}/{repo_id}/blob/{info.sha}/{link.removeprefix('./')}"
+    return BaseRef(repo_id=repo_id, revision=info.sha, license_info=license_info)
 
 
 @contextlib.contextmanager

@@ -159,6 +159,21 @@ def test_a_push_over_an_earlier_one_leaves_none_of_its_weights_or_results(fake_h
     torch.testing.assert_close(logits(hf_posenc.hub.from_pretrained("me/tiny")), logits(model), rtol=0, atol=0)
 
 
+def test_a_license_file_of_the_base_is_linked_in_the_base_repo(fake_hub):
+    """A base card's relative license_link (its own LICENSE file) would be a broken link in the new repo."""
+    api = HfApi(token=TOKEN)
+    api.create_repo("org/licensed")
+    with tempfile.TemporaryDirectory() as folder:
+        make_tiny("llama").save_pretrained(folder)
+        ModelCard("---\nlicense: other\nlicense_name: tiny\nlicense_link: LICENSE\n---\n").save(f"{folder}/README.md")
+        commit = api.upload_folder(repo_id="org/licensed", folder_path=folder).oid
+    model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained("org/licensed"), "yarn", factor=2)
+    hub.push_to_hub(model, "me/licensed")
+    card = ModelCard.load("me/licensed")
+    assert (card.data.license, card.data.license_name) == ("other", "tiny")
+    assert card.data.license_link == f"{fake_hub.endpoint}/org/licensed/blob/{commit}/LICENSE"
+
+
 def test_private_push_to_an_existing_public_repo_is_refused(fake_hub):
     upload_base()
     model = load_base_patched(factor=2)

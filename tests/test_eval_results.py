@@ -103,6 +103,24 @@ def test_perplexities_past_float_range_or_nan_are_named_at_the_top_not_dropped()
     ]
 
 
+def _y_labels(rows) -> list[float]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = ppl_figure(rows, trained_context=None, title="t")
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    low, high = ax.get_ylim()
+    labels = [label for label in ax.yaxis.get_ticklabels(which="both") if label.get_text()]
+    return sorted(y for y in (label.get_position()[1] for label in labels) if low <= y <= high)
+
+
+def test_the_perplexity_axis_labels_enough_values_and_not_too_many():
+    narrow = [{"method": "none", "length": n, "ppl": ppl} for n, ppl in [(2048, 25.06), (8192, 22.19), (16384, 42.43)]]
+    assert len(_y_labels(narrow)) >= 4  # a log axis labels only 30 and 40 there
+    wide = [{"method": "none", "length": n, "ppl": ppl} for n, ppl in [(2048, 25.0), (8192, 22.0), (16384, 2200.0)]]
+    assert _y_labels(wide) == [20, 50, 100, 200, 500, 1000, 2000]  # not all nine of each decade
+
+
 def test_line_styles_differ_for_many_methods():
     styles = [(style["marker"], style["linestyle"]) for style in map(line_style, range(32))]
     assert len(set(styles)) == 32

@@ -157,7 +157,7 @@ def plot_ppl_vs_length(path: Path, results: list[dict[str, Any]], *, trained_con
 def ppl_figure(results: list[dict[str, Any]], *, trained_context: int | None, title: str):
     """The figure of :func:`plot_ppl_vs_length` (a `matplotlib.figure.Figure`, outside pyplot)."""
     from matplotlib.figure import Figure
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator, ScalarFormatter
 
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
@@ -180,6 +180,12 @@ def ppl_figure(results: list[dict[str, Any]], *, trained_context: int | None, ti
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_minor_formatter(ScalarFormatter())
+    values = [r["ppl"] for r in results if math.isfinite(r["ppl"])]
+    if values and max(values) < 10 * min(values):  # within a decade the log ticks label one or two values
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=6))
+        ax.yaxis.set_minor_locator(NullLocator())
+    else:  # over decades: 1, 2 and 5 of each, not all nine
+        ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2, 5)))
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity")
     ax.set_title(title, fontsize=9)

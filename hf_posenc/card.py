@@ -24,6 +24,8 @@ TEMPLATE_PATH = Path(__file__).resolve().parent / "model_cards" / "posenc_model.
 PLOT_FILE = "ppl_vs_length.png"
 
 ARXIV_ID = re.compile(r"arXiv (\d{4}\.\d{4,5})")
+DATA_SUFFIXES = (".txt", ".json", ".jsonl", ".parquet", ".csv", ".arrow")
+PATH_KEYS = ("model", "name")  # the fields of a results record that may hold a local path
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,9 @@ def load_eval_table(path: str | Path, record: PatchRecord) -> EvalTable:
     method_ppl = _ppl_by_length(data["results"], matching[0], path)
     base_ppl = _ppl_by_length(data["results"], NONE_METHOD, path)
     rows = [(length, base_ppl.get(length), method_ppl.get(length)) for length in sorted({*method_ppl, *base_ppl})]
-    hub_dataset = _is_hub_dataset(str((data.get("dataset_details") or {}).get("name") or data["dataset"]))
+    details = data.get("dataset_details") or {}
+    name = str(details.get("name") or data["dataset"])
+    hub_dataset = not details["local"] if "local" in details else _is_hub_dataset(name)
     return EvalTable(
         source=path,
         protocol=str(data["protocol"]),
@@ -143,21 +147,30 @@ def load_eval_table(path: str | Path, record: PatchRecord) -> EvalTable:
 
 
 def _is_hub_dataset(name: str) -> bool:
-    """``org/name`` or ``name``, not a local file or folder (absolute, relative or existing here)."""
+    """For results files that do not record it: whether ``name`` reads as a Hub dataset id (``org/name`` or
+    ``name``) rather than a local file or folder (absolute, relative, a data file's name, or existing here)."""
+    return bool(name) and not _is_local_path(name) and Path(name).suffix not in DATA_SUFFIXES and name.count("/") <= 1
+
+
+def _is_local_path(name: str) -> bool:
     path = Path(name).expanduser()
-    return not (path.is_absolute() or name.startswith(".") or path.exists()) and name.count("/") <= 1
+    return path.is_absolute() or name.startswith((".", "~")) or path.exists()
 
 
 def public_results(value: Any) -> Any:
-    """``value`` (a results record) with every absolute local path replaced by its last part: what a pushed
-    ``eval_results.json`` may say about the machine it was measured on."""
-    if isinstance(value, dict):
-        return {key: public_results(item) for key, item in value.items()}
+    """``value`` (a results record) with the local paths it names (a model or data folder: the ``model`` and
+    ``name`` fields) cut to their last part: what a pushed ``eval_results.json`` may say of the machine."""
     if isinstance(value, list):
         return [public_results(item) for item in value]
-    if isinstance(value, str) and Path(value).is_absolute():
-        return Path(value).name
+    if isinstance(value, dict):
+        return {key: _public_field(key, item) for key, item in value.items()}
     return value
+
+
+def _public_field(key: str, item: Any) -> Any:
+    if key in PATH_KEYS and isinstance(item, str) and _is_local_path(item):
+        return Path(item).name
+    return public_results(item)
 
 
 def _spec_matches(spec: str, record: PatchRecord) -> bool:
@@ -243,8 +256,8 @@ def render_card(
         library_name="transformers",
         pipeline_tag="text-generation",
         tags=["hf-posenc", "alibi" if record.method == "alibi" else "rope-scaling", "long-context", record.method],
-        model_name=repo_id if eval_table else None,
-        eval_results=eval_table.eval_results() if eval_table else None,
+        model_name=repo_id if eval_table and eval_table.eval_results() else None,
+        eval_results=(eval_table.eval_results() or None) if eval_table else None,
         **(license_info or {}),
     )
     return ModelCard.from_template(

@@ -34,11 +34,15 @@ METADATA_FORMAT = 1
 RESULTS_FILE = "eval_results.json"
 # Files a push writes that a later push to the same repo may not write again: removed in that push's commit
 # (unless it writes them), so a repo never mixes two pushes (a config-only push over earlier weights).
+# Names save_pretrained gives (huggingface_hub matches with fnmatch, whose * also matches "/": each pattern
+# starts with a name, so files in folders and other weights, adapter_model.safetensors say, never match).
 PUSH_ARTIFACTS = (
-    "*.safetensors",
-    "*.safetensors.index.json",
-    "pytorch_model*.bin",
-    "pytorch_model*.bin.index.json",
+    "model.safetensors",
+    "model-*-of-*.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model-*-of-*.bin",
+    "pytorch_model.bin.index.json",
     "generation_config.json",
     RESULTS_FILE,
     PLOT_FILE,

@@ -100,6 +100,7 @@ def test_eval_writes_json_csv_plot(tiny_dir, tmp_path, capsys):
     assert first["skipped_documents"] == 1 and math.isclose(first["ppl"], math.exp(first["nll"]))
     assert record["results"][2]["params"]["factor"] == 2
     assert record["dataset_details"]["split"] == record["arguments"]["dataset"]["split"] == "train"  # as read
+    assert record["dataset_details"]["local"] is True  # the card keeps local data out of model-index
     with open(out / "results.csv") as f:
         assert [row["method"] for row in csv.DictReader(f)] == [m for m, _ in rows]
     assert (out / "ppl_vs_length.png").read_bytes()[:4] == b"\x89PNG"

@@ -17,6 +17,7 @@ from hf_posenc.eval.results import (
     format_table,
     line_style,
     load_previous,
+    plot_ppl_vs_length,
     ppl_figure,
 )
 
@@ -101,6 +102,15 @@ def test_perplexities_past_float_range_or_nan_are_named_at_the_top_not_dropped()
         ("inf", 2048, lines[0].get_color()),
         ("NaN", 2048, lines[1].get_color()),
     ]
+
+
+def test_a_plot_of_no_finite_perplexity_is_drawn_and_names_them_all(tmp_path):
+    """An eval run redraws the plot after each result: one that cannot be drawn would stop the run."""
+    rows = [{"method": "none", "length": 1024, "ppl": math.inf}, {"method": "pi", "length": 1024, "ppl": math.nan}]
+    plot_ppl_vs_length(tmp_path / "p.png", rows, trained_context=1024, title="t")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    texts = ppl_figure(rows, trained_context=1024, title="t").axes[0].texts
+    assert [text.get_text() for text in texts] == ["inf", "NaN"]
 
 
 def _y_labels(rows) -> list[float]:

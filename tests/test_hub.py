@@ -147,15 +147,17 @@ def test_push_to_a_branch_and_again_with_exist_ok(fake_hub):
 
 def test_a_push_over_an_earlier_one_leaves_none_of_its_weights_or_results(fake_hub, tmp_path):
     """A config-only push with exist_ok over a full push with results: the old weights would load under the new
-    config with plain transformers. Files a push never writes (a LICENSE added by hand) stay."""
+    config with plain transformers. Files a push never writes (added by hand) stay, weights in folders too."""
     upload_base()
     results = write_results(tmp_path, {"yarn:factor=4": YARN_PPL, "none": BASE_PPL})
     hub.push_to_hub(load_base_patched(factor=4), "me/tiny", with_weights=True, eval_results=results)
-    HfApi(token=TOKEN).upload_file(path_or_fileobj=b"MIT", path_in_repo="LICENSE", repo_id="me/tiny")
+    by_hand = ["LICENSE", "adapter_model.safetensors", "onnx/model.safetensors"]
+    for path in by_hand:
+        HfApi(token=TOKEN).upload_file(path_or_fileobj=b"x", path_in_repo=path, repo_id="me/tiny")
     assert {"model.safetensors", "eval_results.json", "ppl_vs_length.png"} <= set(fake_hub.files("me/tiny"))
     model = load_base_patched("pi", factor=2)
     hub.push_to_hub(model, "me/tiny", exist_ok=True)
-    assert sorted(fake_hub.files("me/tiny")) == ["LICENSE", "README.md", "config.json", "hf_posenc.json"]
+    assert sorted(fake_hub.files("me/tiny")) == sorted(["README.md", "config.json", "hf_posenc.json", *by_hand])
     torch.testing.assert_close(logits(hf_posenc.hub.from_pretrained("me/tiny")), logits(model), rtol=0, atol=0)
 
 

@@ -147,10 +147,15 @@ def test_model_index_holds_finite_perplexities_on_hub_datasets_only(tmp_path):
     assert [(r.metric_args["context_length"], r.metric_value) for r in table.eval_results()] == [(512, 25.81)]
     text = str(render_card(yarn_model().config, repo_id="me/x", base_model=None, base_revision=None, config_only=False, eval_table=table))  # fmt: skip
     assert "| 1024 | 25.70 | inf |" in text and "| 2048 | 25.10 | nan |" in text
-    for local in (str(tmp_path / "texts"), "./texts", "data/pg19/texts"):
-        details = {"dataset_details": {"name": local}}
-        table = load_eval_table(write_results(tmp_path, rows, dataset="me/texts", **details), record)
-        assert table.eval_results() == [] and table.dataset == "texts"
+    local = [{"name": "org/texts", "local": True}]  # recorded by the eval; older files: read from the name
+    local += [
+        {"name": name} for name in (str(tmp_path / "texts"), "./texts", "~/texts", "data/pg19/texts", "x/texts.jsonl")
+    ]
+    for details in local:
+        table = load_eval_table(write_results(tmp_path, rows, dataset="me/texts", dataset_details=details), record)
+        assert table.eval_results() == [] and table.dataset == "texts", details
+    card = render_card(yarn_model().config, repo_id="me/x", base_model=None, base_revision=None, config_only=False, eval_table=table)  # fmt: skip
+    assert "model-index" not in ModelCard(str(card)).data.to_dict()  # not even an empty one
 
 
 def test_pushed_results_name_no_local_path():
@@ -158,14 +163,16 @@ def test_pushed_results_name_no_local_path():
         "model": "/home/alice/models/tiny",
         "model_details": {"name": "/home/alice/models/tiny", "gguf_file": None, "dtype": "float32"},
         "dataset": "org/pg19",
-        "arguments": {"dataset": {"name": "/home/alice/texts", "join": "\n\n"}},
+        "arguments": {"model": "~/models/tiny", "dataset": {"name": "../alice/texts", "join": "/"}},
+        "protocol_details": {"note": "/ablation: 2 GPUs"},
         "results": [{"method": "none", "ppl": 25.0}],
     }
     assert public_results(record) == {
         "model": "tiny",
         "model_details": {"name": "tiny", "gguf_file": None, "dtype": "float32"},
         "dataset": "org/pg19",
-        "arguments": {"dataset": {"name": "texts", "join": "\n\n"}},
+        "arguments": {"model": "tiny", "dataset": {"name": "texts", "join": "/"}},
+        "protocol_details": {"note": "/ablation: 2 GPUs"},  # text, not a path
         "results": [{"method": "none", "ppl": 25.0}],
     }
 

@@ -174,17 +174,18 @@ def ppl_figure(results: list[dict[str, Any]], *, trained_context: int | None, ti
         ax.axvline(trained_context, color="gray", linestyle="--", label=f"trained context ({trained_context})")
     lengths = sorted({r["length"] for r in results})
     ax.set_xscale("log", base=2)
-    ax.margins(x=0.06)  # room for the labels of non-finite points at the last length
+    ax.set_xlim(lengths[0] / 2**0.2, lengths[-1] * 2**0.2)  # room for inf / NaN labels; one length works too
     ax.set_xticks(lengths, [_length_label(n) for n in lengths])
     ax.minorticks_off()
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(ScalarFormatter())
-    ax.yaxis.set_minor_formatter(ScalarFormatter())
     values = [r["ppl"] for r in results if math.isfinite(r["ppl"])]
+    if values:  # (a log axis with nothing on it cannot be drawn; inf / NaN are named at the top instead)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
     if values and max(values) < 10 * min(values):  # within a decade the log ticks label one or two values
         ax.yaxis.set_major_locator(MaxNLocator(nbins=6))
         ax.yaxis.set_minor_locator(NullLocator())
-    else:  # over decades: 1, 2 and 5 of each, not all nine
+    elif values:  # over decades: 1, 2 and 5 of each, not all nine
         ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2, 5)))
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity")

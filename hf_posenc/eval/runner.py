@@ -327,7 +327,12 @@ def run_perplexity(
     with accelerator.main_process_first():
         docs = tokenize_texts(tokenizer, load_texts(text_source))
     doc_lengths = [len(d) for d in docs]
-    data_details = {**text_source.describe(), "documents": len(docs), "tokens": sum(doc_lengths)}
+    data_details = {
+        **text_source.describe(),
+        "local": text_source.local is not None,
+        "documents": len(docs),
+        "tokens": sum(doc_lengths),
+    }
     if previous and _counts(previous["dataset_details"]) != _counts(data_details):  # same arguments, new data
         raise ValueError(
             f"The results in {output / RESULTS_JSON} were computed on other data: "

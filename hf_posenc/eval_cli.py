@@ -163,7 +163,7 @@ def _default_output(kind: str, *names: str | None) -> Path:
 
 def run_eval(args: argparse.Namespace) -> int:
     from hf_posenc.eval.data import TextSource
-    from hf_posenc.eval.results import format_table
+    from hf_posenc.eval.results import coverage_note, format_table
     from hf_posenc.eval.runner import run_perplexity
     from hf_posenc.offline import essays_dir
 
@@ -213,6 +213,9 @@ def run_eval(args: argparse.Namespace) -> int:
             f"trained context {record['model_details']['trained_context']}):"
         )
         print(format_table(record["results"]))
+        note = coverage_note(record["results"], record["dataset_details"]["documents"])
+        if note:
+            print(note)
         print(f"\nResults: {output / 'results.json'} and results.csv\nPlot:    {output / 'ppl_vs_length.png'}")
     return 0
 

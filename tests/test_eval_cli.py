@@ -111,6 +111,11 @@ def test_eval_writes_json_csv_plot(tiny_dir, tmp_path, capsys):
     assert "yarn:factor=2" in printed and str(out / "ppl_vs_length.png") in printed
 
 
+def test_the_table_says_when_lengths_scored_different_documents(tiny_dir, tmp_path, capsys):
+    assert main(_args(tiny_dir, tmp_path / "out") + ["--method", "none", "--lengths", "32,128"]) == 0
+    assert "Documents scored (of 4; shorter ones are skipped): 3 at 32, 2 at 128." in capsys.readouterr().out
+
+
 def test_one_and_two_processes_give_the_same_numbers(tiny_dir, tmp_path):
     """Sliding windows split unevenly over 2 CPU processes (gloo) are gathered exactly once."""
     common = ["--method", "none", "--method", "ntk:factor=2", "--lengths", "40", "--protocol", "sliding"]

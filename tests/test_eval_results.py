@@ -14,6 +14,7 @@ import pytest
 from hf_posenc.eval.results import (
     atomic_write,
     atomic_write_text,
+    coverage_note,
     format_table,
     line_style,
     load_previous,
@@ -142,6 +143,18 @@ def test_console_table():
         "none              25.05     42.43",
         "yarn:factor=4         -     23.15",
     ]
+
+
+def test_coverage_note_only_where_lengths_scored_different_documents():
+    rows = [
+        {"method": m, "length": n, "skipped_documents": skipped}
+        for m in ("none", "pi")
+        for n, skipped in [(512, 0), (2048, 3)]
+    ]
+    assert coverage_note(rows, 4) == (
+        "Documents scored (of 4; shorter ones are skipped): 4 at 512, 1 at 2k. Columns compare different texts."
+    )
+    assert coverage_note([{**row, "skipped_documents": 1} for row in rows], 4) is None
 
 
 def test_bench_script_tiny_smoke():

@@ -254,5 +254,15 @@ def format_table(results: list[dict[str, Any]], value: str = "ppl") -> str:
     return "\n".join(lines)
 
 
+def coverage_note(results: list[dict[str, Any]], documents: int) -> str | None:
+    """A line for under the table when lengths scored different documents (those shorter than a window are
+    skipped), so their columns compare different texts; None when every length scored the same ones."""
+    skipped = {r["length"]: r.get("skipped_documents", 0) for r in results}
+    if len(set(skipped.values())) <= 1:
+        return None
+    counts = ", ".join(f"{documents - n} at {_length_label(length)}" for length, n in sorted(skipped.items()))
+    return f"Documents scored (of {documents}; shorter ones are skipped): {counts}. Columns compare different texts."
+
+
 def _length_label(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)

@@ -249,6 +249,7 @@ def render_card(
         eval_table (`EvalTable`, *optional*): perplexity rows to show and to put in ``model-index``.
     """
     record = PatchRecord.from_config(config)
+    eval_results = eval_table.eval_results() if eval_table else []
     paper = get_method(record.method).paper
     arxiv = ARXIV_ID.search(paper)
     card_data = ModelCardData(
@@ -256,8 +257,8 @@ def render_card(
         library_name="transformers",
         pipeline_tag="text-generation",
         tags=["hf-posenc", "alibi" if record.method == "alibi" else "rope-scaling", "long-context", record.method],
-        model_name=repo_id if eval_table and eval_table.eval_results() else None,
-        eval_results=(eval_table.eval_results() or None) if eval_table else None,
+        model_name=repo_id if eval_results else None,
+        eval_results=eval_results or None,
         **(license_info or {}),
     )
     return ModelCard.from_template(

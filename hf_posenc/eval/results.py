@@ -182,11 +182,11 @@ def ppl_figure(results: list[dict[str, Any]], *, trained_context: int | None, ti
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(ScalarFormatter())
         ax.yaxis.set_minor_formatter(ScalarFormatter())
-    if values and max(values) < 10 * min(values):  # within a decade the log ticks label one or two values
-        ax.yaxis.set_major_locator(MaxNLocator(nbins=6))
-        ax.yaxis.set_minor_locator(NullLocator())
-    elif values:  # over decades: 1, 2 and 5 of each, not all nine
-        ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2, 5)))
+        if max(values) < 10 * min(values):  # within a decade the log ticks label one or two values
+            ax.yaxis.set_major_locator(MaxNLocator(nbins=6))
+            ax.yaxis.set_minor_locator(NullLocator())
+        else:  # over decades: 1, 2 and 5 of each, not all nine
+            ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2, 5)))
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity")
     ax.set_title(title, fontsize=9)

@@ -563,7 +563,7 @@ def check_position_table(model, spec: str, longest: int) -> None:
     patch = get_patch(model)
     if positions_of(model).kind != "learned" or (patch is not None and patch.method == "alibi"):
         return
-    rows = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
+    rows = model.config.max_position_embeddings  # GPT-2's n_positions under transformers' common name
     if longest > rows:
         raise ValueError(
             f"--method {spec!r}: {type(model).__name__} has a learned table of {rows} positions, and the longest "

@@ -8,17 +8,17 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from .hub import HubError, HubPushError, from_pretrained, push_to_hub  # noqa: E402
-from .methods import alibi_slopes, rope_frequencies  # noqa: E402
-from .patching import PatchInfo, get_patch, patch, patched, unpatch  # noqa: E402
-from .registry import available_methods  # noqa: E402
+from ._version import __version__
+from .hub import HubError, HubPushError, from_pretrained, push_to_hub
+from .methods import alibi_slopes, rope_frequencies
+from .patching import PatchInfo, get_patch, patch, patched, unpatch
+from .registry import available_methods
 
 __all__ = [
     "HubError",
     "HubPushError",
     "PatchInfo",
+    "__version__",
     "alibi_slopes",
     "available_methods",
     "from_pretrained",

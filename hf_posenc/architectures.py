@@ -1,8 +1,9 @@
-"""Where a model keeps its position encoding: data, plus one generic lookup for rotary modules.
+"""What hf_posenc knows about a model: where its position encoding lives, as data plus small lookups.
 
-Any transformers decoder whose RoPE comes from a rotary-embedding module built from the config
-(an ``inv_freq`` buffer, a ``rope_type`` and the model's ``config``) is patched by the same code;
-the table only names how each known ``model_type`` encodes position, for clear errors.
+Any transformers decoder whose RoPE comes from a rotary-embedding module built from the config (an
+``inv_freq`` buffer, a ``rope_type`` and the model's ``config``) is found by the same generic lookup;
+the table names how each known ``model_type`` encodes position, for the planners and for clear errors.
+The planners (:mod:`hf_posenc.patching`) share these lookups and nothing else.
 """
 
 from __future__ import annotations
@@ -17,12 +18,18 @@ from .registry import Method, methods_for
 
 @dataclass(frozen=True)
 class Positions:
-    """How a model family encodes position: ``"rope"``, ``"learned"`` (absolute table) or ``"alibi"``;
-    ``patched``: whether the methods for that kind apply to this family (learned tables: GPT-2 only)."""
+    """How a model family encodes position.
+
+    Attributes:
+        kind (`str`): ``"rope"``, ``"learned"`` (an absolute table) or ``"alibi"`` (already a bias).
+        where (`str`): the module holding it (a path for learned tables), for errors and lookups.
+        supported (`bool`): whether hf_posenc's methods for that kind patch this family (learned tables:
+            GPT-2 only).
+    """
 
     kind: str
     where: str = ""
-    patched: bool = True
+    supported: bool = True
 
 
 ROPE = Positions("rope", "rotary-embedding module")
@@ -34,12 +41,32 @@ ARCHITECTURES: dict[str, Positions] = {
     "qwen3": ROPE,
     # Learned absolute positions and models that already use ALiBi: RoPE methods do not apply.
     "gpt2": Positions("learned", "transformer.wpe"),
-    "gpt_bigcode": Positions("learned", "transformer.wpe", patched=False),
-    "gpt_neo": Positions("learned", "transformer.wpe", patched=False),
-    "opt": Positions("learned", "model.decoder.embed_positions", patched=False),
+    "gpt_bigcode": Positions("learned", "transformer.wpe", supported=False),
+    "gpt_neo": Positions("learned", "transformer.wpe", supported=False),
+    "opt": Positions("learned", "model.decoder.embed_positions", supported=False),
     "bloom": Positions("alibi", "attention bias"),
     "mpt": Positions("alibi", "attention bias"),
 }
+# RoPE families whose attention goes through transformers' attention interface with nothing beyond q.k (no
+# logit soft-capping, no attention sinks), checked against the eager reference in the test suite: methods
+# that change attention itself apply to these (and to GPT-2). Others with a rotary module (Falcon's own
+# attention, Gemma 2's softcap, GPT-OSS's sinks) would silently be wrong.
+PLAIN_ATTENTION_ROPE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+KIND_NAMES = {"rope": "rotary embeddings (RoPE)", "learned": "a learned absolute position table"}
+
+
+def positions_of(model: nn.Module) -> Positions:
+    """How ``model`` encodes position: the table first, then a look for rotary modules."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type in ARCHITECTURES:
+        return ARCHITECTURES[model_type]
+    return ROPE if rotary_modules(model) else Positions("unknown")
+
+
+def positions_of_config(config: Any) -> Positions:
+    """How a model built from ``config`` encodes position, before it is built: the table, else RoPE (the
+    only kind hf_posenc patches in families it does not list)."""
+    return ARCHITECTURES.get(getattr(config, "model_type", None), ROPE)
 
 
 def rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -51,15 +78,67 @@ def rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     ]
 
 
-def positions_of(model: nn.Module) -> Positions:
-    """How ``model`` encodes position: the table first, then a look for rotary modules."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type in ARCHITECTURES:
-        return ARCHITECTURES[model_type]
-    return ROPE if rotary_modules(model) else Positions("unknown")
+def rotary_dim(config: Any) -> int:
+    """``head_dim * partial_rotary_factor``: the number of dimensions RoPE rotates."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(head_dim * config.rope_parameters.get("partial_rotary_factor", 1.0))
 
 
-KIND_NAMES = {"rope": "rotary embeddings (RoPE)", "learned": "a learned absolute position table"}
+def rope_modules(model: nn.Module, *, scaled_ok: bool = False) -> list[nn.Module]:
+    """The rotary modules of a model with one set of RoPE parameters, or ``ValueError``.
+
+    Args:
+        scaled_ok (`bool`): accept a model whose RoPE is already scaled (``rope_type`` other than
+            ``default``); otherwise only plain RoPE, the base a scaling method starts from.
+    """
+    modules = [module for _, module in rotary_modules(model)]
+    rope = getattr(model.config, "rope_parameters", None) or {}
+    if "rope_type" not in rope:
+        raise ValueError(
+            f"{type(model).__name__} has per-layer RoPE parameters ({sorted(rope)}); hf_posenc patches "
+            "models with one set of RoPE parameters."
+        )
+    if rope["rope_type"] != "default" and not scaled_ok:
+        raise ValueError(
+            f"{type(model).__name__} already uses rope_type {rope['rope_type']!r}; hf_posenc patches models "
+            "trained with plain RoPE (rope_type 'default'). Load the base model instead."
+        )
+    pairs = rotary_dim(model.config) // 2
+    for module in modules:
+        if module.inv_freq.numel() != pairs:
+            raise ValueError(
+                f"{type(module).__name__} holds {module.inv_freq.numel()} frequencies but the config implies "
+                f"{pairs}; this architecture is not supported."
+            )
+    return modules
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The self-attention modules (those dispatching through the attention interface), one per layer."""
+    modules = [
+        module
+        for module in model.modules()
+        if getattr(module, "is_causal", False) and hasattr(module, "layer_idx") and hasattr(module, "config")
+    ]
+    if len(modules) != model.config.num_hidden_layers:
+        raise ValueError(
+            f"Found {len(modules)} attention modules in {type(model).__name__} for "
+            f"{model.config.num_hidden_layers} layers; this architecture's attention cannot be patched."
+        )
+    return modules
+
+
+def position_table(model: nn.Module) -> nn.Embedding:
+    """GPT-2's ``wpe``; other learned-position families raise (their attention is not dispatched alike)."""
+    model_type = model.config.model_type
+    if model_type != "gpt2":
+        raise ValueError(
+            f"hf_posenc patches learned positions of GPT-2 only (model_type 'gpt2'); this model is {model_type!r}."
+        )
+    if getattr(model.config, "add_cross_attention", False):
+        raise ValueError("GPT-2 with cross-attention (add_cross_attention=True) is not supported.")
+    root = getattr(model, "base_model", model)
+    return root.get_submodule(positions_of(model).where.removeprefix(f"{root.base_model_prefix}."))
 
 
 def unsupported(model: nn.Module, method: Method, positions: Positions) -> ValueError:
@@ -71,7 +150,7 @@ def unsupported(model: nn.Module, method: Method, positions: Positions) -> Value
             f"patch (one with an `inv_freq` buffer, a `rope_type` and the config; per-layer-type RoPE such as "
             f"Gemma 3's is not supported yet), so method {method.name!r} does not apply."
         )
-    applicable = methods_for(positions.kind) if positions.patched else []
+    applicable = methods_for(positions.kind) if positions.supported else []
     alternatives = (
         f"Methods for {positions.kind} positions: {', '.join(applicable)}."
         if applicable
@@ -83,9 +162,3 @@ def unsupported(model: nn.Module, method: Method, positions: Positions) -> Value
         f"{type(model).__name__} (model_type {model_type!r}) encodes position as {positions.kind}{where}; "
         f"method {method.name!r} needs {needs}. {alternatives}"
     )
-
-
-def rotary_dim(config: Any) -> int:
-    """``head_dim * partial_rotary_factor``: the number of dimensions RoPE rotates."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return int(head_dim * config.rope_parameters.get("partial_rotary_factor", 1.0))

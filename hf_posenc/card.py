@@ -17,8 +17,9 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from hf_posenc.registry import get_method
-from hf_posenc.spec import NONE_METHOD, format_method_spec, parse_method_spec
+from .record import PatchRecord
+from .registry import get_method
+from .spec import NONE_METHOD, parse_method_spec
 
 TEMPLATE_PATH = Path(__file__).resolve().parent / "model_cards" / "posenc_model.md"
 PLOT_FILE = "ppl_vs_length.png"
@@ -26,41 +27,6 @@ PLOT_FILE = "ppl_vs_length.png"
 ARXIV_ID = re.compile(r"arXiv (\d{4}\.\d{4,5})")
 DATA_SUFFIXES = (".txt", ".json", ".jsonl", ".parquet", ".csv", ".arrow")
 PATH_KEYS = ("model", "name")  # the fields of a results record that may hold a local path
-
-
-@dataclass(frozen=True)
-class PatchRecord:
-    """What ``hf_posenc.patch`` wrote into ``config.hf_posenc``: the method and the base it replaced."""
-
-    method: str
-    params: dict[str, Any]
-    native: bool
-    base_max_position_embeddings: int | None
-    version: str | None
-    baked: bool = False  # the change is in the weights (GPT-2 pi's resampled table), not in the config
-
-    @classmethod
-    def from_config(cls, config: Any) -> PatchRecord:
-        """Read the record from a (patched) transformers config; raise if the model is not patched."""
-        record = getattr(config, "hf_posenc", None)
-        if not isinstance(record, dict) or "method" not in record:
-            raise ValueError(
-                "The model is not patched by hf_posenc (its config has no 'hf_posenc' record); "
-                "call hf_posenc.patch(model, method, ...) first."
-            )
-        base = record.get("base") or {}
-        return cls(
-            method=record["method"],
-            params=dict(record.get("params") or {}),
-            native=bool(record.get("native")),
-            base_max_position_embeddings=base.get("max_position_embeddings"),
-            version=record.get("version"),
-            baked=bool(record.get("baked")),
-        )
-
-    @property
-    def spec(self) -> str:
-        return format_method_spec(self.method, self.params)
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,11 @@ from huggingface_hub import CommitInfo, HfApi, ModelCard, get_token, hf_hub_down
 from huggingface_hub.errors import EntryNotFoundError
 from transformers import AutoConfig, PreTrainedModel
 
-from . import __version__
-from .card import PLOT_FILE, EvalTable, PatchRecord, load_eval_table, public_results, render_card
-from .eval.results import plot_ppl_vs_length
-from .loading import from_pretrained as _load_saved_model
+from ._version import __version__
+from .card import PLOT_FILE, EvalTable, load_eval_table, public_results, render_card
+from .patching.loading import from_pretrained as _load_saved_model
+from .plots import plot_ppl_vs_length
+from .record import PatchRecord
 
 METADATA_FILE = "hf_posenc.json"
 METADATA_FORMAT = 1
@@ -124,17 +125,17 @@ def push_to_hub(
     """
     api = HfApi(token=token)
     errors = (HubPushError, f"Pushing to {repo_id!r}")
-    plan = _plan_push(model, api, eval_results, with_weights, base_model, base_revision, license, token, errors)
+    contents = _push_contents(model, api, eval_results, with_weights, base_model, base_revision, license, token, errors)
     with (
         _hub_errors(*errors, token),
         tempfile.TemporaryDirectory(prefix="hf_posenc_push_") as folder,
     ):
-        stage_repo(model, Path(folder), repo_id=repo_id, plan=plan, tokenizer=tokenizer)
+        stage_repo(model, Path(folder), repo_id=repo_id, contents=contents, tokenizer=tokenizer)
         api.create_repo(repo_id, private=private, exist_ok=exist_ok)
         if private and not api.repo_info(repo_id).private:
             raise HubPushError(
-                f"Pushing to {repo_id!r} refused: the repo exists and is public, and private=True (--private) does not "
-                "change an existing repo's visibility. Make it private on the Hub first, or push without it."
+                f"Pushing to {repo_id!r} refused: the repo exists and is public, and `private` does not change an "
+                "existing repo's visibility. Make it private on the Hub first, or push without it."
             )
         if revision not in (None, "main"):
             api.create_branch(repo_id, branch=revision, exist_ok=True)
@@ -142,7 +143,7 @@ def push_to_hub(
             repo_id=repo_id,
             folder_path=folder,
             revision=revision,
-            commit_message=commit_message or f"Add {plan.record.spec} patch of {plan.base_id} (hf_posenc)",
+            commit_message=commit_message or f"Add {contents.record.spec} patch of {contents.base_id} (hf_posenc)",
             delete_patterns=list(PUSH_ARTIFACTS),
         )
 
@@ -165,12 +166,12 @@ def build_card(
     """
     api = HfApi(token=token)
     errors = (HubError, f"Rendering the card of {repo_id!r}")
-    plan = _plan_push(model, api, eval_results, with_weights, base_model, base_revision, license, token, errors)
-    return _render(model, repo_id, plan)
+    contents = _push_contents(model, api, eval_results, with_weights, base_model, base_revision, license, token, errors)
+    return _render(model, repo_id, contents)
 
 
 @dataclass(frozen=True)
-class _PushPlan:
+class _PushContents:
     record: PatchRecord
     eval_table: EvalTable | None
     base_id: str
@@ -179,7 +180,7 @@ class _PushPlan:
     license_info: dict[str, str]
 
 
-def _plan_push(
+def _push_contents(
     model: PreTrainedModel,
     api: HfApi,
     eval_results: str | Path | None,
@@ -189,7 +190,7 @@ def _plan_push(
     license: str | None,
     token: str | None,
     errors: tuple[type[HubError], str],
-) -> _PushPlan:
+) -> _PushContents:
     """Check the model and eval results, and resolve the base model's commit and license."""
     record = PatchRecord.from_config(model.config)
     eval_table = load_eval_table(eval_results, record) if eval_results is not None else None
@@ -203,7 +204,7 @@ def _plan_push(
         raise ValueError(
             f"{record.spec!r} changed this model's weights (GPT-2's position table, resampled to "
             f"{model.config.n_positions} rows), which a config-only repo would load from the base model unchanged. "
-            "Push with with_weights=True (--with-weights)."
+            "Push the weights too (`with_weights`)."
         )
     if not with_weights and not _is_hub_id(base_id):
         raise ValueError(
@@ -216,12 +217,14 @@ def _plan_push(
         with _hub_errors(error_type, f"{action} (reading the base model {base_id!r})", token):
             base = _resolve_base(api, base_id, base_revision)
     license_info = {"license": license} if license else (base.license_info if base else {})
-    return _PushPlan(record, eval_table, base_id, base, with_weights, license_info)
+    return _PushContents(record, eval_table, base_id, base, with_weights, license_info)
 
 
-def stage_repo(model: PreTrainedModel, folder: Path, *, repo_id: str, plan: _PushPlan, tokenizer: Any = None) -> None:
+def stage_repo(
+    model: PreTrainedModel, folder: Path, *, repo_id: str, contents: _PushContents, tokenizer: Any = None
+) -> None:
     """Write every file of the repo into ``folder``: config (and weights), card, metadata, eval results."""
-    if plan.with_weights:
+    if contents.with_weights:
         with _config_restored(model):
             model.save_pretrained(folder)
     else:
@@ -232,31 +235,34 @@ def stage_repo(model: PreTrainedModel, folder: Path, *, repo_id: str, plan: _Pus
         tokenizer.save_pretrained(folder)
     metadata = {
         "format": METADATA_FORMAT,
-        "weights": plan.with_weights,
-        "base_model": plan.base.repo_id if plan.base else None,
-        "base_revision": plan.base.revision if plan.base else None,
+        "weights": contents.with_weights,
+        "base_model": contents.base.repo_id if contents.base else None,
+        "base_revision": contents.base.revision if contents.base else None,
         "hf_posenc_version": __version__,
     }
     (folder / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
-    if plan.eval_table is not None:
-        table = plan.eval_table
+    if contents.eval_table is not None:
+        table = contents.eval_table
         results = {**public_results(json.loads(table.source.read_text(encoding="utf-8"))), "dataset": table.dataset}
         (folder / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-        trained = plan.record.params.get("original_max_position_embeddings") or plan.record.base_max_position_embeddings
+        trained = (
+            contents.record.params.get("original_max_position_embeddings")
+            or contents.record.base_max_position_embeddings
+        )
         title = f"{repo_id}: perplexity on {table.dataset}\nprotocol {table.protocol}"
         plot_ppl_vs_length(folder / PLOT_FILE, table.results, trained_context=trained, title=title)
-    _render(model, repo_id, plan).save(folder / "README.md")
+    _render(model, repo_id, contents).save(folder / "README.md")
 
 
-def _render(model: PreTrainedModel, repo_id: str, plan: _PushPlan) -> ModelCard:
+def _render(model: PreTrainedModel, repo_id: str, contents: _PushContents) -> ModelCard:
     return render_card(
         model.config,
         repo_id=repo_id,
-        base_model=plan.base.repo_id if plan.base else None,
-        base_revision=plan.base.revision if plan.base else None,
-        config_only=not plan.with_weights,
-        license_info=plan.license_info,
-        eval_table=plan.eval_table,
+        base_model=contents.base.repo_id if contents.base else None,
+        base_revision=contents.base.revision if contents.base else None,
+        config_only=not contents.with_weights,
+        license_info=contents.license_info,
+        eval_table=contents.eval_table,
     )
 
 
@@ -371,9 +377,9 @@ def _hub_errors(error_type: type[HubError], action: str, token: str | None) -> I
 
 
 _HINTS = {
-    401: "\nCheck the token: log in with `hf auth login`, set HF_TOKEN, or pass token=... / --token.",
+    401: "\nCheck the token: log in with `hf auth login`, set HF_TOKEN, or pass `token`.",
     403: "\nThe token has no write access to this namespace.",
-    409: "\nThe repo already exists; pass exist_ok=True (--exist-ok) to push a new commit to it.",
+    409: "\nThe repo already exists; pass `exist_ok` to push a new commit to it.",
 }
 
 

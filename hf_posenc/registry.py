@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 FrequencyFn = Callable[..., tuple[torch.Tensor, float]]
-NativeFn = Callable[[Any, int, float], "dict[str, Any] | None"]
+TransformersRopeFn = Callable[[Any, int, float], "dict[str, Any] | None"]
 
 
 @dataclass(frozen=True)
@@ -24,9 +24,9 @@ class Method:
         frequencies (`Callable`, *optional*): RoPE methods' pure math, ``fn(params, *, head_dim, base,
             seq_len, dtype, device) -> (inv_freq, attention_factor)``; ``inv_freq`` has ``head_dim // 2``
             entries. ``None`` for methods that replace RoPE rather than rescale it (ALiBi).
-        native (`Callable`, *optional*): ``fn(params, head_dim, base) -> rope_parameters`` in transformers'
-            own vocabulary (without ``rope_theta`` unless the method changes it), or ``None`` when
-            transformers cannot express it.
+        transformers_rope (`Callable`, *optional*): ``fn(params, head_dim, base) -> rope_parameters`` in
+            transformers' own vocabulary (without ``rope_theta`` unless the method changes it), or ``None`` (the
+            function, or its result for some parameters) where transformers cannot express the method.
         dynamic (`bool`): the frequencies depend on the current sequence length.
         unchanged_within_context (`bool`): for ``seq_len <= original_max_position_embeddings`` the
             method is the unpatched model exactly (dynamic NTK, dynamic YaRN).
@@ -38,7 +38,7 @@ class Method:
     name: str
     params: type
     frequencies: FrequencyFn | None = None
-    native: NativeFn | None = None
+    transformers_rope: TransformersRopeFn | None = None
     dynamic: bool = False
     unchanged_within_context: bool = False
     applies_to: frozenset[str] = frozenset({"rope"})

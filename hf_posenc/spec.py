@@ -1,22 +1,94 @@
-"""Method specifications as written on a command line: ``name`` or ``name:key=value,key=value``."""
+"""Method specifications as written on a command line (``name`` or ``name:key=value,...``), parsed once.
+
+A :class:`MethodSpec` is built from the text once, checked against the registry (the method exists,
+its parameters build) and passed on: its text names result rows, its identity tells two spellings of
+one method apart from two methods.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from .registry import get_method
 
 NONE_METHOD = "none"
 
 
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method and its parameters as asked for, e.g. ``yarn:factor=4``.
+
+    Attributes:
+        name (`str`): the name as written (an alias stays an alias: ``linear``); ``"none"`` is the
+            unpatched model.
+        params (`dict`): the parameters as written, values parsed (numbers, booleans, lists).
+        method (`str`): the registered method's canonical name (``pi`` for ``linear``), or ``"none"``.
+        defaults (`dict`): every parameter of the method, the given ones and the defaults, as built by
+            its params dataclass; what the model decides (the trained context when not given) stays unset.
+    """
+
+    name: str
+    params: dict[str, Any]
+    method: str = field(compare=False)
+    defaults: dict[str, Any] = field(compare=False, repr=False)
+
+    @classmethod
+    def parse(cls, text: str, *, parameter: str = "method") -> MethodSpec:
+        """Parse and check ``text``; ``ValueError`` naming the specification when it does not parse, names an
+        unknown method or parameter, or has a bad value. ``parameter``: the name of the argument ``text`` came
+        in, which the error names (in backticks, see :mod:`hf_posenc.cli`)."""
+        name, params = parse_method_spec(text)
+        if name == NONE_METHOD:
+            if params:
+                raise ValueError(f"`{parameter}` {text!r}: 'none' is the unpatched model and takes no parameters.")
+            return cls(NONE_METHOD, {}, NONE_METHOD, {})
+        method = get_method(name)  # raises naming the unknown method and the available ones (aliases accepted)
+        try:
+            built = method.make_params(**params)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"`{parameter}` {text!r}: {error}") from None
+        return cls(name, params, method.name, params_to_dict(built))
+
+    @property
+    def text(self) -> str:
+        """The canonical spelling: what result rows are keyed by (``yarn:factor=4``)."""
+        return format_method_spec(self.name, self.params)
+
+    def __str__(self) -> str:
+        return self.text
+
+    @property
+    def unpatched(self) -> bool:
+        return self.method == NONE_METHOD
+
+    def identity(self, resolved: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """``(method, parameters)``, equal for specs that compute the same thing: ``pi:factor=2`` and
+        ``linear:factor=2.0``. With ``resolved`` (the parameters a model resolved for it, its trained context
+        filled in), ``yarn:factor=4`` and ``yarn:factor=4,original_max_position_embeddings=8192`` are one
+        method on a model trained on 8192; the ALiBi backend, which does not change the numbers, is left out."""
+        params = self.defaults if resolved is None else resolved
+        return self.method, {key: value for key, value in params.items() if key != "backend"}
+
+
+def params_to_dict(params: Any) -> dict[str, Any]:
+    """A method's params dataclass as JSON-ready values (tuples become lists)."""
+    values = {item.name: getattr(params, item.name) for item in dataclasses.fields(params)}
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
+
+
 def _parse_value(text: str) -> Any:
     """``4`` -> 4, ``0.5`` -> 0.5, ``true`` -> True, ``[1,2]`` -> [1, 2]; anything else stays a string."""
-    lowered = text.strip()
-    if lowered.lower() in ("true", "false"):
-        return lowered.lower() == "true"
+    stripped = text.strip()
+    if stripped.lower() in ("true", "false"):
+        return stripped.lower() == "true"
     try:
-        return json.loads(lowered)
+        return json.loads(stripped)
     except json.JSONDecodeError:
-        return lowered
+        return stripped
 
 
 def parse_method_spec(spec: str) -> tuple[str, dict[str, Any]]:
@@ -43,7 +115,7 @@ def parse_method_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return name, params
 
 
-def format_method_spec(name: str, params: dict[str, Any]) -> str:
+def format_method_spec(name: str, params: Mapping[str, Any]) -> str:
     """Inverse of :func:`parse_method_spec` (parameters in the given order)."""
     if not params:
         return name

@@ -15,9 +15,9 @@ import pytest
 import torch
 import transformers.utils.hub
 from conftest import make_tiny
+from helpers import BASE_PPL, YARN_PPL, write_results
 from hub_server import FakeHub
 from huggingface_hub import HfApi, ModelCard, constants
-from test_hub_card import BASE_PPL, YARN_PPL, write_results
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posenc
@@ -193,7 +193,9 @@ def test_gpt2_pi_is_in_the_weights_so_a_config_only_push_is_refused(fake_hub):
         make_tiny("gpt2").save_pretrained(folder)
         api.upload_folder(repo_id="org/gpt2", folder_path=folder)
     model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained("org/gpt2").eval(), "pi", factor=2)
-    with pytest.raises(ValueError, match=r"position table, resampled to 128 rows.*with_weights=True"):
+    with pytest.raises(
+        ValueError, match=r"position table, resampled to 128 rows.*Push the weights too \(`with_weights`\)"
+    ):
         hub.push_to_hub(model, "me/gpt2-pi")
     assert "me/gpt2-pi" not in fake_hub.repos
     hub.push_to_hub(model, "me/gpt2-pi", with_weights=True)

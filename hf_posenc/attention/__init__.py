@@ -1,14 +1,12 @@
-"""ALiBi attention backends, registered with transformers' attention and mask interfaces.
+"""ALiBi attention backends: one attention function and one mask function per backend.
 
-The names are namespaced and the registrations additive: models that do not select them are unaffected.
-A patched model selects one through its config's attention implementation, so transformers' own
-dispatch calls it; the matching mask function makes padding and the KV cache reach it.
+:mod:`hf_posenc.registrations` registers them with transformers' attention and mask interfaces under
+the names below (namespaced, additive: models that do not select them are unaffected). A patched model
+selects one through its config's attention implementation, so transformers' own dispatch calls it; the
+matching mask function makes padding and the KV cache reach it.
 """
 
 from __future__ import annotations
-
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface
 
 from .functions import alibi_cudnn_attention, alibi_eager_attention, alibi_flex_attention, alibi_sdpa_attention
 from .masks import alibi_distance_mask, alibi_flex_mask, alibi_prefill_mask
@@ -20,12 +18,10 @@ IMPLEMENTATIONS = {
     "cudnn": "hf_posenc_alibi_cudnn",
 }
 BACKEND_OF = {name: backend for backend, name in IMPLEMENTATIONS.items()}
-
-for _backend, (_attention, _mask) in {
+# backend -> (attention function, mask function)
+FUNCTIONS = {
     "eager": (alibi_eager_attention, alibi_distance_mask),
     "sdpa": (alibi_sdpa_attention, alibi_distance_mask),
     "flex": (alibi_flex_attention, alibi_flex_mask),
     "cudnn": (alibi_cudnn_attention, alibi_prefill_mask),
-}.items():
-    AttentionInterface.register(IMPLEMENTATIONS[_backend], _attention)
-    AttentionMaskInterface.register(IMPLEMENTATIONS[_backend], _mask)
+}

@@ -125,8 +125,8 @@ def check_protocol(protocol: str, stride: int | None) -> None:
         raise ValueError(f"Unknown protocol {protocol!r}; choose one of {PROTOCOLS}.")
     if stride is not None and protocol != "sliding":
         raise ValueError(
-            f"--stride applies to --protocol sliding; --protocol {protocol} does not use it. "
-            "Leave --stride out, or use --protocol sliding."
+            f"`stride` applies to `protocol` sliding; `protocol` {protocol} does not use it. "
+            "Leave `stride` out, or use `protocol` sliding."
         )
 
 
@@ -138,7 +138,7 @@ def load_texts(source: TextSource) -> list[str]:
     if local:
         if source.config is not None or source.split not in (None, LOCAL_SPLIT):
             raise ValueError(
-                f"{local} is local: its files are read whole, so --dataset-config and --split (Hub datasets "
+                f"{local} is local: its files are read whole, so `config` and `split` (Hub datasets "
                 "only) do not apply. Leave them out."
             )
         builder, files = _local_files(local)
@@ -159,7 +159,7 @@ def load_texts(source: TextSource) -> list[str]:
         if source.text_column not in row:
             raise ValueError(
                 f"Dataset {source.path!r} has no column {source.text_column!r}; its columns are {list(row)}. "
-                "Choose one with --text-column."
+                "Choose one with `text_column`."
             )
         if source.max_documents is not None and len(texts) >= source.max_documents:
             break
@@ -167,7 +167,7 @@ def load_texts(source: TextSource) -> list[str]:
         if not isinstance(text, str):
             raise ValueError(
                 f"Column {source.text_column!r} of dataset {source.path!r} holds {type(text).__name__} values, not "
-                f"text; its columns are {list(row)}. Choose the text column with --text-column."
+                f"text; its columns are {list(row)}. Choose the text column with `text_column`."
             )
         texts.append(text)
     if not texts:
@@ -241,11 +241,11 @@ def build_windows(
 
 
 def _too_long(doc_lengths: list[int], length: int, span: int) -> str:
-    """Why no window fits; suggests ``--join`` only where joining the documents would make one fit."""
+    """Why no window fits; suggests ``join`` only where joining the documents would make one fit."""
     longest, total = max(doc_lengths, default=0), sum(doc_lengths)
-    advice = "use shorter --lengths or other data"
+    advice = "use shorter `lengths` or other data"
     if len(doc_lengths) > 1 and total >= span:
-        advice += f", or --join to evaluate the documents as one stream ({total} tokens together)"
+        advice += f", or `join` to evaluate the documents as one stream ({total} tokens together)"
     return f"Length {length} is longer than every document (the longest has {longest} tokens); {advice}."
 
 

@@ -47,7 +47,7 @@ def llama3_frequencies(
     return inv_freq.to(dtype), 1.0
 
 
-def llama3_native(params: Llama3Params, head_dim: int, base: float) -> dict:
+def llama3_transformers_rope(params: Llama3Params, head_dim: int, base: float) -> dict:
     return {
         "rope_type": "llama3",
         "factor": params.factor,
@@ -63,7 +63,7 @@ register(
         aliases=("llama-3",),
         params=Llama3Params,
         frequencies=llama3_frequencies,
-        native=llama3_native,
+        transformers_rope=llama3_transformers_rope,
         paper="Meta 2024, The Llama 3 Herd of Models (arXiv 2407.21783); reference code in llama-models",
         summary="What Llama 3.1 shipped with (s = 8 from 8k to 128k, after long-context training).",
     )

@@ -70,7 +70,7 @@ def longrope_frequencies(
     return (rope_inv_freq(head_dim, base, device=device) / rescale).to(dtype), attention
 
 
-def longrope_native(params: LongRoPEParams, head_dim: int, base: float) -> dict:
+def longrope_transformers_rope(params: LongRoPEParams, head_dim: int, base: float) -> dict:
     return {
         "rope_type": "longrope",
         "factor": params.factor,
@@ -86,7 +86,7 @@ register(
         name="longrope",
         params=LongRoPEParams,
         frequencies=longrope_frequencies,
-        native=longrope_native,
+        transformers_rope=longrope_transformers_rope,
         dynamic=True,
         paper="Ding et al. 2024, LongRoPE (arXiv 2402.13753)",
         summary="Per-pair factors found by search (e.g. Phi-3's); give your own long_factor list.",

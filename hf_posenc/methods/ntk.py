@@ -28,7 +28,7 @@ def ntk_frequencies(
     return rope_inv_freq(head_dim, ntk_base(base, params.factor, head_dim), dtype=dtype, device=device), 1.0
 
 
-def ntk_native(params: ScaledRopeParams, head_dim: int, base: float) -> dict:
+def ntk_transformers_rope(params: ScaledRopeParams, head_dim: int, base: float) -> dict:
     return {"rope_type": "default", "rope_theta": ntk_base(base, params.factor, head_dim)}
 
 
@@ -49,7 +49,7 @@ def dynamic_ntk_frequencies(
     return rope_inv_freq(head_dim, ntk_base(base, scale, head_dim), dtype=dtype, device=device), 1.0
 
 
-def dynamic_ntk_native(params: ScaledRopeParams, head_dim: int, base: float) -> dict:
+def dynamic_ntk_transformers_rope(params: ScaledRopeParams, head_dim: int, base: float) -> dict:
     # transformers' "dynamic" takes L from config.max_position_embeddings; the patch sets it to L.
     return {"rope_type": "dynamic", "factor": params.factor}
 
@@ -60,7 +60,7 @@ register(
         aliases=("ntk-aware",),
         params=ScaledRopeParams,
         frequencies=ntk_frequencies,
-        native=ntk_native,
+        transformers_rope=ntk_transformers_rope,
         paper="bloc97 2023, NTK-Aware Scaled RoPE (reddit r/LocalLLaMA); YaRN paper §3.1",
         summary="Training-free, good for small s (2-4); a larger base resolves short distances less well.",
     )
@@ -71,7 +71,7 @@ register(
         aliases=("dynamic", "ntk-dynamic"),
         params=ScaledRopeParams,
         frequencies=dynamic_ntk_frequencies,
-        native=dynamic_ntk_native,
+        transformers_rope=dynamic_ntk_transformers_rope,
         dynamic=True,
         unchanged_within_context=True,
         paper="emozilla 2023, Dynamically Scaled RoPE (reddit r/LocalLLaMA); YaRN paper §3.3",

@@ -24,7 +24,7 @@ def pi_frequencies(
     return rope_inv_freq(head_dim, base, dtype=dtype, device=device) / params.factor, 1.0
 
 
-def pi_native(params: ScaledRopeParams, head_dim: int, base: float) -> dict:
+def pi_transformers_rope(params: ScaledRopeParams, head_dim: int, base: float) -> dict:
     return {"rope_type": "linear", "factor": params.factor}
 
 
@@ -34,7 +34,7 @@ register(
         aliases=("linear", "position-interpolation"),
         params=ScaledRopeParams,
         frequencies=pi_frequencies,
-        native=pi_native,
+        transformers_rope=pi_transformers_rope,
         applies_to=frozenset({"rope", "learned"}),
         paper="Chen et al. 2023, Extending Context Window of LLMs via Position Interpolation (arXiv 2306.15595)",
         summary="Needs a short fine-tune (1000 steps in the paper); without one it hurts at every length. "

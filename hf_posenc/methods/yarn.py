@@ -160,7 +160,8 @@ def dynamic_yarn_frequencies(
     return inv_freq, yarn_attention_factor(factor)
 
 
-def _yarn_native(params: NTKByPartsParams, attention_factor: float) -> dict | None:
+def _yarn_rope_parameters(params: NTKByPartsParams, attention_factor: float) -> dict | None:
+    """transformers' ``rope_type: "yarn"``, which computes the index ramp only (``ramp="ratio"``: None)."""
     if params.ramp != "index":
         return None
     return {
@@ -174,12 +175,20 @@ def _yarn_native(params: NTKByPartsParams, attention_factor: float) -> dict | No
     }
 
 
+def ntk_by_parts_transformers_rope(params: NTKByPartsParams, head_dim: int, base: float) -> dict | None:
+    return _yarn_rope_parameters(params, 1.0)
+
+
+def yarn_transformers_rope(params: YaRNParams, head_dim: int, base: float) -> dict | None:
+    return _yarn_rope_parameters(params, params.attention_factor)
+
+
 register(
     Method(
         name="ntk-by-parts",
         params=NTKByPartsParams,
         frequencies=ntk_by_parts_frequencies,
-        native=lambda params, head_dim, base: _yarn_native(params, 1.0),
+        transformers_rope=ntk_by_parts_transformers_rope,
         paper="Peng et al. 2023, YaRN (arXiv 2309.00071) §3.2",
         summary="YaRN without the attention temperature: high frequencies kept, low ones interpolated.",
     )
@@ -189,7 +198,7 @@ register(
         name="yarn",
         params=YaRNParams,
         frequencies=yarn_frequencies,
-        native=lambda params, head_dim, base: _yarn_native(params, params.attention_factor),
+        transformers_rope=yarn_transformers_rope,
         paper="Peng et al. 2023, YaRN: Efficient Context Window Extension of LLMs (arXiv 2309.00071) §3.4",
         summary="Best training-free choice at small s; with a short fine-tune the paper reaches 128k.",
     )
@@ -199,7 +208,6 @@ register(
         name="dynamic-yarn",
         params=RampParams,
         frequencies=dynamic_yarn_frequencies,
-        native=lambda params, head_dim, base: None,
         dynamic=True,
         unchanged_within_context=True,
         paper="Peng et al. 2023, YaRN (arXiv 2309.00071) §3.3",

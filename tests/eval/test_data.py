@@ -63,21 +63,21 @@ def test_disjoint_and_truncate_spans():
 
 @pytest.mark.parametrize("protocol", ["disjoint", "truncate"])
 def test_a_stride_is_an_error_outside_sliding(protocol):
-    with pytest.raises(ValueError, match=f"--stride applies to --protocol sliding; --protocol {protocol} does not"):
+    with pytest.raises(ValueError, match=f"`stride` applies to `protocol` sliding; `protocol` {protocol} does not"):
         build_windows(DOC_LENGTHS, 8, protocol, bos=False, stride=4)
 
 
 def test_length_longer_than_every_document_is_an_error():
     with pytest.raises(ValueError, match=r"longer than every document \(the longest has 129 tokens\)") as error:
         build_windows(DOC_LENGTHS, 1024, "truncate", bos=False)
-    assert "--join" not in str(error.value)  # the 336 tokens together are too few as well
+    assert "`join`" not in str(error.value)  # the 336 tokens together are too few as well
 
 
 @pytest.mark.parametrize(("doc_lengths", "suggested"), [([100, 129, 107], True), ([129], False), ([100, 29], False)])
 def test_join_is_suggested_only_where_joining_makes_a_window_fit(doc_lengths, suggested):
     with pytest.raises(ValueError, match="longer than every document") as error:
         build_windows(doc_lengths, 300, "truncate", bos=False)
-    assert ("--join to evaluate the documents as one stream (336 tokens together)" in str(error.value)) == suggested
+    assert ("`join` to evaluate the documents as one stream (336 tokens together)" in str(error.value)) == suggested
 
 
 @pytest.mark.parametrize(("text", "expected"), [("512", 512), ("4k", 4096), (" 16K ", 16384)])
@@ -146,5 +146,5 @@ def test_the_split_recorded_is_the_split_read(tmp_path):
 @pytest.mark.parametrize("given", [{"split": "test"}, {"config": "wikitext-103-raw-v1"}])
 def test_a_split_or_config_for_local_files_is_an_error(tmp_path, given):
     (tmp_path / "a.txt").write_text("x")
-    with pytest.raises(ValueError, match=r"local: its files are read whole, so --dataset-config and --split"):
+    with pytest.raises(ValueError, match=r"local: its files are read whole, so `config` and `split`"):
         load_texts(TextSource(str(tmp_path), **given))

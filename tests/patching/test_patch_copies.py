@@ -10,7 +10,7 @@ import io
 import pytest
 import torch
 from conftest import make_tiny
-from test_patching import assert_same, method_params, snapshot
+from helpers import assert_same, method_params, snapshot
 
 import hf_posenc
 

@@ -2,50 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 from conftest import make_tiny
+from helpers import BASE_PPL, YARN_PPL, write_results
 from huggingface_hub import ModelCard
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
 import hf_posenc
-from hf_posenc.card import PatchRecord, load_eval_table, public_results, render_card
+from hf_posenc.card import load_eval_table, public_results, render_card
 from hf_posenc.hub import _different_models
-
-YARN_PPL = {512: 25.81, 1024: 27.72, 4096: 26.63}
-BASE_PPL = {512: 23.9, 1024: 25.7, 2048: 25.1}
-
-
-def write_results(
-    folder, rows, *, model: str = "org/tiny-base", params: dict | None = None, dataset: str = "pg19", **details
-):
-    """An eval results.json as the eval engineer writes it; ``params``: the resolved parameters of every
-    non-``none`` row; ``details``: more top-level fields (``dataset_details``, ``model_details``...)."""
-    data = {
-        "protocol": "sliding-window",
-        "model": model,
-        "dataset": dataset,
-        "versions": {"hf_posenc": "0.1.0"},
-        **details,
-        "results": [
-            {
-                "method": method,
-                "params": {} if method == "none" or params is None else params,
-                "length": length,
-                "ppl": ppl,
-                "nll": 1.0,
-                "tokens": 10,
-                "windows": 1,
-            }
-            for method, table in rows.items()
-            for length, ppl in table.items()
-        ],
-    }
-    path = folder / "results.json"
-    path.write_text(json.dumps(data))
-    return path
+from hf_posenc.record import PatchRecord
 
 
 def yarn_model():

@@ -189,6 +189,6 @@ def test_registry_refuses_duplicates_and_resolves_aliases():
     with pytest.raises(ValueError, match="already registered"):
         register(get_method("yarn"))
     with pytest.raises(ValueError, match="already registered"):
-        register(Method(name="linear", params=object, frequencies=print, native=print))
+        register(Method(name="linear", params=object, frequencies=print, transformers_rope=print))
     assert get_method("linear").name == "pi"
     assert get_method("Dynamic_NTK").name == "dynamic-ntk"

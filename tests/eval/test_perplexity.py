@@ -9,9 +9,11 @@ import torch
 from accelerate import Accelerator
 from conftest import make_tiny
 
+import hf_posenc
 from hf_posenc.eval.data import build_windows
 from hf_posenc.eval.perplexity import check_head_decomposition, greedy_continuation, perplexity, window_nll
-from hf_posenc.eval.runner import applied, score_windows
+from hf_posenc.eval.scoring import score_windows
+from hf_posenc.spec import MethodSpec
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gpt2"]
 
@@ -182,7 +184,9 @@ def test_eval_under_each_method_changes_the_score_and_restores_the_model(method)
     model = make_tiny("llama")
     ids = _ids(128, seed=7)
     base = window_nll(model, ids, 1).item()
-    with applied(model, SPECS[method]) as params:
+    spec = MethodSpec.parse(SPECS[method])
+    with hf_posenc.patched(model, spec.method, **spec.params):
+        params = hf_posenc.get_patch(model).params
         patched = window_nll(model, ids, 1).item()
     assert params and patched != base and math.isfinite(patched)
     assert window_nll(model, ids, 1).item() == base

@@ -12,39 +12,20 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_tiny
-from test_config import PLAIN_LOAD
-from test_patching import assert_same, snapshot
+from helpers import PLAIN_LOAD, assert_same, generate, gpu, paper_slopes, snapshot
 from transformers import AutoModelForCausalLM, BloomConfig, FalconConfig, Gemma2Config, OPTConfig
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import hf_posenc
-from hf_posenc import alibi_patch
 from hf_posenc.attention import IMPLEMENTATIONS
 from hf_posenc.methods import alibi_slopes
+from hf_posenc.patching import attention as alibi_planner
 
 BACKENDS = ["eager", "sdpa", "flex"]  # flex runs uncompiled on CPU: a small-size check of the score_mod
 
 
-def gpu(test):
-    """``@pytest.mark.gpu``, skipped without CUDA."""
-    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
-
-
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-
-
-def paper_slopes(n: int) -> list[float]:
-    """The paper's reference code (github.com/ofirpress/attention_with_linear_biases), transcribed."""
-
-    def power_of_2(n):
-        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
-        return [start * start**i for i in range(n)]
-
-    if math.log2(n).is_integer():
-        return power_of_2(n)
-    closest = 2 ** math.floor(math.log2(n))
-    return power_of_2(closest) + paper_slopes(2 * closest)[0::2][: n - closest]
 
 
 @pytest.mark.parametrize("heads", range(1, 65))
@@ -173,20 +154,6 @@ def test_leaving_the_alibi_implementations_is_an_error_not_a_silent_model_withou
     model.set_attn_implementation("sdpa")
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, make_tiny("llama")(ids).logits, rtol=1e-5, atol=1e-5)
-
-
-def generate(model, prompt, mask=None, new=40):
-    model.generation_config.eos_token_id = None
-    out = model.generate(
-        prompt,
-        attention_mask=torch.ones_like(prompt) if mask is None else mask,
-        max_new_tokens=new,
-        do_sample=False,
-        pad_token_id=0,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    return out.sequences, torch.stack(out.logits, dim=1)  # (B, P+new), (B, new, V)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -455,7 +422,7 @@ def test_static_cache_generates_as_the_dynamic_cache(backend, padded, monkeypatc
     such a cache generate() prepares the masks itself: they must still be the ALiBi backend's masks. Without
     padding only the cache offsets bound the keys; the static cache advances its offset tensor in place
     before attention runs, so a mask that kept a reference to it would let each query see one empty slot."""
-    monkeypatch.setattr(alibi_patch, "_fused_problem", lambda model, slopes: None)  # cudnn accepted on CPU
+    monkeypatch.setattr(alibi_planner, "_fused_problem", lambda model, slopes: None)  # cudnn accepted on CPU
     model = tiny("llama", backend=backend)
     model.generation_config.eos_token_id = None
     prompt = torch.randint(1, 97, (2, 12), generator=torch.Generator().manual_seed(13))

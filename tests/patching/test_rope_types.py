@@ -6,16 +6,16 @@ import json
 import logging
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
 import transformers
 from conftest import make_tiny
+from helpers import PLAIN_LOAD
 from transformers import AutoConfig
 
 import hf_posenc
-from hf_posenc.config import split_patched_config
+from hf_posenc.record import PatchRecord
 
 PAIRS = 8  # tiny llama: head_dim 16
 CASES = {
@@ -38,25 +38,6 @@ NATIVE_TYPES = {
     "llama3": "llama3",
     "longrope": "longrope",
 }
-
-PLAIN_LOAD = textwrap.dedent(
-    """
-    import json, sys, torch
-    from transformers import AutoModelForCausalLM
-    ids = torch.load(sys.argv[1])
-    out = {}
-    for folder in sys.argv[2:]:
-        try:
-            model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
-            with torch.no_grad():
-                torch.save(model(ids).logits, folder + "/plain_logits.pt")
-            out[folder] = "loaded"
-        except Exception as error:
-            out[folder] = f"{type(error).__name__}: {error}"
-    assert "hf_posenc" not in sys.modules
-    print(json.dumps(out))
-    """
-)
 
 
 @pytest.fixture(scope="module")
@@ -133,12 +114,13 @@ def test_native_configs_pass_transformers_validation_silently(saved, case, caplo
     assert [r for r in caplog.records if "rope" in r.getMessage().lower()] == []
 
 
-def test_split_patched_config_recovers_the_base():
+def test_the_record_recovers_the_base_config():
     model = make_tiny("llama")
     base = model.config.to_dict()
     hf_posenc.patch(model, "llama3", factor=8)
     assert model.config.max_position_embeddings == 512
-    split, method, params = split_patched_config(model.config)
+    record = PatchRecord.from_config(model.config)
+    split, method, params = record.base_config(model.config), record.method, record.params
     assert (method, params["factor"], params["original_max_position_embeddings"]) == ("llama3", 8.0, 64)
     assert split.to_dict() == base
     assert model.config.hf_posenc["method"] == "llama3"  # the model's own config is untouched

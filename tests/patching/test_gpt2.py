@@ -10,9 +10,7 @@ import sys
 import pytest
 import torch
 from conftest import make_tiny
-from test_alibi import generate, paper_slopes
-from test_config import PLAIN_LOAD
-from test_patching import assert_same, snapshot
+from helpers import PLAIN_LOAD, assert_same, generate, paper_slopes, snapshot
 
 import hf_posenc
 

@@ -1,4 +1,4 @@
-"""Planner for Position Interpolation of a learned absolute table (GPT-2 ``wpe``), and the table lookup."""
+"""Planner: learned position tables. Position Interpolation of GPT-2's ``wpe``."""
 
 from __future__ import annotations
 
@@ -6,24 +6,12 @@ from typing import Any
 
 from torch import nn
 
-from .architectures import positions_of
-from .config import CONFIG_KEY, params_to_dict, patch_record
-from .methods.pi import interpolate_positions
-from .plan import PatchInfo, Plan
-from .registry import Method
-
-
-def gpt2_position_table(model: nn.Module) -> nn.Embedding:
-    """GPT-2's ``wpe``; other learned-position families raise (their attention is not dispatched alike)."""
-    model_type = model.config.model_type
-    if model_type != "gpt2":
-        raise ValueError(
-            f"hf_posenc patches learned positions of GPT-2 only (model_type 'gpt2'); this model is {model_type!r}."
-        )
-    if getattr(model.config, "add_cross_attention", False):
-        raise ValueError("GPT-2 with cross-attention (add_cross_attention=True) is not supported.")
-    root = getattr(model, "base_model", model)
-    return root.get_submodule(positions_of(model).where.removeprefix(f"{root.base_model_prefix}."))
+from ..architectures import position_table
+from ..methods.pi import interpolate_positions
+from ..record import CONFIG_KEY, PatchRecord
+from ..registry import Method
+from ..spec import params_to_dict
+from .plan import PatchInfo, Plan, Planner
 
 
 def plan_learned_pi(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
@@ -32,7 +20,7 @@ def plan_learned_pi(model: nn.Module, method: Method, params: dict[str, Any]) ->
     The result is a plain GPT-2 with a longer table, so the config is native and the saved model loads
     the same with or without hf_posenc; its record is marked ``baked`` (nothing to redo on load).
     """
-    table = gpt2_position_table(model)
+    table = position_table(model)
     rows = table.num_embeddings
     given = params.pop("original_max_position_embeddings", None)
     if given is not None and given != rows:
@@ -43,13 +31,18 @@ def plan_learned_pi(model: nn.Module, method: Method, params: dict[str, Any]) ->
     resolved = method.make_params(original_max_position_embeddings=rows, **params)
     weight = interpolate_positions(table.weight.detach(), resolved.factor)  # (L', D)
     info = PatchInfo(method.name, params_to_dict(resolved), native=True, rope_type=None)
-    updates = {
-        "n_positions": weight.shape[0],
-        CONFIG_KEY: patch_record(method.name, info.params, True, {"n_positions": rows}, baked=True),
-    }
+    record = PatchRecord(method.name, info.params, True, {"n_positions": rows}, baked=True)
+    updates = {"n_positions": weight.shape[0], CONFIG_KEY: record.to_dict()}
 
     def resample(module: nn.Module) -> None:
         module.weight = nn.Parameter(weight, requires_grad=module.weight.requires_grad)
         module.num_embeddings = weight.shape[0]
 
     return Plan(info, updates, [(table, resample)])
+
+
+def is_pi(method: Method) -> bool:
+    return method.name == "pi"
+
+
+PLANNER = Planner(positions=frozenset({"learned"}), serves=is_pi, plan=plan_learned_pi)

@@ -1,4 +1,4 @@
-"""Planner for the RoPE scaling methods: new frequencies in each rotary module, the method in the config."""
+"""Planner: RoPE scaling. New frequencies in each rotary module, the method in the config's ``rope_parameters``."""
 
 from __future__ import annotations
 
@@ -13,46 +13,21 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from .architectures import rotary_dim, rotary_modules
-from .config import (
+from ..architectures import rope_modules, rotary_dim
+from ..registry import Method, get_method
+from ..spec import params_to_dict
+from .plan import PatchInfo, Plan, Planner
+from .rope_types import (
     OWN_ROPE_TYPE,
-    config_updates,
     native_rope_parameters,
     own_rope_parameters,
-    params_to_dict,
+    rope_config_updates,
     transformers_frequencies,
 )
-from .plan import PatchInfo, Plan
-from .registry import Method, get_method
 
 logger = logging.getLogger("hf_posenc")
 
 NATIVE_RTOL = 1e-5  # transformers' float32 math against ours in float64
-
-
-def check_rope_model(model: nn.Module, any_rope_type: bool = False) -> list[nn.Module]:
-    """The rotary modules of a model with one set of RoPE parameters, or ``ValueError``; plain RoPE
-    (``rope_type`` default) unless ``any_rope_type``."""
-    modules = [module for _, module in rotary_modules(model)]
-    rope = getattr(model.config, "rope_parameters", None) or {}
-    if "rope_type" not in rope:
-        raise ValueError(
-            f"{type(model).__name__} has per-layer RoPE parameters ({sorted(rope)}); hf_posenc patches "
-            "models with one set of RoPE parameters."
-        )
-    if rope["rope_type"] != "default" and not any_rope_type:
-        raise ValueError(
-            f"{type(model).__name__} already uses rope_type {rope['rope_type']!r}; hf_posenc patches models "
-            "trained with plain RoPE (rope_type 'default'). Load the base model instead."
-        )
-    pairs = rotary_dim(model.config) // 2
-    for module in modules:
-        if module.inv_freq.numel() != pairs:
-            raise ValueError(
-                f"{type(module).__name__} holds {module.inv_freq.numel()} frequencies but the config implies "
-                f"{pairs}; this architecture is not supported."
-            )
-    return modules
 
 
 def _trained_context(config: Any, params: dict[str, Any]) -> int:
@@ -79,10 +54,12 @@ def _probe_lengths(method: Method, context: int) -> list[int | None]:
     return [None, context, context + 1, 2 * context, 4 * context + 3] if method.dynamic else [None]
 
 
-def _native_matches(plan_config: Any, rotary_class: type, ours: Callable, lengths: list[int | None]) -> bool:
+def _transformers_reproduces(
+    patched_config: Any, rotary_class: type, ours: Callable, lengths: list[int | None]
+) -> bool:
     """Whether transformers' own function for the native config gives our formula at every length."""
     for seq_len in lengths:
-        theirs, their_factor = transformers_frequencies(plan_config, rotary_class, seq_len)
+        theirs, their_factor = transformers_frequencies(patched_config, rotary_class, seq_len)
         expected, factor = ours(seq_len)
         if not torch.allclose(theirs.double(), expected, rtol=NATIVE_RTOL, atol=0) or abs(
             their_factor - factor
@@ -114,7 +91,7 @@ def _check_config_accepts(candidate: Any, method: Method) -> None:
 
 def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
     """Validate a RoPE scaling method on ``model`` and plan it, without changing the model."""
-    modules = check_rope_model(model)
+    modules = rope_modules(model)
     config = model.config
     method.make_params(**params)  # bad parameters fail before the trained context is guessed (and logged)
     params = dict(params)
@@ -129,8 +106,8 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
     rope_parameters = native_rope_parameters(method, resolved, config)
     native = rope_parameters is not None
     if native:
-        updates = config_updates(method, resolved, config, rope_parameters)
-        native = _native_matches(_updated_copy(config, updates), type(modules[0]), ours, lengths)
+        updates = rope_config_updates(method, resolved, config, rope_parameters)
+        native = _transformers_reproduces(_updated_copy(config, updates), type(modules[0]), ours, lengths)
         if not native:
             logger.warning(
                 "hf_posenc: transformers' rope_type %r does not reproduce %r for these parameters; recording "
@@ -141,11 +118,11 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
             )
     if not native:
         rope_parameters = own_rope_parameters(method, resolved, config)
-        updates = config_updates(method, resolved, config, rope_parameters)
+        updates = rope_config_updates(method, resolved, config, rope_parameters)
     _check_config_accepts(_updated_copy(config, updates), method)
     info = PatchInfo(method.name, params_to_dict(resolved), native, rope_parameters["rope_type"])
     if native:
-        source = dataclasses.replace(source, native=(config, type(modules[0])))
+        source = dataclasses.replace(source, transformers_rotary=(config, type(modules[0])))
     # What the patched modules report as rope_type: transformers' dynamic decorator skips both kinds,
     # and its weight init rebuilds them exactly (a native static type, or ours from the config record).
     rope_type = info.rope_type if native and not method.dynamic else OWN_ROPE_TYPE
@@ -167,7 +144,7 @@ class FrequencySource:
     params: Any
     head_dim: int
     base: float
-    native: tuple[Any, type] | None = None  # (the patched config, the rotary module's class)
+    transformers_rotary: tuple[Any, type] | None = None  # (the patched config, the rotary module's class)
 
     def formula(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
         """Our math in float64 (:mod:`hf_posenc.methods`)."""
@@ -175,8 +152,8 @@ class FrequencySource:
         return method.frequencies(self.params, head_dim=self.head_dim, base=self.base, seq_len=seq_len)
 
     def __call__(self, seq_len: int | None, device: torch.device | None) -> tuple[torch.Tensor, float]:
-        if self.native is not None:
-            return transformers_frequencies(*self.native, seq_len, device)
+        if self.transformers_rotary is not None:
+            return transformers_frequencies(*self.transformers_rotary, seq_len, device)
         inv_freq, factor = self.formula(seq_len)
         return inv_freq.to(device=device, dtype=torch.float32), factor
 
@@ -234,3 +211,11 @@ class PerCallFrequencies:
         length = int(position_ids.max()) + 1
         inv_freq, module.attention_scaling = self.frequencies(length, x.device, module.inv_freq.dtype)
         module.inv_freq = inv_freq.clone()
+
+
+def rescales_rope(method: Method) -> bool:
+    """The methods this planner serves: those with RoPE frequencies."""
+    return method.frequencies is not None
+
+
+PLANNER = Planner(positions=frozenset({"rope"}), serves=rescales_rope, plan=plan_rope_scaling)

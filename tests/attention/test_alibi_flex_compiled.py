@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_tiny
-from test_alibi import generate
+from helpers import generate
 
 import hf_posenc
 from hf_posenc.attention import functions, masks

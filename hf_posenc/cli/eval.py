@@ -1,7 +1,4 @@
-"""``hf-posenc eval`` and ``hf-posenc passkey``: parse, call :mod:`hf_posenc.eval.runner`, print.
-
-Heavy imports (torch, transformers) happen inside the commands, so ``--help`` stays fast.
-"""
+"""``hf-posenc eval`` and ``hf-posenc passkey``: parse, call :mod:`hf_posenc.eval.runner`, print."""
 
 from __future__ import annotations
 
@@ -10,13 +7,31 @@ import re
 import textwrap
 from pathlib import Path
 
-from hf_posenc.eval.data import PROTOCOL_HELP, PROTOCOLS, parse_length, parse_lengths
+import torch
+from accelerate import PartialState
+
+from ..eval.data import PROTOCOL_HELP, PROTOCOLS, TextSource, parse_length, parse_lengths
+from ..eval.models import ModelSource
+from ..eval.results import (
+    PASSKEY_CSV,
+    PASSKEY_JSON,
+    PASSKEY_PLOT,
+    PPL_PLOT,
+    RESULTS_CSV,
+    RESULTS_JSON,
+    coverage_note,
+    format_table,
+)
+from ..eval.runner import run_passkey, run_perplexity
+from ..offline import essays_dir, smollm2_gguf
 
 OFFLINE_METHODS = ("none", "yarn:factor=4")
 OFFLINE_LENGTHS = "2k,8k,16k"
 OFFLINE_JOIN = "\n\n"
 PASSKEY_LENGTHS = "1k,4k,12k"
 PASSKEY_DEPTHS = "0,0.5,1"
+# Library parameters whose flag has another name: TextSource(config=...) is --dataset-config.
+PARAMETER_FLAGS = {"config": "--dataset-config"}
 
 
 def _protocols_help() -> str:
@@ -96,7 +111,7 @@ def add_parser(subparsers) -> None:
         default=2048,
         help="positions per output-head call; bounds the memory of the logits (default: %(default)s)",
     )
-    evaluate.set_defaults(func=run_eval)
+    evaluate.set_defaults(func=eval_command, parameter_flags=PARAMETER_FLAGS)
 
     passkey = subparsers.add_parser(
         "passkey",
@@ -109,7 +124,7 @@ def add_parser(subparsers) -> None:
     passkey.add_argument("--trials", type=_positive_int, default=1, help="keys per length and depth (default: 1)")
     passkey.add_argument("--seed", type=int, default=0, help="seed of the keys (default: 0)")
     passkey.add_argument("--bos", choices=("auto", "prepend", "none"), default="auto", help="(default: auto)")
-    passkey.set_defaults(func=run_passkey)
+    passkey.set_defaults(func=passkey_command, parameter_flags=PARAMETER_FLAGS)
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, default_methods: tuple) -> None:
@@ -138,12 +153,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, 
 
 
 def _model_source(args: argparse.Namespace):
-    from hf_posenc.eval.runner import ModelSource
-    from hf_posenc.offline import smollm2_gguf
-
     if args.model is None:
         if args.gguf_file:
-            raise ValueError("--gguf-file names a file inside --model; give --model too.")
+            raise ValueError("`gguf_file` names a file inside `model`; give `model` too.")
         folder, name = smollm2_gguf()
         return ModelSource(str(folder), name, args.dtype)
     return ModelSource(args.model, args.gguf_file, args.dtype)
@@ -151,8 +163,6 @@ def _model_source(args: argparse.Namespace):
 
 def _dtype_shown(model_source) -> str:
     """The dtype the model will run in (``auto`` resolved for the device it will run on)."""
-    import torch
-
     return model_source.resolved_dtype(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
@@ -161,12 +171,7 @@ def _default_output(kind: str, *names: str | None) -> Path:
     return Path("hf-posenc-results") / f"{kind}-{slug}"
 
 
-def run_eval(args: argparse.Namespace) -> int:
-    from hf_posenc.eval.data import TextSource
-    from hf_posenc.eval.results import coverage_note, format_table
-    from hf_posenc.eval.runner import run_perplexity
-    from hf_posenc.offline import essays_dir
-
+def eval_command(args: argparse.Namespace) -> int:
     model_source = _model_source(args)
     if args.dataset is None:
         text_source = TextSource(str(essays_dir()), join=OFFLINE_JOIN if args.join is None else args.join)
@@ -216,7 +221,7 @@ def run_eval(args: argparse.Namespace) -> int:
         note = coverage_note(record["results"], record["dataset_details"]["documents"])
         if note:
             print(note)
-        print(f"\nResults: {output / 'results.json'} and results.csv\nPlot:    {output / 'ppl_vs_length.png'}")
+        print(f"\nResults: {output / RESULTS_JSON} and {RESULTS_CSV}\nPlot:    {output / PPL_PLOT}")
     return 0
 
 
@@ -231,13 +236,10 @@ def _windows_phrase(args: argparse.Namespace) -> str:
     return phrase + ("" if args.max_windows is None else f" (at most {args.max_windows})")
 
 
-def run_passkey(args: argparse.Namespace) -> int:
-    from hf_posenc.eval.results import format_table
-    from hf_posenc.eval.runner import run_passkey as run
-
+def passkey_command(args: argparse.Namespace) -> int:
     model_source = _model_source(args)
     output = args.output or _default_output("passkey", model_source.gguf_file or model_source.name)
-    record = run(
+    record = run_passkey(
         model_source=model_source,
         methods=args.methods or list(OFFLINE_METHODS),
         lengths=args.lengths,
@@ -255,23 +257,19 @@ def run_passkey(args: argparse.Namespace) -> int:
         rows = [{"method": m, "length": n, "accuracy": sum(v) / len(v)} for (m, n), v in by_length.items()]
         print("\nPasskey accuracy (mean over depths):")
         print(format_table(rows, value="accuracy"))
-        print(f"\nResults: {output / 'passkey.json'} and passkey.csv\nHeatmap: {output / 'passkey_heatmap.png'}")
+        print(f"\nResults: {output / PASSKEY_JSON} and {PASSKEY_CSV}\nHeatmap: {output / PASSKEY_PLOT}")
     return 0
 
 
 def _end_processes() -> None:
     """Under ``accelerate launch``: every process finishes together and closes the process group, or one
     can abort at exit ("terminate called without an active exception") while another still uses it."""
-    from accelerate import PartialState
-
     state = PartialState()
     state.wait_for_everyone()
     state.destroy_process_group()
 
 
 def _is_main_process() -> bool:
-    from accelerate import PartialState
-
     return PartialState().is_main_process
 
 

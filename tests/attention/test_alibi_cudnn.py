@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 from conftest import make_tiny
-from test_alibi import generate, gpu
+from helpers import generate, gpu
 
 import hf_posenc
 from hf_posenc.attention import IMPLEMENTATIONS, cudnn, functions

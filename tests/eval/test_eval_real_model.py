@@ -13,7 +13,7 @@ from accelerate import Accelerator
 from hf_posenc.eval.data import build_windows
 from hf_posenc.eval.passkey import build_prompt, ends_the_number
 from hf_posenc.eval.perplexity import greedy_continuation, perplexity
-from hf_posenc.eval.runner import score_windows
+from hf_posenc.eval.scoring import score_windows
 
 
 @pytest.mark.slow

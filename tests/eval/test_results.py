@@ -11,18 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from hf_posenc.eval.results import (
-    atomic_write,
-    atomic_write_text,
-    coverage_note,
-    format_table,
-    line_style,
-    load_previous,
-    plot_ppl_vs_length,
-    ppl_figure,
-)
+from hf_posenc.eval.results import coverage_note, format_table, load_previous
+from hf_posenc.files import atomic_write, atomic_write_text
+from hf_posenc.plots import line_style, plot_ppl_vs_length, ppl_figure
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ROWS = [
     {"method": "none", "length": 2048, "ppl": 25.054},
     {"method": "none", "length": 16384, "ppl": 42.43},

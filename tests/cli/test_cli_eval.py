@@ -23,10 +23,10 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from hf_posenc.cli import main
-from hf_posenc.eval import runner
+from hf_posenc.eval import runner, scoring
 from hf_posenc.eval.data import parse_length
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -270,7 +270,7 @@ def test_passkey_counts_the_key_only_where_the_number_ends(tiny_dir, tmp_path, m
     """Tokenizers that split numbers into digits: the key's digits followed by another digit are another number."""
     token = ord(after) - 30  # its id in the character tokenizer of tiny_dir
     greedy = lambda model, ids, answer_from: (torch.tensor([matches]), torch.tensor([token]))  # noqa: E731
-    monkeypatch.setattr(runner, "greedy_continuation", greedy)
+    monkeypatch.setattr(scoring, "greedy_continuation", greedy)
     out = tmp_path / "pk"
     argv = ["passkey", "--model", str(tiny_dir / "model"), "--output", str(out), "--method", "none", "--lengths", "400"]
     assert main(argv + ["--depths", "0.5", "--trials", "1"]) == 0
@@ -418,10 +418,10 @@ def test_each_note_on_the_trained_context_is_logged_once_per_method(tiny_dir, tm
     ],
 )
 def test_the_offline_banner_names_the_protocol(tiny_dir, tmp_path, capsys, monkeypatch, protocol, phrase):
-    from hf_posenc import offline
+    from hf_posenc.cli import eval as eval_cli
 
-    monkeypatch.setattr(offline, "smollm2_gguf", lambda: (tiny_dir / "model", None))
-    monkeypatch.setattr(offline, "essays_dir", lambda: tiny_dir / "texts")
+    monkeypatch.setattr(eval_cli, "smollm2_gguf", lambda: (tiny_dir / "model", None))
+    monkeypatch.setattr(eval_cli, "essays_dir", lambda: tiny_dir / "texts")
     argv = ["eval", "--output", str(tmp_path / "out"), "--method", "none", "--lengths", "32,48"]
     assert main(argv + protocol) == 0
     banner = capsys.readouterr().out.splitlines()[0]

@@ -7,15 +7,18 @@ device (no weights downloaded) and patched there, which writes the same config a
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from .hub import HubError, build_card, push_to_hub
-from .patching import patch
-from .spec import parse_method_spec
+from ..hub import build_card, push_to_hub
+from ..patching import patch
+from ..record import PatchRecord
+from ..spec import MethodSpec
+
+# Library parameters whose flag has another name.
+PARAMETER_FLAGS = {"base_model": "--model", "base_revision": "--model-revision", "eval_results": "--results"}
 
 PUSH_EXAMPLES = """examples:
   hf-posenc push --model Qwen/Qwen2.5-0.5B --method yarn:factor=4 --repo me/Qwen2.5-0.5B-yarn-x4
@@ -44,7 +47,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     push.add_argument("--exist-ok", action="store_true", help="push a new commit to an existing repo")
     push.add_argument("--revision", help="branch to commit to (created from main if missing)")
     push.add_argument("--commit-message", help="commit summary")
-    push.set_defaults(func=run_push)
+    push.set_defaults(func=run_push, parameter_flags=PARAMETER_FLAGS)
 
     card = subparsers.add_parser(
         "card",
@@ -55,7 +58,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _add_model_arguments(card)
     card.add_argument("--repo", help="repo id named in the card's snippets, user/name (default: <model>-<method>)")
     card.add_argument("--output", type=Path, help="write the card to this file instead of printing it")
-    card.set_defaults(func=run_card)
+    card.set_defaults(func=run_card, parameter_flags=PARAMETER_FLAGS)
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,25 +78,21 @@ def run_push(args: argparse.Namespace) -> int:
         if args.with_weights
         else None
     )
-    try:
-        commit = push_to_hub(
-            model,
-            args.repo,
-            eval_results=args.results,
-            with_weights=args.with_weights,
-            tokenizer=tokenizer,
-            base_model=args.model,
-            base_revision=args.model_revision,
-            license=args.license,
-            private=args.private or None,
-            exist_ok=args.exist_ok,
-            revision=args.revision,
-            commit_message=args.commit_message,
-            token=args.token,
-        )
-    except HubError as error:
-        print(f"hf-posenc push: {error}", file=sys.stderr)
-        return 1
+    commit = push_to_hub(
+        model,
+        args.repo,
+        eval_results=args.results,
+        with_weights=args.with_weights,
+        tokenizer=tokenizer,
+        base_model=args.model,
+        base_revision=args.model_revision,
+        license=args.license,
+        private=args.private or None,
+        exist_ok=args.exist_ok,
+        revision=args.revision,
+        commit_message=args.commit_message,
+        token=args.token,
+    )
     print(commit.commit_url)
     return 0
 
@@ -101,24 +100,20 @@ def run_push(args: argparse.Namespace) -> int:
 def run_card(args: argparse.Namespace) -> int:
     if args.output is not None and args.output.is_dir():
         raise ValueError(
-            f"--output {args.output} is a folder; name the card's file (e.g. {args.output / 'README.md'})."
+            f"`output` {args.output} is a folder; name the card's file (e.g. {args.output / 'README.md'})."
         )
     model = _patched_model(args, with_weights=False)
-    method = model.config.hf_posenc["method"]
-    try:
-        card = build_card(
-            model,
-            args.repo or f"{args.model.rstrip('/').split('/')[-1]}-{method}",
-            eval_results=args.results,
-            with_weights=args.with_weights,
-            base_model=args.model,
-            base_revision=args.model_revision,
-            license=args.license,
-            token=args.token,
-        )
-    except HubError as error:
-        print(f"hf-posenc card: {error}", file=sys.stderr)
-        return 1
+    method = PatchRecord.from_config(model.config).method
+    card = build_card(
+        model,
+        args.repo or f"{args.model.rstrip('/').split('/')[-1]}-{method}",
+        eval_results=args.results,
+        with_weights=args.with_weights,
+        base_model=args.model,
+        base_revision=args.model_revision,
+        license=args.license,
+        token=args.token,
+    )
     if args.output is None:
         print(card)
     else:
@@ -128,11 +123,13 @@ def run_card(args: argparse.Namespace) -> int:
 
 def _patched_model(args: argparse.Namespace, *, with_weights: bool) -> PreTrainedModel:
     """The base model patched with ``--method``: real weights, or on the meta device for config-only."""
-    method, params = parse_method_spec(args.method)
+    spec = MethodSpec.parse(args.method)
+    if spec.unpatched:
+        raise ValueError("`method` 'none' is the unpatched model: there is no patch to push or describe.")
     if with_weights:
         model = AutoModelForCausalLM.from_pretrained(args.model, revision=args.model_revision, token=args.token)
     else:
         config = AutoConfig.from_pretrained(args.model, revision=args.model_revision, token=args.token)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-    return patch(model, method, **params)
+    return patch(model, spec.method, **spec.params)

@@ -9,6 +9,7 @@ import paper_formulas as paper
 import pytest
 import torch
 from conftest import make_tiny
+from helpers import assert_same, method_params, snapshot
 from transformers import AutoModelForCausalLM, OPTConfig
 
 import hf_posenc
@@ -19,37 +20,6 @@ SEQ = 3 * L + 5  # past the trained context, so dynamic methods differ too
 
 
 ROPE_SCALING = [name for name in hf_posenc.available_methods() if get_method(name).frequencies is not None]
-
-
-def method_params(method: str, pairs: int) -> dict:
-    return {
-        "alibi": {},
-        "dynamic-yarn": {},
-        "longrope": {"factor": 4, "long_factor": [1.0 + i / 4 for i in range(pairs)]},
-    }.get(method, {"factor": 4})
-
-
-def snapshot(model) -> dict:
-    return {
-        "state": {k: v.clone() for k, v in model.state_dict().items()},
-        "buffers": {k: v.clone() for k, v in model.named_buffers()},
-        "config": model.config.to_dict(),
-        "classes": [type(m) for m in model.modules()],
-        "instance_attrs": [sorted(m.__dict__) for m in model.modules()],
-    }
-
-
-def assert_same(before: dict, after: dict) -> None:
-    assert before["state"].keys() == after["state"].keys()
-    for key in before["state"]:
-        assert torch.equal(before["state"][key], after["state"][key]), key
-    assert before["buffers"].keys() == after["buffers"].keys()
-    for key in before["buffers"]:
-        assert before["buffers"][key].dtype == after["buffers"][key].dtype, key
-        assert torch.equal(before["buffers"][key], after["buffers"][key]), key
-    assert before["config"] == after["config"]
-    assert before["classes"] == after["classes"]
-    assert before["instance_attrs"] == after["instance_attrs"]
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Planners for ALiBi (Press et al. 2022) on RoPE decoders and on GPT-2.
+"""Planner: attention-level methods. ALiBi (Press et al. 2022) on RoPE decoders and on GPT-2.
 
 RoPE becomes the identity rotation (``inv_freq = 0``: ``cos = 1``, ``sin = 0`` exactly) and GPT-2's
 ``wpe`` contributes zeros; the attention implementation becomes one of hf_posenc's ALiBi backends,
@@ -8,7 +8,8 @@ Each attention module gets its heads' slopes as an instance attribute.
 The saved config cannot load silently without hf_posenc: RoPE models get ``rope_type
 "hf_posenc_alibi"`` (plain transformers: ``KeyError``), GPT-2 gets ``activation_function
 "hf_posenc_alibi"`` (plain transformers: ``KeyError`` from its activation table). ``config.hf_posenc``
-keeps the base values, which :func:`hf_posenc.from_pretrained` puts back before patching again.
+keeps the base values, which :func:`hf_posenc.from_pretrained` puts back before patching again; when it
+loads, ``attn_implementation`` picks the ALiBi backend (:func:`alibi_loading`).
 """
 
 from __future__ import annotations
@@ -20,38 +21,26 @@ from typing import Any
 import torch
 from torch import nn
 
-from .attention import BACKEND_OF, IMPLEMENTATIONS, cudnn
-from .attention.functions import fused_problem
-from .config import ALIBI_ROPE_TYPE, CONFIG_KEY, OWN_ROPE_TYPE, params_to_dict, patch_record
-from .learned_patch import gpt2_position_table
-from .methods.alibi import alibi_slopes, are_paper_slopes
-from .plan import ModuleChange, PatchInfo, Plan
-from .registry import Method
-from .rope_patch import check_rope_model
+from ..architectures import (
+    PLAIN_ATTENTION_ROPE_MODEL_TYPES,
+    attention_modules,
+    position_table,
+    positions_of,
+    rope_modules,
+)
+from ..attention import BACKEND_OF, IMPLEMENTATIONS, cudnn
+from ..attention.functions import fused_problem
+from ..methods.alibi import alibi_slopes, are_paper_slopes
+from ..record import CONFIG_KEY, PatchRecord
+from ..registry import Method
+from ..spec import params_to_dict
+from .plan import ModuleChange, PatchInfo, Plan, Planner
+from .rope_types import ALIBI_ROPE_TYPE, OWN_ROPE_TYPE
 
 logger = logging.getLogger("hf_posenc")
 
 ALIBI_GPT2_ACTIVATION = "hf_posenc_alibi"
-# RoPE families whose attention goes through transformers' interface with nothing beyond q.k (no logit
-# soft-capping, no attention sinks), checked against the eager reference in the test suite. Others with a
-# rotary module (Falcon's own attention, Gemma 2's softcap, GPT-OSS's sinks) would silently be wrong.
-ALIBI_ROPE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 ATTENTION = "_attn_implementation_internal"  # the config attribute behind config._attn_implementation
-
-
-def attention_modules(model: nn.Module) -> list[nn.Module]:
-    """The self-attention modules (those dispatching through the attention interface), one per layer."""
-    modules = [
-        module
-        for module in model.modules()
-        if getattr(module, "is_causal", False) and hasattr(module, "layer_idx") and hasattr(module, "config")
-    ]
-    if len(modules) != model.config.num_hidden_layers:
-        raise ValueError(
-            f"Found {len(modules)} attention modules in {type(model).__name__} for "
-            f"{model.config.num_hidden_layers} layers; ALiBi cannot be applied to this architecture."
-        )
-    return modules
 
 
 # Standard implementations -> the ALiBi backend that replaces each, and back: the base model is built with
@@ -160,9 +149,11 @@ def _zeros(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor
     return torch.zeros_like(output)
 
 
-def _plan(
+def _alibi_everywhere(
     model: nn.Module, method: Method, params: dict[str, Any], config_changes: dict[str, Any], rope_type: str | None
 ) -> tuple[PatchInfo, dict[str, Any], list[tuple[nn.Module, ModuleChange]]]:
+    """What ALiBi changes on any model: the config record, the attention implementation, each attention
+    module's slopes; ``config_changes`` are the model's own (what makes its positions contribute nothing)."""
     requested = method.make_params(**params)
     resolved = _resolve(model, method, requested)
     config = model.config
@@ -174,29 +165,55 @@ def _plan(
     updates = {
         **config_changes,
         ATTENTION: IMPLEMENTATIONS[resolved.backend],
-        CONFIG_KEY: patch_record(method.name, recorded, False, base),
+        CONFIG_KEY: PatchRecord(method.name, recorded, False, base).to_dict(),
     }
     slopes = [(module, functools.partial(_alibi_attention, resolved.slopes)) for module in attention_modules(model)]
     return info, updates, [(model, _masks_in_forward), *slopes]
 
 
-def plan_alibi_rope(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
+def _plan_alibi_rope(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
     """ALiBi on a RoPE decoder (Llama, Mistral, Qwen2/3): no rotation, the bias in attention."""
     model_type = model.config.model_type
-    if model_type not in ALIBI_ROPE_MODEL_TYPES:
+    if model_type not in PLAIN_ATTENTION_ROPE_MODEL_TYPES:
         raise ValueError(
-            f"ALiBi replaces RoPE in {', '.join(ALIBI_ROPE_MODEL_TYPES)} models (and GPT-2's learned positions); "
+            f"ALiBi replaces RoPE in {', '.join(PLAIN_ATTENTION_ROPE_MODEL_TYPES)} models (and GPT-2's learned "
+            "positions); "
             f"{type(model).__name__} (model_type {model_type!r}) is not one of them: its attention may add terms "
             "or not go through transformers' attention interface, so the bias could be silently wrong."
         )
-    rotary = check_rope_model(model, any_rope_type=True)  # no rotation is left: how it was scaled is moot
+    rotary = rope_modules(model, scaled_ok=True)  # no rotation is left: how it was scaled is moot
     rope_parameters = {**model.config.rope_parameters, "rope_type": ALIBI_ROPE_TYPE}
-    info, updates, attention = _plan(model, method, params, {"rope_parameters": rope_parameters}, ALIBI_ROPE_TYPE)
+    changes = {"rope_parameters": rope_parameters}
+    info, updates, attention = _alibi_everywhere(model, method, params, changes, ALIBI_ROPE_TYPE)
     return Plan(info, updates, [(module, _no_rotation) for module in rotary] + attention)
 
 
-def plan_alibi_learned(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
+def _plan_alibi_learned(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
     """ALiBi on GPT-2: ``wpe`` returns zeros (any length runs), the bias in attention."""
-    table = gpt2_position_table(model)
-    info, updates, attention = _plan(model, method, params, {"activation_function": ALIBI_GPT2_ACTIVATION}, None)
+    table = position_table(model)
+    changes = {"activation_function": ALIBI_GPT2_ACTIVATION}
+    info, updates, attention = _alibi_everywhere(model, method, params, changes, None)
     return Plan(info, updates, [(table, _no_positions), *attention])
+
+
+def plan_alibi(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
+    """ALiBi on whichever positions ``model`` has: RoPE or a learned table."""
+    if positions_of(model).kind == "rope":
+        return _plan_alibi_rope(model, method, params)
+    return _plan_alibi_learned(model, method, params)
+
+
+def alibi_loading(params: dict[str, Any], kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Loading a saved ALiBi model: an ``attn_implementation`` asked for picks the ALiBi backend (and the base
+    model's implementation) instead of the recorded backend."""
+    if kwargs.get("attn_implementation") is None:
+        return params, kwargs
+    backend, base_implementation = loading_backend(kwargs["attn_implementation"])
+    return {**params, "backend": backend}, {**kwargs, "attn_implementation": base_implementation}
+
+
+def is_alibi(method: Method) -> bool:
+    return method.name == "alibi"
+
+
+PLANNER = Planner(positions=frozenset({"rope", "learned"}), serves=is_alibi, plan=plan_alibi, loading=alibi_loading)

@@ -1,0 +1,58 @@
+"""The ``hf-posenc`` command: each module in ``COMMAND_MODULES`` adds its subcommands.
+
+A command module exposes ``add_parser(subparsers)``; each subcommand it adds sets ``func``, called with
+the parsed arguments and returning the exit status.
+
+Library functions raise errors that speak Python: a parameter they name is written in backticks
+(`` `output` ``). Here each backticked name of a parameter of the command becomes its flag (``--output``):
+the argparse destination of each option, plus the names a command maps itself (``parameter_flags``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import sys
+
+from ..hub import HubError
+
+COMMAND_MODULES = ("hf_posenc.cli.eval", "hf_posenc.cli.hub")
+_PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hf-posenc",
+        description="Change how a pretrained Hugging Face model encodes position, and measure it.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_parser(subparsers)
+    for command in subparsers.choices.values():
+        command.set_defaults(flags=flag_names(command))
+    return parser
+
+
+def flag_names(command: argparse.ArgumentParser) -> dict[str, str]:
+    """Python parameter name -> the flag that sets it: every option's destination (argparse lists them only
+    in ``_actions``), and the command's own ``parameter_flags`` default (library parameters named otherwise)."""
+    flags = {action.dest: max(action.option_strings, key=len) for action in command._actions if action.option_strings}
+    return {**flags, **(command.get_default("parameter_flags") or {})}
+
+
+def with_flags(message: str, flags: dict[str, str]) -> str:
+    """``message`` with each backticked parameter name that has a flag written as that flag."""
+    return _PARAMETER.sub(lambda match: flags.get(match.group(1), match.group(0)), message)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except HubError as error:  # the Hub refused or failed: the input may be fine
+        print(f"hf-posenc {args.command}: {with_flags(str(error), args.flags)}", file=sys.stderr)
+        return 1
+    except (ValueError, TypeError, OSError, NotImplementedError) as error:  # bad input, files, model loading
+        print(f"hf-posenc {args.command}: error: {with_flags(str(error), args.flags)}", file=sys.stderr)
+        return 2

@@ -1,0 +1,21 @@
+"""Everything that changes a model, and nothing else does.
+
+* :mod:`~.plan`: what a patch is before it touches the model (:class:`Plan`), and what a planner is.
+* :mod:`~.apply`: apply a plan with a record of all it changes, restore it exactly (``patch``, ``unpatch``).
+* :mod:`~.dispatch`: the table of planners, and which one serves a method on a model.
+* planners, one module per kind of change, never importing each other: :mod:`~.rope` (RoPE scaling),
+  :mod:`~.attention` (attention-level methods: ALiBi), :mod:`~.learned` (learned tables: GPT-2 PI).
+  What they share about a model lives in :mod:`hf_posenc.architectures`.
+* :mod:`~.rope_types`: a RoPE method in ``rope_parameters``, and hf_posenc's own rope types.
+* :mod:`~.loading`: ``from_pretrained`` of a saved patched model, through the method's planner.
+"""
+
+from __future__ import annotations
+
+import hf_posenc.registrations  # noqa: F401  (transformers learns hf_posenc's rope types and attention backends)
+
+from .apply import get_patch, patch, patched, unpatch
+from .loading import from_pretrained
+from .plan import PatchInfo
+
+__all__ = ["PatchInfo", "from_pretrained", "get_patch", "patch", "patched", "unpatch"]

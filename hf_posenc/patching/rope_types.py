@@ -1,0 +1,112 @@
+"""A RoPE method in a config's ``rope_parameters``, and hf_posenc's own rope types.
+
+A patch writes the method into ``config.rope_parameters``: in transformers' own vocabulary where it
+can say it (``linear``, ``dynamic``, ``yarn``, ``llama3``, ``longrope``, or ``default`` with a larger
+``rope_theta`` for static NTK), so a saved model loads the same without hf_posenc; otherwise under
+hf_posenc's rope types, which plain transformers refuses to build (``KeyError: 'hf_posenc'``) instead
+of loading the unscaled model. :mod:`hf_posenc.registrations` gives transformers :func:`own_rope_init`
+for those types.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from ..architectures import rotary_dim
+from ..methods import rope_frequencies
+from ..record import CONFIG_KEY, PatchRecord
+from ..registry import Method, get_method
+from ..spec import params_to_dict
+
+OWN_ROPE_TYPE = "hf_posenc"
+OWN_DYNAMIC_ROPE_TYPE = "hf_posenc_dynamic"  # contains "dynamic": transformers recomputes it per length
+ALIBI_ROPE_TYPE = "hf_posenc_alibi"  # no rotation; no init function, so plain transformers refuses the config
+OWN_ROPE_TYPES = (OWN_ROPE_TYPE, OWN_DYNAMIC_ROPE_TYPE, ALIBI_ROPE_TYPE)
+_OWN_KEYS = ("rope_type", "rope_theta", "partial_rotary_factor", "method")
+
+
+def _base_rope_fields(rope_parameters: dict[str, Any]) -> dict[str, Any]:
+    return {k: rope_parameters[k] for k in ("rope_theta", "partial_rotary_factor") if k in rope_parameters}
+
+
+def native_rope_parameters(method: Method, params: Any, config: Any) -> dict[str, Any] | None:
+    """``rope_parameters`` in transformers' vocabulary for this patch, or None if it has no such type."""
+    if method.transformers_rope is None:
+        return None
+    rope = method.transformers_rope(params, rotary_dim(config), config.rope_parameters["rope_theta"])
+    return None if rope is None else {**_base_rope_fields(config.rope_parameters), **rope}
+
+
+def own_rope_parameters(method: Method, params: Any, config: Any) -> dict[str, Any]:
+    """``rope_parameters`` under hf_posenc's own rope type (methods transformers cannot express)."""
+    rope_type = OWN_DYNAMIC_ROPE_TYPE if method.dynamic else OWN_ROPE_TYPE
+    return {
+        "rope_type": rope_type,
+        **_base_rope_fields(config.rope_parameters),
+        "method": method.name,
+        **params_to_dict(params),
+    }
+
+
+def rope_config_updates(method: Method, params: Any, config: Any, rope_parameters: dict[str, Any]) -> dict[str, Any]:
+    """New values of the config attributes a RoPE patch sets (``rope_parameters``, ``max_position_embeddings``,
+    the record). Static methods announce the extended context ``round(s * L)``; dynamic ones keep ``L``
+    there, which transformers' ``dynamic`` type reads as the trained context."""
+    context = params.context
+    factor = getattr(params, "factor", None)
+    max_positions = context if method.dynamic or factor is None else round(factor * context)
+    native = rope_parameters["rope_type"] not in OWN_ROPE_TYPES
+    base = {"rope_parameters": config.rope_parameters, "max_position_embeddings": config.max_position_embeddings}
+    record = PatchRecord(method.name, params_to_dict(params), native, base)
+    return {
+        "rope_parameters": rope_parameters,
+        "max_position_embeddings": max_positions,
+        CONFIG_KEY: record.to_dict(),
+    }
+
+
+def transformers_frequencies(
+    config: Any, rotary_class: type, seq_len: int | None = None, device: Any = None
+) -> tuple[torch.Tensor, float]:
+    """What transformers itself computes for ``config.rope_parameters`` (float32).
+
+    ``seq_len`` goes in as a 0-d int64 tensor, as transformers' dynamic update passes it, so the
+    arithmetic (and so every bit of the result) is the one a natively loaded model does.
+    """
+    rope_type = config.rope_parameters["rope_type"]
+    if rope_type == "default":
+        inv_freq, factor = rotary_class.compute_default_rope_parameters(config)
+        return inv_freq.to(device), factor
+    length = None if seq_len is None else torch.tensor(seq_len, device=device)
+    return ROPE_INIT_FUNCTIONS[rope_type](config, device, seq_len=length)
+
+
+def own_rope_init(config: Any, device: Any = None, seq_len: Any = None, layer_type: Any = None):
+    """transformers rope-init function for hf_posenc's rope types (``ROPE_INIT_FUNCTIONS`` signature).
+
+    Reads the patch record when the config has one (a patched model whose rotary modules transformers
+    re-initializes), else the method written into ``rope_parameters`` (a saved config loaded by plain
+    transformers after ``import hf_posenc``). A patch without rotation (ALiBi) gives zero frequencies: the
+    identity rotation it installed. An unknown method or a bad parameter raises here.
+    """
+    record = PatchRecord.from_config(config, missing_ok=True)
+    if record and get_method(record.method).frequencies is None:
+        return torch.zeros(rotary_dim(config) // 2, device=device), 1.0
+    if record:
+        method, params = record.method, record.params
+        base = record.base["rope_parameters"]["rope_theta"]
+    else:
+        rope = config.rope_parameters
+        method, base = rope["method"], rope["rope_theta"]
+        params = {key: value for key, value in rope.items() if key not in _OWN_KEYS}
+    inv_freq, attention = rope_frequencies(
+        method,
+        head_dim=rotary_dim(config),
+        base=base,
+        seq_len=None if seq_len is None else int(seq_len),
+        **params,
+    )
+    return inv_freq.to(device=device, dtype=torch.float32), attention

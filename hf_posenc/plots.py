@@ -1,0 +1,114 @@
+"""Plots of evaluation results: perplexity against length, passkey accuracy by length and depth.
+
+Used by the evaluation (:mod:`hf_posenc.eval`) and by the Hub layer (the plot a push carries) alike.
+Figures are built outside pyplot's global state where possible and written atomically.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from .files import atomic_write
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINESTYLES = ("-", "--", "-.", ":")
+
+
+def plot_ppl_vs_length(path: Path, results: list[dict[str, Any]], *, trained_context: int | None, title: str) -> None:
+    """One line per method, perplexity on a log scale against length, the trained context (if known) marked."""
+    fig = ppl_figure(results, trained_context=trained_context, title=title)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+
+
+def ppl_figure(results: list[dict[str, Any]], *, trained_context: int | None, title: str):
+    """The figure of :func:`plot_ppl_vs_length` (a `matplotlib.figure.Figure`, outside pyplot)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator, ScalarFormatter
+
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    for index, method in enumerate(dict.fromkeys(r["method"] for r in results)):
+        points = sorted((r["length"], r["ppl"]) for r in results if r["method"] == method)
+        finite = [(n, ppl) for n, ppl in points if math.isfinite(ppl)]
+        (line,) = ax.plot([n for n, _ in finite], [ppl for _, ppl in finite], label=method, **line_style(index))
+        for n, ppl in points:  # past float range, or NaN: named at the top edge in the method's colour
+            if not math.isfinite(ppl):
+                label, where = "inf" if ppl > 0 else "NaN", (n, 0.98 - 0.05 * index)
+                top = ("data", "axes fraction")
+                ax.annotate(label, where, xycoords=top, ha="center", va="top", color=line.get_color())
+    if trained_context is not None:
+        ax.axvline(trained_context, color="gray", linestyle="--", label=f"trained context ({trained_context})")
+    lengths = sorted({r["length"] for r in results})
+    ax.set_xscale("log", base=2)
+    ax.set_xlim(lengths[0] / 2**0.2, lengths[-1] * 2**0.2)  # room for inf / NaN labels; one length works too
+    ax.set_xticks(lengths, [length_label(n) for n in lengths])
+    ax.minorticks_off()
+    values = [r["ppl"] for r in results if math.isfinite(r["ppl"])]
+    if values:  # (a log axis with nothing on it cannot be drawn; inf / NaN are named at the top instead)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
+        if max(values) < 10 * min(values):  # within a decade the log ticks label one or two values
+            ax.yaxis.set_major_locator(MaxNLocator(nbins=6))
+            ax.yaxis.set_minor_locator(NullLocator())
+        else:  # over decades: 1, 2 and 5 of each, not all nine
+            ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2, 5)))
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("perplexity")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def line_style(index: int) -> dict[str, Any]:
+    """Marker, line style and sizes of the ``index``-th method: identical curves stay visible, since later
+    ones are drawn thinner, with smaller hollow markers of another shape, over the earlier ones."""
+    return {
+        "marker": MARKERS[index % len(MARKERS)],
+        "linestyle": LINESTYLES[(index + index // len(MARKERS)) % len(LINESTYLES)],
+        "markersize": max(3.0, 9.0 - 1.5 * index),
+        "linewidth": max(1.0, 2.5 - 0.5 * index),
+        "markerfacecolor": "none",
+    }
+
+
+def plot_passkey_heatmap(path: Path, grid: list[dict[str, Any]], *, title: str) -> None:
+    """One panel per method: accuracy by length (columns) and depth (rows)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(cell["method"] for cell in grid))
+    lengths = sorted({cell["length"] for cell in grid})
+    depths = sorted({cell["depth"] for cell in grid})
+    width = max(5.0, 1.5 + 1.1 * len(lengths) * len(methods))
+    fig, axes = plt.subplots(
+        1, len(methods), figsize=(width, 1.6 + 0.5 * len(depths)), squeeze=False, sharey=True, layout="constrained"
+    )
+    for ax, method in zip(axes[0], methods, strict=True):
+        values = [[float("nan")] * len(lengths) for _ in depths]
+        for cell in grid:
+            if cell["method"] == method:
+                row, col = depths.index(cell["depth"]), lengths.index(cell["length"])
+                values[row][col] = cell["accuracy"]
+                ax.text(col, row, f"{cell['accuracy']:.0%}", ha="center", va="center", fontsize=8)
+        image = ax.imshow(values, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax.set_xticks(range(len(lengths)), [length_label(n) for n in lengths])
+        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
+        ax.set_xlabel("length")
+        ax.set_title(method, fontsize=9)
+    axes[0][0].set_ylabel("depth of the key")
+    fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
+    fig.suptitle(title, fontsize=9)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    plt.close(fig)
+
+
+def length_label(n: int) -> str:
+    """``2048`` -> ``2k``; lengths that are not whole multiples of 1024 as they are."""
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)

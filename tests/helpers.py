@@ -1,0 +1,129 @@
+"""Helpers shared by test modules in several folders: model snapshots, generation, reference formulas."""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+
+import pytest
+import torch
+
+
+def gpu(test):
+    """``@pytest.mark.gpu``, skipped without CUDA."""
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
+
+
+def paper_slopes(n: int) -> list[float]:
+    """The paper's reference code (github.com/ofirpress/attention_with_linear_biases), transcribed."""
+
+    def power_of_2(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(n).is_integer():
+        return power_of_2(n)
+    closest = 2 ** math.floor(math.log2(n))
+    return power_of_2(closest) + paper_slopes(2 * closest)[0::2][: n - closest]
+
+
+def generate(model, prompt, mask=None, new=40):
+    model.generation_config.eos_token_id = None
+    out = model.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt) if mask is None else mask,
+        max_new_tokens=new,
+        do_sample=False,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    return out.sequences, torch.stack(out.logits, dim=1)  # (B, P+new), (B, new, V)
+
+
+def method_params(method: str, pairs: int) -> dict:
+    return {
+        "alibi": {},
+        "dynamic-yarn": {},
+        "longrope": {"factor": 4, "long_factor": [1.0 + i / 4 for i in range(pairs)]},
+    }.get(method, {"factor": 4})
+
+
+def snapshot(model) -> dict:
+    return {
+        "state": {k: v.clone() for k, v in model.state_dict().items()},
+        "buffers": {k: v.clone() for k, v in model.named_buffers()},
+        "config": model.config.to_dict(),
+        "classes": [type(m) for m in model.modules()],
+        "instance_attrs": [sorted(m.__dict__) for m in model.modules()],
+    }
+
+
+def assert_same(before: dict, after: dict) -> None:
+    assert before["state"].keys() == after["state"].keys()
+    for key in before["state"]:
+        assert torch.equal(before["state"][key], after["state"][key]), key
+    assert before["buffers"].keys() == after["buffers"].keys()
+    for key in before["buffers"]:
+        assert before["buffers"][key].dtype == after["buffers"][key].dtype, key
+        assert torch.equal(before["buffers"][key], after["buffers"][key]), key
+    assert before["config"] == after["config"]
+    assert before["classes"] == after["classes"]
+    assert before["instance_attrs"] == after["instance_attrs"]
+
+
+PLAIN_LOAD = textwrap.dedent(
+    """
+    import json, sys, torch
+    from transformers import AutoModelForCausalLM
+    ids = torch.load(sys.argv[1])
+    out = {}
+    for folder in sys.argv[2:]:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+            with torch.no_grad():
+                torch.save(model(ids).logits, folder + "/plain_logits.pt")
+            out[folder] = "loaded"
+        except Exception as error:
+            out[folder] = f"{type(error).__name__}: {error}"
+    assert "hf_posenc" not in sys.modules
+    print(json.dumps(out))
+    """
+)
+
+
+YARN_PPL = {512: 25.81, 1024: 27.72, 4096: 26.63}
+
+
+BASE_PPL = {512: 23.9, 1024: 25.7, 2048: 25.1}
+
+
+def write_results(
+    folder, rows, *, model: str = "org/tiny-base", params: dict | None = None, dataset: str = "pg19", **details
+):
+    """An eval results.json as the eval engineer writes it; ``params``: the resolved parameters of every
+    non-``none`` row; ``details``: more top-level fields (``dataset_details``, ``model_details``...)."""
+    data = {
+        "protocol": "sliding-window",
+        "model": model,
+        "dataset": dataset,
+        "versions": {"hf_posenc": "0.1.0"},
+        **details,
+        "results": [
+            {
+                "method": method,
+                "params": {} if method == "none" or params is None else params,
+                "length": length,
+                "ppl": ppl,
+                "nll": 1.0,
+                "tokens": 10,
+                "windows": 1,
+            }
+            for method, table in rows.items()
+            for length, ppl in table.items()
+        ],
+    }
+    path = folder / "results.json"
+    path.write_text(json.dumps(data))
+    return path

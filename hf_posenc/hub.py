@@ -271,7 +271,7 @@ def from_pretrained(pretrained_model_name_or_path: str, **kwargs: Any) -> PreTra
 
     A config-only repo (its ``hf_posenc.json`` says ``"weights": false``) loads the base model's weights
     from the repo and commit it names, with the pushed config; anything else loads like
-    ``hf_posenc.loading.from_pretrained``.
+    ``hf_posenc.patching.loading.from_pretrained``.
 
     Args:
         pretrained_model_name_or_path (`str`): Hub id or local folder.

@@ -58,9 +58,6 @@ class MethodSpec:
         """The canonical spelling: what result rows are keyed by (``yarn:factor=4``)."""
         return format_method_spec(self.name, self.params)
 
-    def __str__(self) -> str:
-        return self.text
-
     @property
     def unpatched(self) -> bool:
         return self.method == NONE_METHOD

@@ -310,7 +310,7 @@ def test_cli_reads_a_private_base_with_the_token_and_reports_user_errors_in_one_
 
 def test_local_folders_without_or_with_a_newer_record(tmp_path):
     model = hf_posenc.patch(make_tiny("llama"), "pi", factor=2, original_max_position_embeddings=64)
-    model.save_pretrained(tmp_path)  # no hf_posenc.json: loads like hf_posenc.loading.from_pretrained
+    model.save_pretrained(tmp_path)  # no hf_posenc.json: loads like hf_posenc.patching.loading.from_pretrained
     loaded = hf_posenc.hub.from_pretrained(str(tmp_path), attn_implementation="eager")
     assert hf_posenc.get_patch(loaded) == hf_posenc.get_patch(model)
     torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)

@@ -196,7 +196,7 @@ def eval_command(args: argparse.Namespace) -> int:
     output = args.output or _default_output(
         "eval", model_source.gguf_file or model_source.name, args.dataset or "essays", args.protocol
     )
-    record = run_perplexity(
+    report = run_perplexity(
         model_source=model_source,
         text_source=text_source,
         methods=args.methods or list(OFFLINE_METHODS),
@@ -212,13 +212,13 @@ def eval_command(args: argparse.Namespace) -> int:
     )
     _end_processes()
     if _is_main_process():
-        bos = "prepended" if record["protocol_details"]["bos"] else "none"
+        bos = "prepended" if report["protocol_details"]["bos"] else "none"
         print(
-            f"\nPerplexity (protocol {record['protocol']}, BOS {bos}, token-weighted; "
-            f"trained context {record['model_details']['trained_context']}):"
+            f"\nPerplexity (protocol {report['protocol']}, BOS {bos}, token-weighted; "
+            f"trained context {report['model_details']['trained_context']}):"
         )
-        print(format_table(record["results"]))
-        note = coverage_note(record["results"], record["dataset_details"]["documents"])
+        print(format_table(report["results"]))
+        note = coverage_note(report["results"], report["dataset_details"]["documents"])
         if note:
             print(note)
         print(f"\nResults: {output / RESULTS_JSON} and {RESULTS_CSV}\nPlot:    {output / PPL_PLOT}")
@@ -239,7 +239,7 @@ def _windows_phrase(args: argparse.Namespace) -> str:
 def passkey_command(args: argparse.Namespace) -> int:
     model_source = _model_source(args)
     output = args.output or _default_output("passkey", model_source.gguf_file or model_source.name)
-    record = run_passkey(
+    report = run_passkey(
         model_source=model_source,
         methods=args.methods or list(OFFLINE_METHODS),
         lengths=args.lengths,
@@ -252,7 +252,7 @@ def passkey_command(args: argparse.Namespace) -> int:
     _end_processes()
     if _is_main_process():
         by_length: dict[tuple[str, int], list[float]] = {}
-        for cell in record["accuracy"]:
+        for cell in report["accuracy"]:
             by_length.setdefault((cell["method"], cell["length"]), []).append(cell["accuracy"])
         rows = [{"method": m, "length": n, "accuracy": sum(v) / len(v)} for (m, n), v in by_length.items()]
         print("\nPasskey accuracy (mean over depths):")

@@ -1,4 +1,4 @@
-"""Results files: JSON (the record), CSV, plots, the console table, and resuming a killed run.
+"""Results files: JSON (the report), CSV, plots, the console table, and resuming a killed run.
 
 Every file is written atomically (:mod:`hf_posenc.files`), so a run killed at any moment leaves either
 the previous or the new version.
@@ -80,7 +80,7 @@ def check_output(folder: Path) -> None:
 
 
 def load_previous(path: Path, arguments: dict[str, Any]) -> dict[str, Any] | None:
-    """The record already in ``path`` for the same ``arguments``; None if there is no file.
+    """The report already in ``path`` for the same ``arguments``; None if there is no file.
 
     Raises:
         `ValueError`: the file is not a results file, or holds results of other arguments (it is left
@@ -88,7 +88,7 @@ def load_previous(path: Path, arguments: dict[str, Any]) -> dict[str, Any] | Non
     """
     if not path.exists():
         return None
-    previous = _read_record(path)
+    previous = _read_report(path)
     if previous.get("arguments") != arguments:
         changed = sorted(
             key
@@ -102,16 +102,16 @@ def load_previous(path: Path, arguments: dict[str, Any]) -> dict[str, Any] | Non
     return previous
 
 
-def _read_record(path: Path) -> dict[str, Any]:
+def _read_report(path: Path) -> dict[str, Any]:
     """The JSON object in ``path``; ``ValueError`` naming the file if it holds none."""
     advice = "move it away or choose another `output` folder"
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        report = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path} is not a results file (not JSON: {error}); {advice}.") from None
-    if not isinstance(record, dict):
-        raise ValueError(f"{path} is not a results file (a JSON {type(record).__name__}, not an object); {advice}.")
-    return record
+    if not isinstance(report, dict):
+        raise ValueError(f"{path} is not a results file (a JSON {type(report).__name__}, not an object); {advice}.")
+    return report
 
 
 def sort_results(results: list[dict[str, Any]], methods: list[str]) -> list[dict[str, Any]]:
@@ -120,8 +120,8 @@ def sort_results(results: list[dict[str, Any]], methods: list[str]) -> list[dict
     return sorted(results, key=lambda r: (order.get(r["method"], len(order)), r["method"], r["length"]))
 
 
-def write_json(path: Path, record: dict[str, Any]) -> None:
-    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+def write_json(path: Path, report: dict[str, Any]) -> None:
+    atomic_write_text(path, json.dumps(report, indent=2) + "\n")
 
 
 def write_csv(path: Path, results: list[dict[str, Any]], fields: Sequence[str] = CSV_FIELDS) -> None:
@@ -155,26 +155,26 @@ def coverage_note(results: list[dict[str, Any]], documents: int) -> str | None:
     return f"Documents scored (of {documents}; shorter ones are skipped): {counts}. Columns compare different texts."
 
 
-def write_perplexity_results(output: Path, record: dict[str, Any]) -> None:
-    """results.json, results.csv and ppl_vs_length.png of ``record`` (each written atomically)."""
-    write_json(output / RESULTS_JSON, record)
-    write_csv(output / RESULTS_CSV, record["results"])
-    details = record["protocol_details"]
+def write_perplexity_results(output: Path, report: dict[str, Any]) -> None:
+    """results.json, results.csv and ppl_vs_length.png of ``report`` (each written atomically)."""
+    write_json(output / RESULTS_JSON, report)
+    write_csv(output / RESULTS_CSV, report["results"])
+    details = report["protocol_details"]
     title = (
-        f"{record['model']} on {record['dataset']}\nprotocol {record['protocol']}, "
-        f"{'BOS prepended' if details['bos'] else 'no BOS'}, {record['model_details']['dtype']}"
+        f"{report['model']} on {report['dataset']}\nprotocol {report['protocol']}, "
+        f"{'BOS prepended' if details['bos'] else 'no BOS'}, {report['model_details']['dtype']}"
     )
     plot_ppl_vs_length(
         output / PPL_PLOT,
-        record["results"],
-        trained_context=record["model_details"]["trained_context"],
+        report["results"],
+        trained_context=report["model_details"]["trained_context"],
         title=title,
     )
 
 
-def write_passkey_results(output: Path, record: dict[str, Any]) -> None:
+def write_passkey_results(output: Path, report: dict[str, Any]) -> None:
     """passkey.json, passkey.csv (accuracy by method, length and depth) and passkey_heatmap.png (each
     written atomically)."""
-    write_json(output / PASSKEY_JSON, record)
-    write_csv(output / PASSKEY_CSV, record["accuracy"], fields=("method", "length", "depth", "accuracy", "trials"))
-    plot_passkey_heatmap(output / PASSKEY_PLOT, record["accuracy"], title=f"passkey retrieval: {record['model']}")
+    write_json(output / PASSKEY_JSON, report)
+    write_csv(output / PASSKEY_CSV, report["accuracy"], fields=("method", "length", "depth", "accuracy", "trials"))
+    plot_passkey_heatmap(output / PASSKEY_PLOT, report["accuracy"], title=f"passkey retrieval: {report['model']}")

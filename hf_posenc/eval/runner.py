@@ -123,7 +123,7 @@ def run_perplexity(
     output: Path,
     note: str | None = None,
 ) -> dict[str, Any]:
-    """Perplexity of every method at every length on the same windows; writes and returns the record.
+    """Perplexity of every method at every length on the same windows; writes and returns the report.
 
     Method specs (and methods given twice), the output folder (a folder that can be written; results of
     other arguments are refused), the data and every length are checked before the model is loaded.
@@ -170,16 +170,16 @@ def run_perplexity(
     done = {(r["method"], r["length"]) for r in results}
     todo = {spec.text: [n for n in lengths if (spec.text, n) not in done] for spec in specs}
     if not any(todo.values()):
-        record = {**previous, "results": sort_results(results, [spec.text for spec in specs])}
+        report = {**previous, "results": sort_results(results, [spec.text for spec in specs])}
         if accelerator.is_main_process:
-            write_perplexity_results(output, record)
-        return record
+            write_perplexity_results(output, report)
+        return report
 
     longest = max(input_shape(w, bos_id is not None)[0] for n in set().union(*todo.values()) for w in plans[n].windows)
     model, resolved = load_checked(model_source, specs, accelerator, max(docs, key=len), longest)
     rows = {row["method"]: row.get("params") or {} for row in results}
     refuse_duplicates(specs, list(rows), output / RESULTS_JSON, resolved={**rows, **resolved})
-    record = {
+    report = {
         "protocol": protocol,
         "model": model_source.label,
         "dataset": text_source.label,
@@ -220,10 +220,10 @@ def run_perplexity(
                 )
                 seconds = time.perf_counter() - start
                 results.append(_result(spec.text, resolved[spec.text], n, scored, plans[n], seconds))
-                record["results"] = sort_results(results, [spec.text for spec in specs])
+                report["results"] = sort_results(results, [spec.text for spec in specs])
                 if accelerator.is_main_process:
-                    write_perplexity_results(output, record)
-    return record
+                    write_perplexity_results(output, report)
+    return report
 
 
 def _counts(details: dict[str, Any]) -> str:
@@ -287,7 +287,7 @@ def run_passkey(
     keys = random_keys(trials, seed)
     prompts = {n: [(d, build_prompt(tokenizer, n, d, k, bos_id)) for d in depths for k in keys] for n in lengths}
     done = {(t["method"], t["length"]) for t in done_trials}
-    record = {
+    report = {
         "task": "passkey retrieval, greedy (teacher-forced): the key's tokens, then no further digit",
         "model": model_source.label,
         "model_details": {"name": model_source.name, "gguf_file": model_source.gguf_file, "dtype": arguments["dtype"]},
@@ -313,9 +313,9 @@ def run_passkey(
                     {"method": spec.text, "length": n, "depth": d, "key": p.key, "correct": ok}
                     for (d, p), ok in zip(prompts[n], flags, strict=True)
                 ]
-                record |= {"trials": done_trials, "accuracy": accuracy_grid(done_trials)}
+                report |= {"trials": done_trials, "accuracy": accuracy_grid(done_trials)}
                 if accelerator.is_main_process:
-                    write_passkey_results(output, record)
+                    write_passkey_results(output, report)
     if accelerator.is_main_process and model is None:
         write_passkey_results(output, previous)
-    return record if model is not None else previous
+    return report if model is not None else previous

@@ -46,7 +46,7 @@ def _batches(indices: list[int], windows: list[Window], bos: bool, batch_size: i
 def _gathered(records: list[tuple[int, Any]], count: int, what: str) -> list[tuple[int, Any]]:
     """Every process's ``(index, value)`` records, sorted; ``RuntimeError`` unless each index comes once."""
     gathered = sorted(gather_object(records))
-    if [record[0] for record in gathered] != list(range(count)):
+    if [index for index, _ in gathered] != list(range(count)):
         raise RuntimeError(f"Gathered {len(gathered)} results for {count} {what}.")
     return gathered
 

@@ -149,7 +149,7 @@ def _zeros(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor
     return torch.zeros_like(output)
 
 
-def _alibi_everywhere(
+def _alibi_changes(
     model: nn.Module, method: Method, params: dict[str, Any], config_changes: dict[str, Any], rope_type: str | None
 ) -> tuple[PatchInfo, dict[str, Any], list[tuple[nn.Module, ModuleChange]]]:
     """What ALiBi changes on any model: the config record, the attention implementation, each attention
@@ -177,14 +177,13 @@ def _plan_alibi_rope(model: nn.Module, method: Method, params: dict[str, Any]) -
     if model_type not in PLAIN_ATTENTION_ROPE_MODEL_TYPES:
         raise ValueError(
             f"ALiBi replaces RoPE in {', '.join(PLAIN_ATTENTION_ROPE_MODEL_TYPES)} models (and GPT-2's learned "
-            "positions); "
-            f"{type(model).__name__} (model_type {model_type!r}) is not one of them: its attention may add terms "
-            "or not go through transformers' attention interface, so the bias could be silently wrong."
+            f"positions); {type(model).__name__} (model_type {model_type!r}) is not one of them: its attention may "
+            "add terms or not go through transformers' attention interface, so the bias could be silently wrong."
         )
     rotary = rope_modules(model, scaled_ok=True)  # no rotation is left: how it was scaled is moot
     rope_parameters = {**model.config.rope_parameters, "rope_type": ALIBI_ROPE_TYPE}
     changes = {"rope_parameters": rope_parameters}
-    info, updates, attention = _alibi_everywhere(model, method, params, changes, ALIBI_ROPE_TYPE)
+    info, updates, attention = _alibi_changes(model, method, params, changes, ALIBI_ROPE_TYPE)
     return Plan(info, updates, [(module, _no_rotation) for module in rotary] + attention)
 
 
@@ -192,7 +191,7 @@ def _plan_alibi_learned(model: nn.Module, method: Method, params: dict[str, Any]
     """ALiBi on GPT-2: ``wpe`` returns zeros (any length runs), the bias in attention."""
     table = position_table(model)
     changes = {"activation_function": ALIBI_GPT2_ACTIVATION}
-    info, updates, attention = _alibi_everywhere(model, method, params, changes, None)
+    info, updates, attention = _alibi_changes(model, method, params, changes, None)
     return Plan(info, updates, [(table, _no_positions), *attention])
 
 

@@ -8,10 +8,12 @@ from torch import nn
 
 from ..architectures import positions_of, positions_of_config, unsupported
 from ..registry import Method
-from . import attention, learned, rope
+from .attention import PLANNER as ATTENTION_LEVEL
+from .learned import PLANNER as LEARNED_TABLE
 from .plan import Planner
+from .rope import PLANNER as ROPE_SCALING
 
-PLANNERS: tuple[Planner, ...] = (rope.PLANNER, attention.PLANNER, learned.PLANNER)
+PLANNERS: tuple[Planner, ...] = (ROPE_SCALING, ATTENTION_LEVEL, LEARNED_TABLE)
 
 
 def _serving(kind: str, method: Method) -> Planner | None:

@@ -1,0 +1,125 @@
+"""The package's shape: which layer may import which, file sizes, one record type, one version, registrations."""
+
+from __future__ import annotations
+
+import ast
+import logging
+from pathlib import Path
+
+import pytest
+import transformers
+from conftest import make_tiny
+from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
+
+import hf_posenc
+from hf_posenc._version import __version__
+
+PACKAGE = Path(hf_posenc.__file__).parent
+PLANNERS = {"hf_posenc.patching.rope", "hf_posenc.patching.attention", "hf_posenc.patching.learned"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(name: str) -> set[str]:
+    """The hf_posenc modules ``name`` imports, ``from x import y`` resolved to the submodule ``x.y`` where
+    one exists, else to ``x`` (a name defined in ``x``'s ``__init__``)."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
+    return {module for module in found if module.split(".")[0] == "hf_posenc"}
+
+
+def test_planners_never_import_each_other():
+    for planner in PLANNERS:
+        assert not _imports(planner) & (PLANNERS - {planner}), planner
+
+
+def test_only_the_cli_and_eval_itself_import_eval():
+    for name in MODULES:
+        if name.startswith(("hf_posenc.cli", "hf_posenc.eval")):
+            continue
+        assert not {m for m in _imports(name) if m.startswith("hf_posenc.eval")}, name
+
+
+def test_no_module_imports_the_public_api_from_the_package_root():
+    """Lower layers import what they use from where it lives, never from ``hf_posenc/__init__``."""
+    for name in MODULES:
+        if name != "hf_posenc":
+            assert "hf_posenc" not in _imports(name), name
+
+
+def test_the_patching_machinery_does_not_import_the_layers_above_it():
+    above = ("hf_posenc.eval", "hf_posenc.cli", "hf_posenc.hub", "hf_posenc.card", "hf_posenc.plots")
+    for name in MODULES:
+        if name.startswith(("hf_posenc.patching", "hf_posenc.methods", "hf_posenc.attention")):
+            assert not {m for m in _imports(name) if m.startswith(above)}, name
+
+
+def test_files_stay_small():
+    for name, path in MODULES.items():
+        lines = len(path.read_text().splitlines())
+        assert lines <= (350 if name.startswith("hf_posenc.eval") else 400), (name, lines)
+
+
+def test_one_record_type_reads_and_writes_the_config_entry():
+    """No module but record.py reads the ``hf_posenc`` entry by hand: the others go through PatchRecord."""
+    for name, path in MODULES.items():
+        if name != "hf_posenc.record":
+            text = path.read_text()
+            assert 'hf_posenc["' not in text and "hf_posenc['" not in text, name
+            assert "CONFIG_KEY]" not in text and "CONFIG_KEY, None" not in text and "record[" not in text, name
+
+
+def test_the_version_is_written_once():
+    assert hf_posenc.__version__ == __version__
+    for name, path in MODULES.items():
+        if name != "hf_posenc._version":
+            assert "__version__ =" not in path.read_text(), name
+    assert 'dynamic = ["version"]' in (PACKAGE.parent / "pyproject.toml").read_text()
+
+
+def test_registrations_add_to_registries_and_change_no_transformers_class():
+    from transformers import AttentionInterface
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    assert {"hf_posenc", "hf_posenc_dynamic"} <= set(
+        ROPE_INIT_FUNCTIONS
+    ) and "hf_posenc_alibi" not in ROPE_INIT_FUNCTIONS
+    assert "hf_posenc_alibi_sdpa" in AttentionInterface._global_mapping
+    assert not [name for name in vars(RotaryEmbeddingConfigMixin) if "hf_posenc" in name]
+    assert not [name for name in vars(transformers.PreTrainedConfig) if "hf_posenc" in name]
+
+
+@pytest.mark.parametrize("method", ["dynamic-yarn", "alibi"])
+def test_a_saved_config_of_hf_posencs_own_rope_types_loads_without_a_warning(method, tmp_path, caplog):
+    """transformers has no validation function for hf_posenc's rope types (none is added to its class); the
+    "Missing validation function" line it would log for them is filtered, and nothing else."""
+    hf_posenc.patch(make_tiny("llama"), method).save_pretrained(tmp_path)
+    transformers.logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.WARNING):
+            transformers.AutoConfig.from_pretrained(tmp_path)
+            logging.getLogger("transformers.modeling_rope_utils").warning(
+                "Missing validation function in 'RotaryEmbeddingConfigMixin' for 'rope_type'='other'"
+            )
+    finally:
+        transformers.logging.disable_propagation()
+    assert {record.getMessage() for record in caplog.records if record.name.startswith("transformers")} == {
+        "Missing validation function in 'RotaryEmbeddingConfigMixin' for 'rope_type'='other'"
+    }

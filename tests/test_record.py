@@ -1,0 +1,55 @@
+"""The ``hf_posenc`` entry of a patched config: one record type, written and read back the same."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import make_tiny
+
+import hf_posenc
+from hf_posenc.record import CONFIG_KEY, PatchRecord
+
+
+def test_the_record_a_patch_writes_reads_back_equal(tmp_path):
+    model = make_tiny("llama")
+    base = model.config.to_dict()
+    hf_posenc.patch(model, "yarn", factor=4)
+    record = PatchRecord.from_config(model.config)
+    assert (record.method, record.native, record.baked, record.version) == ("yarn", True, False, hf_posenc.__version__)
+    assert record.params["factor"] == 4.0 and record.params["original_max_position_embeddings"] == 64
+    assert record.base == {"rope_parameters": base["rope_parameters"], "max_position_embeddings": 64}
+    assert record.base_max_position_embeddings == 64
+    assert record.to_dict() == getattr(model.config, CONFIG_KEY)
+    assert record.base_config(model.config).to_dict() == base
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert PatchRecord.from_config(saved) == record  # from a config's dict too
+
+
+def test_baked_is_written_only_when_set():
+    gpt2 = hf_posenc.patch(make_tiny("gpt2"), "pi", factor=2)
+    assert PatchRecord.from_config(gpt2.config).baked and getattr(gpt2.config, CONFIG_KEY)["baked"] is True
+    assert "baked" not in PatchRecord("yarn", {}, True).to_dict()
+
+
+def test_an_unpatched_config_has_no_record():
+    config = make_tiny("llama").config
+    assert PatchRecord.from_config(config, missing_ok=True) is None
+    with pytest.raises(ValueError, match="not patched by hf_posenc"):
+        PatchRecord.from_config(config)
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("yarn", "record is a str, not an object"),
+        ({"params": {}}, "record has no 'method' field"),
+        ({"method": "yarn"}, "record has no 'params' field"),
+        ({"method": "yarn", "params": "factor=4"}, "has a str as 'params'; expected a dict"),
+        ({"method": "yarn", "params": {}, "base": None}, "has a NoneType as 'base'; expected a dict"),
+    ],
+)
+def test_a_malformed_record_is_a_clear_error(entry, message):
+    with pytest.raises(ValueError, match=message):
+        PatchRecord.from_config({CONFIG_KEY: entry})

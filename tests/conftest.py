@@ -14,6 +14,8 @@ from transformers import (
     Qwen3Config,
 )
 
+pytest_plugins = ("hub_server",)  # the fake_hub fixture
+
 TINY = dict(
     vocab_size=97,
     hidden_size=64,

@@ -13,13 +13,17 @@ import base64
 import hashlib
 import json
 import re
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import pytest
+import transformers.utils.hub
 import yaml
+from huggingface_hub import HfApi, ModelCard, constants
 
 EMPTY_COMMIT = "0" * 40
 
@@ -274,3 +278,43 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             return (verb, handlers[verb]) if verb in handlers else (None, None)
 
     return Handler
+
+
+TOKEN = "hf_FakeTokenForTheLocalHub0123456789"
+BASE_REPO = "org/tiny-base"
+
+
+@pytest.fixture
+def fake_hub(monkeypatch, tmp_path):
+    """The fake Hub, with huggingface_hub pointed at it and a cache of its own.
+
+    huggingface_hub reads HF_ENDPOINT when it is imported (already done by conftest), so the
+    constants it derives, and transformers' shared client, are reset too; subprocesses get the
+    environment variables.
+    """
+    server = FakeHub(TOKEN).start()
+    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setenv("HF_TOKEN", TOKEN)  # the "usual login"
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
+    monkeypatch.setattr(
+        constants, "HUGGINGFACE_CO_URL_TEMPLATE", server.endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    )
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(transformers.utils.hub, "_hf_api", None)  # transformers' shared client keeps its endpoint
+    yield server
+    server.stop()
+
+
+def upload_base(seed: int = 0) -> str:
+    """Put a tiny Llama with an Apache-2.0 card on the fake Hub as BASE_REPO; return its commit."""
+    from conftest import make_tiny
+
+    api = HfApi(token=TOKEN)
+    api.create_repo(BASE_REPO, exist_ok=True)
+    with tempfile.TemporaryDirectory() as folder:
+        make_tiny("llama", seed=seed).save_pretrained(folder)
+        ModelCard("---\nlicense: apache-2.0\n---\n# tiny base\n").save(f"{folder}/README.md")
+        return api.upload_folder(repo_id=BASE_REPO, folder_path=folder, commit_message="base").oid

@@ -4,62 +4,21 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 import tempfile
 import traceback
-from pathlib import Path
 
 import pytest
 import torch
-import transformers.utils.hub
 from conftest import make_tiny
 from helpers import BASE_PPL, YARN_PPL, write_results
-from hub_server import FakeHub
-from huggingface_hub import HfApi, ModelCard, constants
+from hub_server import BASE_REPO, TOKEN, upload_base
+from huggingface_hub import HfApi, ModelCard
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posenc
 from hf_posenc import hub
 
-TOKEN = "hf_FakeTokenForTheLocalHub0123456789"
-BASE_REPO = "org/tiny-base"
 IDS = torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79] * 6])  # (1, 96) > L = 64
-
-
-@pytest.fixture
-def fake_hub(monkeypatch, tmp_path):
-    """The fake Hub, with huggingface_hub pointed at it and a cache of its own.
-
-    huggingface_hub reads HF_ENDPOINT when it is imported (already done by conftest), so the
-    constants it derives, and transformers' shared client, are reset too; subprocesses get the
-    environment variables.
-    """
-    server = FakeHub(TOKEN).start()
-    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("HF_TOKEN", TOKEN)  # the "usual login"
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
-    monkeypatch.setattr(
-        constants, "HUGGINGFACE_CO_URL_TEMPLATE", server.endpoint + "/{repo_id}/resolve/{revision}/{filename}"
-    )
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setattr(transformers.utils.hub, "_hf_api", None)  # transformers' shared client keeps its endpoint
-    yield server
-    server.stop()
-
-
-def upload_base(seed: int = 0) -> str:
-    """Put a tiny Llama with an Apache-2.0 card on the fake Hub as BASE_REPO; return its commit."""
-    api = HfApi(token=TOKEN)
-    api.create_repo(BASE_REPO, exist_ok=True)
-    with tempfile.TemporaryDirectory() as folder:
-        make_tiny("llama", seed=seed).save_pretrained(folder)
-        ModelCard("---\nlicense: apache-2.0\n---\n# tiny base\n").save(f"{folder}/README.md")
-        return api.upload_folder(repo_id=BASE_REPO, folder_path=folder, commit_message="base").oid
 
 
 def load_base_patched(method: str = "yarn", **params):
@@ -243,69 +202,6 @@ def test_config_only_push_needs_a_hub_base(fake_hub, tmp_path):
     with pytest.raises(ValueError, match="needs the Hub id of the base model"):
         hub.push_to_hub(model, "me/tiny-yarn")
     assert fake_hub.requests == []
-
-
-CLI = "import sys; from hf_posenc.cli import main; sys.exit(main(sys.argv[1:]))"
-
-
-def run_cli(*argv: str, **env: str) -> subprocess.CompletedProcess:
-    """``hf-posenc`` in a fresh interpreter, where HF_ENDPOINT is read at import as for a user."""
-    environment = {**os.environ, "PYTHONPATH": str(Path(hf_posenc.__file__).parents[1]), **env}
-    environment = {key: value for key, value in environment.items() if value}  # VAR="" unsets it
-    return subprocess.run(
-        [sys.executable, "-c", CLI, *argv], env=environment, capture_output=True, text=True, timeout=120
-    )
-
-
-def test_cli_push_and_card(fake_hub, tmp_path):
-    upload_base()
-    results = write_results(tmp_path, {"yarn:factor=4": YARN_PPL, "none": BASE_PPL})
-    method = ["--model", BASE_REPO, "--method", "yarn:factor=4,original_max_position_embeddings=64"]
-    push = [*method, "--repo", "me/cli-yarn", "--results", str(results), "--private", "--revision", "exp"]
-
-    done = run_cli("push", *push, "--commit-message", "from the CLI")
-    assert done.returncode == 0, done.stderr
-    repo = fake_hub.repos["me/cli-yarn"]
-    assert repo.private and repo.messages[repo.branches["exp"]] == "from the CLI"
-    assert done.stdout.strip().endswith(repo.branches["exp"])  # prints the commit URL
-    pushed = fake_hub.files("me/cli-yarn", "exp")
-    assert json.loads(pushed["config.json"])["rope_parameters"]["rope_type"] == "yarn"
-    assert not any(r.path.endswith(".safetensors") for r in fake_hub.requests)  # config-only: no weights read
-
-    card = tmp_path / "card.md"
-    done = run_cli("card", *method, "--repo", "me/cli-yarn", "--results", str(results), "--output", str(card))
-    assert done.returncode == 0, done.stderr
-    assert card.read_bytes() == pushed["README.md"]  # the card renders exactly what push pushes
-
-    wrong = "hf_WrongCliTokenThatMustNeverBePrinted7"
-    failed = run_cli("push", *push, "--token", wrong)
-    assert failed.returncode != 0 and "Traceback" not in failed.stderr
-    assert "hf-posenc push" in failed.stderr and wrong not in failed.stderr + failed.stdout
-
-
-def test_cli_reads_a_private_base_with_the_token_and_reports_user_errors_in_one_line(fake_hub, tmp_path):
-    upload_base()
-    fake_hub.repos[BASE_REPO].private = True
-    method = ["--model", BASE_REPO, "--method", "yarn:factor=4,original_max_position_embeddings=64"]
-    card = tmp_path / "card.md"
-    done = run_cli("card", *method, "--repo", "me/p", "--output", str(card), "--token", TOKEN, HF_TOKEN="")
-    assert done.returncode == 0, done.stderr
-    assert f"base_model: {BASE_REPO}" in card.read_text()
-    results_elsewhere = write_results(tmp_path, {"yarn:factor=4": YARN_PPL}, model="org/another-model")
-    cases = {
-        "no token for the private base": (["card", *method], "org/tiny-base"),
-        "a misspelt parameter": (["card", "--model", BASE_REPO, "--method", "yarn:fctor=4"], "'fctor'"),
-        "a folder as the card's file": (["card", *method, "--token", TOKEN, "--output", str(tmp_path)], "is a folder"),
-        "results of another model": (
-            ["card", *method, "--token", TOKEN, "--results", str(results_elsewhere)],
-            "measured on 'org/another-model', not on the base model 'org/tiny-base'",
-        ),
-    }
-    for case, (argv, message) in cases.items():
-        failed = run_cli(*argv, HF_TOKEN="")
-        assert failed.returncode in (1, 2), (case, failed.stderr)  # 1: the Hub refused, 2: bad input
-        assert failed.stderr.startswith("hf-posenc card:") and message in failed.stderr, (case, failed.stderr)
-        assert "Traceback" not in failed.stderr, case
 
 
 def test_local_folders_without_or_with_a_newer_record(tmp_path):

@@ -1,0 +1,76 @@
+"""``hf-posenc push`` and ``hf-posenc card`` in a fresh interpreter, against the local fake Hub."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import BASE_PPL, YARN_PPL, write_results
+from hub_server import BASE_REPO, TOKEN, upload_base
+
+import hf_posenc
+
+CLI = "import sys; from hf_posenc.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def run_cli(*argv: str, **env: str) -> subprocess.CompletedProcess:
+    """``hf-posenc`` in a fresh interpreter, where HF_ENDPOINT is read at import as for a user."""
+    environment = {**os.environ, "PYTHONPATH": str(Path(hf_posenc.__file__).parents[1]), **env}
+    environment = {key: value for key, value in environment.items() if value}  # VAR="" unsets it
+    return subprocess.run(
+        [sys.executable, "-c", CLI, *argv], env=environment, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_push_and_card(fake_hub, tmp_path):
+    upload_base()
+    results = write_results(tmp_path, {"yarn:factor=4": YARN_PPL, "none": BASE_PPL})
+    method = ["--model", BASE_REPO, "--method", "yarn:factor=4,original_max_position_embeddings=64"]
+    push = [*method, "--repo", "me/cli-yarn", "--results", str(results), "--private", "--revision", "exp"]
+
+    done = run_cli("push", *push, "--commit-message", "from the CLI")
+    assert done.returncode == 0, done.stderr
+    repo = fake_hub.repos["me/cli-yarn"]
+    assert repo.private and repo.messages[repo.branches["exp"]] == "from the CLI"
+    assert done.stdout.strip().endswith(repo.branches["exp"])  # prints the commit URL
+    pushed = fake_hub.files("me/cli-yarn", "exp")
+    assert json.loads(pushed["config.json"])["rope_parameters"]["rope_type"] == "yarn"
+    assert not any(r.path.endswith(".safetensors") for r in fake_hub.requests)  # config-only: no weights read
+
+    card = tmp_path / "card.md"
+    done = run_cli("card", *method, "--repo", "me/cli-yarn", "--results", str(results), "--output", str(card))
+    assert done.returncode == 0, done.stderr
+    assert card.read_bytes() == pushed["README.md"]  # the card renders exactly what push pushes
+
+    wrong = "hf_WrongCliTokenThatMustNeverBePrinted7"
+    failed = run_cli("push", *push, "--token", wrong)
+    assert failed.returncode != 0 and "Traceback" not in failed.stderr
+    assert "hf-posenc push" in failed.stderr and wrong not in failed.stderr + failed.stdout
+
+
+def test_cli_reads_a_private_base_with_the_token_and_reports_user_errors_in_one_line(fake_hub, tmp_path):
+    upload_base()
+    fake_hub.repos[BASE_REPO].private = True
+    method = ["--model", BASE_REPO, "--method", "yarn:factor=4,original_max_position_embeddings=64"]
+    card = tmp_path / "card.md"
+    done = run_cli("card", *method, "--repo", "me/p", "--output", str(card), "--token", TOKEN, HF_TOKEN="")
+    assert done.returncode == 0, done.stderr
+    assert f"base_model: {BASE_REPO}" in card.read_text()
+    results_elsewhere = write_results(tmp_path, {"yarn:factor=4": YARN_PPL}, model="org/another-model")
+    cases = {
+        "no token for the private base": (["card", *method], "org/tiny-base"),
+        "a misspelt parameter": (["card", "--model", BASE_REPO, "--method", "yarn:fctor=4"], "'fctor'"),
+        "a folder as the card's file": (["card", *method, "--token", TOKEN, "--output", str(tmp_path)], "is a folder"),
+        "results of another model": (
+            ["card", *method, "--token", TOKEN, "--results", str(results_elsewhere)],
+            "measured on 'org/another-model', not on the base model 'org/tiny-base'",
+        ),
+    }
+    for case, (argv, message) in cases.items():
+        failed = run_cli(*argv, HF_TOKEN="")
+        assert failed.returncode in (1, 2), (case, failed.stderr)  # 1: the Hub refused, 2: bad input
+        assert failed.stderr.startswith("hf-posenc card:") and message in failed.stderr, (case, failed.stderr)
+        assert "Traceback" not in failed.stderr, case

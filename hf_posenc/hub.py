@@ -26,7 +26,7 @@ from transformers import AutoConfig, PreTrainedModel
 
 from ._version import __version__
 from .card import PLOT_FILE, EvalTable, load_eval_table, public_results, render_card
-from .patching.loading import from_pretrained as _load_saved_model
+from .patching.loading import load_patched_model
 from .plots import plot_ppl_vs_length
 from .record import PatchRecord
 
@@ -271,7 +271,7 @@ def from_pretrained(pretrained_model_name_or_path: str, **kwargs: Any) -> PreTra
 
     A config-only repo (its ``hf_posenc.json`` says ``"weights": false``) loads the base model's weights
     from the repo and commit it names, with the pushed config; anything else loads like
-    ``hf_posenc.patching.loading.from_pretrained``.
+    ``hf_posenc.patching.load_patched_model``.
 
     Args:
         pretrained_model_name_or_path (`str`): Hub id or local folder.
@@ -281,10 +281,10 @@ def from_pretrained(pretrained_model_name_or_path: str, **kwargs: Any) -> PreTra
     hub_kwargs = {key: kwargs[key] for key in _HUB_KWARGS if key in kwargs}
     metadata = read_metadata(pretrained_model_name_or_path, **hub_kwargs)
     if metadata is None or metadata["weights"]:
-        return _load_saved_model(pretrained_model_name_or_path, **kwargs)
+        return load_patched_model(pretrained_model_name_or_path, **kwargs)
     config = AutoConfig.from_pretrained(pretrained_model_name_or_path, **hub_kwargs)
     base_kwargs = {**kwargs, "revision": metadata["base_revision"], "config": config}
-    return _load_saved_model(metadata["base_model"], **base_kwargs)
+    return load_patched_model(metadata["base_model"], **base_kwargs)
 
 
 def read_metadata(

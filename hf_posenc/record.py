@@ -28,7 +28,7 @@ class PatchRecord:
         base (`dict`): config attribute -> its value before the patch.
         baked (`bool`): the change is in the weights (GPT-2 ``pi``'s resampled table), so the config as
             saved is the model: nothing to redo when loading.
-        version (`str`): the hf_posenc version that wrote it.
+        version (`str`, *optional*): the hf_posenc version that wrote it (None where a record does not say).
     """
 
     method: str
@@ -36,7 +36,7 @@ class PatchRecord:
     native: bool
     base: dict[str, Any] = field(default_factory=dict)
     baked: bool = False
-    version: str = __version__
+    version: str | None = __version__
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready entry (``baked`` only when set, as earlier versions wrote it)."""
@@ -66,15 +66,15 @@ class PatchRecord:
             raise ValueError(f"The config's {CONFIG_KEY!r} record is a {type(entry).__name__}, not an object.")
         expected = {"method": str, "params": dict, "native": bool, "base": dict, "baked": bool, "version": str}
         for key, kind in expected.items():
-            if key in ("method", "params") and key not in entry:
+            if key in ("method", "params", "base") and entry.get(key) is None:
                 raise ValueError(f"The config's {CONFIG_KEY!r} record has no {key!r} field.")
-            if key in entry and not isinstance(entry[key], kind):
+            if entry.get(key) is not None and not isinstance(entry[key], kind):
                 raise ValueError(
                     f"The config's {CONFIG_KEY!r} record has a {type(entry[key]).__name__} as {key!r}; "
                     f"expected a {kind.__name__}."
                 )
-        known = {key: copy.deepcopy(entry[key]) for key in expected if key in entry}
-        return cls(**{"native": False, **known})
+        known = {key: copy.deepcopy(entry[key]) for key in expected if entry.get(key) is not None}
+        return cls(**{"native": False, "version": None, **known})
 
     @property
     def spec(self) -> str:

@@ -66,9 +66,11 @@ class MethodSpec:
         """``(method, parameters)``, equal for specs that compute the same thing: ``pi:factor=2`` and
         ``linear:factor=2.0``. With ``resolved`` (the parameters a model resolved for it, its trained context
         filled in), ``yarn:factor=4`` and ``yarn:factor=4,original_max_position_embeddings=8192`` are one
-        method on a model trained on 8192; the ALiBi backend, which does not change the numbers, is left out."""
-        params = self.defaults if resolved is None else resolved
-        return self.method, {key: value for key, value in params.items() if key != "backend"}
+        method on a model trained on 8192, and the ALiBi backend, which does not change the numbers, is left
+        out (without ``resolved`` two backends stay two methods: a run may compare their speed)."""
+        if resolved is None:
+            return self.method, dict(self.defaults)
+        return self.method, {key: value for key, value in resolved.items() if key != "backend"}
 
 
 def params_to_dict(params: Any) -> dict[str, Any]:

@@ -206,7 +206,7 @@ def test_config_only_push_needs_a_hub_base(fake_hub, tmp_path):
 
 def test_local_folders_without_or_with_a_newer_record(tmp_path):
     model = hf_posenc.patch(make_tiny("llama"), "pi", factor=2, original_max_position_embeddings=64)
-    model.save_pretrained(tmp_path)  # no hf_posenc.json: loads like hf_posenc.patching.loading.from_pretrained
+    model.save_pretrained(tmp_path)  # no hf_posenc.json: loads like hf_posenc.patching.load_patched_model
     loaded = hf_posenc.hub.from_pretrained(str(tmp_path), attn_implementation="eager")
     assert hf_posenc.get_patch(loaded) == hf_posenc.get_patch(model)
     torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)

@@ -46,10 +46,19 @@ def test_an_unpatched_config_has_no_record():
         ("yarn", "record is a str, not an object"),
         ({"params": {}}, "record has no 'method' field"),
         ({"method": "yarn"}, "record has no 'params' field"),
+        ({"method": 3, "params": {}, "base": {}}, "has a int as 'method'; expected a str"),
         ({"method": "yarn", "params": "factor=4"}, "has a str as 'params'; expected a dict"),
-        ({"method": "yarn", "params": {}, "base": None}, "has a NoneType as 'base'; expected a dict"),
+        ({"method": "yarn", "params": {}}, "record has no 'base' field"),
+        ({"method": "yarn", "params": {}, "base": None}, "record has no 'base' field"),
+        ({"method": "yarn", "params": {}, "base": []}, "has a list as 'base'; expected a dict"),
+        ({"method": "yarn", "params": {}, "base": {}, "native": "yes"}, "has a str as 'native'; expected a bool"),
     ],
 )
 def test_a_malformed_record_is_a_clear_error(entry, message):
     with pytest.raises(ValueError, match=message):
         PatchRecord.from_config({CONFIG_KEY: entry})
+
+
+def test_a_record_without_a_version_says_so():
+    record = PatchRecord.from_config({CONFIG_KEY: {"method": "yarn", "params": {}, "base": {}, "version": None}})
+    assert record.version is None and not record.native

@@ -55,8 +55,8 @@ def test_two_spellings_of_one_method_have_one_identity():
 
 
 def test_the_identity_on_a_model_uses_what_the_model_resolved():
-    """The trained context the model fills in makes two spellings one method; the ALiBi backend (same numbers)
-    never tells methods apart."""
+    """The trained context the model fills in makes two spellings one method; once resolved on a model, the
+    ALiBi backend (same numbers) does not tell methods apart."""
     short, spelled = (
         MethodSpec.parse("yarn:factor=2"),
         MethodSpec.parse("yarn:factor=2,original_max_position_embeddings=64"),
@@ -64,7 +64,9 @@ def test_the_identity_on_a_model_uses_what_the_model_resolved():
     assert short.identity() != spelled.identity()
     resolved = dict(spelled.defaults)
     assert short.identity(resolved) == spelled.identity(resolved)
-    assert MethodSpec.parse("alibi:backend=eager").identity() == MethodSpec.parse("alibi:backend=sdpa").identity()
+    eager, sdpa = MethodSpec.parse("alibi:backend=eager"), MethodSpec.parse("alibi:backend=sdpa")
+    assert eager.identity() != sdpa.identity()  # before a model: two backends may be compared
+    assert eager.identity({"backend": "eager", "slopes": [0.5]}) == sdpa.identity({"backend": "sdpa", "slopes": [0.5]})
 
 
 @pytest.mark.parametrize(

@@ -147,7 +147,7 @@ def backward_graph(
     return BackwardGraph(graph, q, k, v, o, d_o, s, dq, dk, dv)
 
 
-def _plan(graph: Any) -> None:
+def _build_plans(graph: Any) -> None:
     graph.build_operation_graph()
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     graph.check_support()
@@ -175,7 +175,7 @@ def _cached(key: tuple, build) -> Any:
     if key not in _GRAPHS:
         try:
             built = build()
-            _plan(built.graph)
+            _build_plans(built.graph)
         except cudnn.cudnnGraphNotSupportedError as error:
             logger.warning("cuDNN does not support this ALiBi attention (%s); using flex for it: %s", key, error)
             built = None

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..architectures import positions_of
 from ..patching import get_patch
@@ -35,8 +36,6 @@ class ModelSource:
 
 def load_model(source: ModelSource, device: torch.device):
     """The model, in eval mode, on ``device``."""
-    from transformers import AutoModelForCausalLM
-
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     dtype = DTYPES[source.resolved_dtype(device)]
     return AutoModelForCausalLM.from_pretrained(source.name, dtype=dtype, **kwargs).to(device).eval()
@@ -44,8 +43,6 @@ def load_model(source: ModelSource, device: torch.device):
 
 def load_tokenizer(source: ModelSource):
     """The tokenizer of ``source`` (cheap next to the model: loaded first, to check the data)."""
-    from transformers import AutoTokenizer
-
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     return AutoTokenizer.from_pretrained(source.name, **kwargs)
 
@@ -71,16 +68,17 @@ def resolve_bos(bos: str, tokenizer) -> int | None:
     return tokenizer.bos_token_id if adds else None
 
 
-def check_position_table(model, spec: str, longest: int) -> None:
-    """Raise ``ValueError`` if ``model`` (patched with ``spec``) looks positions up in a learned table (GPT-2's
-    ``wpe``) with fewer rows than ``longest`` input tokens; RoPE and ALiBi take any length."""
+def check_position_table(model, method: str, longest: int) -> None:
+    """Raise ``ValueError`` if ``model`` (patched with the method spec ``method``) looks positions up in a
+    learned table (GPT-2's ``wpe``) with fewer rows than ``longest`` input tokens; RoPE and ALiBi take any
+    length."""
     patch = get_patch(model)
     if positions_of(model).kind != "learned" or (patch is not None and patch.method == "alibi"):
         return
     rows = model.config.max_position_embeddings  # GPT-2's n_positions under transformers' common name
     if longest > rows:
         raise ValueError(
-            f"`methods` {spec!r}: {type(model).__name__} has a learned table of {rows} positions, and the longest "
+            f"`methods` {method!r}: {type(model).__name__} has a learned table of {rows} positions, and the longest "
             f"input here has {longest} tokens. Evaluate it at `lengths` up to {rows} (runs with the same `output` "
             "add up), or with a method that extends or replaces the table (pi:factor=..., alibi)."
         )

@@ -96,8 +96,9 @@ def load_checked(
     model_source: ModelSource, specs: list[MethodSpec], accelerator: Accelerator, ids: list[int], longest: int
 ) -> tuple[Any, dict[str, dict[str, Any]]]:
     """Load the model, check the chunked head applies to it, and that every method patches it and takes
-    inputs of ``longest`` tokens; returns the model and each method's parameters as resolved on it (the
-    notes of patching, such as the trained context assumed, are logged here, once)."""
+    inputs of ``longest`` tokens; returns the model and each method's parameters as resolved on it. The notes
+    of patching about what was not given (the trained context assumed) are logged here only: the run patches
+    again from the resolved parameters."""
     model = load_model(model_source, accelerator.device)
     check_head_decomposition(model, torch.tensor([ids[:16]], dtype=torch.long, device=accelerator.device))
     resolved = {}
@@ -230,14 +231,14 @@ def _counts(details: dict[str, Any]) -> str:
     return f"{details['documents']} documents of {details['tokens']} tokens"
 
 
-def _result(spec: str, params: dict, length: int, scored: list, plan: WindowPlan, seconds: float) -> dict:
+def _result(method: str, params: dict, length: int, scored: list, plan: WindowPlan, seconds: float) -> dict:
     """One row of results.json: token-weighted NLL and PPL, and what was (not) scored."""
     tokens = sum(r[2] for r in scored)
     nll, ppl = perplexity(sum(r[1] for r in scored), tokens)
     if math.isnan(nll):
-        logger.warning("%s @ %d: the loss is NaN, a numerical failure (float16 overflow?)", spec, length)
+        logger.warning("%s @ %d: the loss is NaN, a numerical failure (float16 overflow?)", method, length)
     return {
-        "method": spec,
+        "method": method,
         "params": params,
         "length": length,
         "ppl": ppl,

@@ -1,13 +1,14 @@
 """Everything that changes a model, and nothing else does.
 
-* :mod:`~.plan`: what a patch is before it touches the model (:class:`Plan`), and what a planner is.
+* :mod:`~.plan`: what a patch is before it touches the model (:class:`~.plan.Plan`), and what a planner is.
 * :mod:`~.apply`: apply a plan with a record of all it changes, restore it exactly (``patch``, ``unpatch``).
 * :mod:`~.dispatch`: the table of planners, and which one serves a method on a model.
 * planners, one module per kind of change, never importing each other: :mod:`~.rope` (RoPE scaling),
   :mod:`~.attention` (attention-level methods: ALiBi), :mod:`~.learned` (learned tables: GPT-2 PI).
   What they share about a model lives in :mod:`hf_posenc.architectures`.
 * :mod:`~.rope_types`: a RoPE method in ``rope_parameters``, and hf_posenc's own rope types.
-* :mod:`~.loading`: ``from_pretrained`` of a saved patched model, through the method's planner.
+* :mod:`~.loading`: loading a saved patched model, through the method's planner (what
+  :func:`hf_posenc.from_pretrained` does for a repo with weights).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import hf_posenc.registrations  # noqa: F401  (transformers learns hf_posenc's rope types and attention backends)
 
 from .apply import get_patch, patch, patched, unpatch
-from .loading import from_pretrained
+from .loading import load_patched_model
 from .plan import PatchInfo
 
-__all__ = ["PatchInfo", "from_pretrained", "get_patch", "patch", "patched", "unpatch"]
+__all__ = ["PatchInfo", "get_patch", "load_patched_model", "patch", "patched", "unpatch"]

@@ -13,14 +13,13 @@ import contextlib
 import copy
 import logging
 import weakref
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..attention import BACKEND_OF
 from ..record import PatchRecord
 from ..registry import get_method
 from .dispatch import planner_for
@@ -49,6 +48,7 @@ class _AppliedPatch:
     info: PatchInfo
     config_before: dict[str, Any]
     modules: list[_ModuleState] = field(default_factory=list)
+    report: Callable[[nn.Module, PatchInfo], PatchInfo] | None = None
 
 
 _APPLIED: weakref.WeakKeyDictionary[nn.Module, _AppliedPatch] = weakref.WeakKeyDictionary()
@@ -115,6 +115,7 @@ def _apply(model: nn.Module, plan: Plan) -> None:
         config_before={
             key: copy.deepcopy(config.__dict__[key]) if key in config.__dict__ else _MISSING for key in plan.updates
         },
+        report=plan.report,
     )
     try:
         for key, value in plan.updates.items():
@@ -192,10 +193,7 @@ def get_patch(model: nn.Module) -> PatchInfo | None:
     applied = _APPLIED.get(model)
     if applied is None:
         return None
-    backend = BACKEND_OF.get(model.config._attn_implementation)  # ALiBi: switched since the patch?
-    if "backend" in applied.info.params and backend is not None:
-        return replace(applied.info, params={**applied.info.params, "backend": backend})
-    return applied.info
+    return applied.info if applied.report is None else applied.report(model, applied.info)
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ loads, ``attn_implementation`` picks the ALiBi backend (:func:`alibi_loading`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from typing import Any
@@ -184,7 +185,7 @@ def _plan_alibi_rope(model: nn.Module, method: Method, params: dict[str, Any]) -
     rope_parameters = {**model.config.rope_parameters, "rope_type": ALIBI_ROPE_TYPE}
     changes = {"rope_parameters": rope_parameters}
     info, updates, attention = _alibi_changes(model, method, params, changes, ALIBI_ROPE_TYPE)
-    return Plan(info, updates, [(module, _no_rotation) for module in rotary] + attention)
+    return Plan(info, updates, [(module, _no_rotation) for module in rotary] + attention, _backend_now)
 
 
 def _plan_alibi_learned(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
@@ -192,7 +193,14 @@ def _plan_alibi_learned(model: nn.Module, method: Method, params: dict[str, Any]
     table = position_table(model)
     changes = {"activation_function": ALIBI_GPT2_ACTIVATION}
     info, updates, attention = _alibi_changes(model, method, params, changes, None)
-    return Plan(info, updates, [(table, _no_positions), *attention])
+    return Plan(info, updates, [(table, _no_positions), *attention], _backend_now)
+
+
+def _backend_now(model: nn.Module, info: PatchInfo) -> PatchInfo:
+    """What ``get_patch`` reports: the ALiBi backend running now (``set_attn_implementation`` may have switched
+    to another since the patch)."""
+    backend = BACKEND_OF.get(model.config._attn_implementation)
+    return info if backend is None else dataclasses.replace(info, params={**info.params, "backend": backend})
 
 
 def plan_alibi(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
@@ -14,7 +15,7 @@ from .dispatch import planner_for_config
 _CONFIG_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "subfolder", "gguf_file")
 
 
-def from_pretrained(pretrained_model_name_or_path: str, **kwargs: Any) -> PreTrainedModel:
+def load_patched_model(pretrained_model_name_or_path: str, **kwargs: Any) -> PreTrainedModel:
     """``AutoModelForCausalLM.from_pretrained`` for a model saved (or pushed) after ``hf_posenc.patch``.
 
     The model is built with the base config and patched with the recorded method, so
@@ -30,7 +31,12 @@ def from_pretrained(pretrained_model_name_or_path: str, **kwargs: Any) -> PreTra
     if kwargs.get("trust_remote_code"):
         raise ValueError("hf_posenc never loads remote code; trust_remote_code=True is refused.")
     config_kwargs = {key: kwargs[key] for key in _CONFIG_KWARGS if key in kwargs}
-    config = kwargs.pop("config", None) or AutoConfig.from_pretrained(pretrained_model_name_or_path, **config_kwargs)
+    given = kwargs.pop("config", None)  # copied: the caller's object is neither changed nor shared with the model
+    config = (
+        copy.deepcopy(given)
+        if given is not None
+        else AutoConfig.from_pretrained(pretrained_model_name_or_path, **config_kwargs)
+    )
     record = PatchRecord.from_config(config, missing_ok=True)
     if record is None or record.baked:
         return AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, config=config, **kwargs)

@@ -47,11 +47,14 @@ class Plan:
         updates (`dict`): config attribute -> new value, set before the module changes run.
         changes (`list`): ``(module, change)``; ``change(module)`` runs after the config updates and may
             set any attribute, buffer, parameter or forward of that module instance (never its class).
+        report (`Callable`, *optional*): ``report(model, info) -> PatchInfo``: what ``get_patch`` says later,
+            where it depends on the model's state then (ALiBi: the backend running now). None: ``info``.
     """
 
     info: PatchInfo
     updates: dict[str, Any]
     changes: list[tuple[nn.Module, ModuleChange]] = field(default_factory=list)
+    report: Callable[[nn.Module, PatchInfo], PatchInfo] | None = None
 
 
 @dataclass(frozen=True)

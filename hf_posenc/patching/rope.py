@@ -104,8 +104,8 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
     for seq_len in lengths:  # raises on inputs only checkable against the model (e.g. list lengths)
         ours(seq_len)
     rope_parameters = native_rope_parameters(method, resolved, config)
-    native = rope_parameters is not None
-    if native:
+    native = False  # transformers has a rope type for it (rope_parameters) and its function reproduces ours
+    if rope_parameters is not None:
         updates = rope_config_updates(method, resolved, config, rope_parameters)
         native = _transformers_reproduces(_updated_copy(config, updates), type(modules[0]), ours, lengths)
         if not native:

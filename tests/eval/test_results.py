@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
-import os
 import re
 from pathlib import Path
 
 import pytest
 
 from hf_posenc.eval.results import coverage_note, format_table, load_previous
-from hf_posenc.files import atomic_write, atomic_write_text
-from hf_posenc.plots import line_style, plot_ppl_vs_length, ppl_figure
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = [
@@ -21,20 +17,6 @@ ROWS = [
     {"method": "none", "length": 16384, "ppl": 42.43},
     {"method": "yarn:factor=4", "length": 16384, "ppl": 23.15},
 ]
-
-
-def test_a_writer_killed_midway_leaves_the_previous_file(tmp_path):
-    path = tmp_path / "results.json"
-    atomic_write_text(path, "old")
-
-    def crash(tmp: Path) -> None:
-        tmp.write_text("half a fi")
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        atomic_write(path, crash)
-    assert path.read_text() == "old"
-    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
 
 
 def test_load_previous_names_the_differing_arguments(tmp_path):
@@ -46,24 +28,6 @@ def test_load_previous_names_the_differing_arguments(tmp_path):
         load_previous(path, {"protocol": "truncate", "bos": "none", "stride": 512})
 
 
-@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
-def test_written_files_get_the_usual_permissions(tmp_path, umask):
-    before = os.umask(umask)
-    try:
-        atomic_write_text(tmp_path / "results.json", "{}")
-    finally:
-        os.umask(before)
-    assert (tmp_path / "results.json").stat().st_mode & 0o777 == 0o666 & ~umask
-
-
-def test_a_replaced_file_keeps_its_permissions(tmp_path):
-    path = tmp_path / "results.json"
-    atomic_write_text(path, "{}")
-    path.chmod(0o600)
-    atomic_write_text(path, '{"results": []}')
-    assert path.stat().st_mode & 0o777 == 0o600 and path.read_text() == '{"results": []}'
-
-
 @pytest.mark.parametrize(("content", "problem"), [("garbage", "not JSON: Expecting value"), ("[]", "a JSON list")])
 def test_load_previous_names_a_file_that_is_not_a_record(tmp_path, content, problem):
     path = tmp_path / "results.json"
@@ -71,63 +35,6 @@ def test_load_previous_names_a_file_that_is_not_a_record(tmp_path, content, prob
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} is not a results file \({problem}"):
         load_previous(path, {"protocol": "truncate"})
     assert path.read_text() == content
-
-
-def test_identical_curves_stay_visible():
-    rows = [{**row, "method": method} for method in ("none", "dynamic-ntk:factor=4", "yarn:factor=4") for row in ROWS]
-    lines = ppl_figure(rows, trained_context=8192, title="t").axes[0].get_lines()[:3]
-    assert [line.get_label() for line in lines] == ["none", "dynamic-ntk:factor=4", "yarn:factor=4"]
-    assert len({line.get_marker() for line in lines}) == len({line.get_linestyle() for line in lines}) == 3
-    sizes = [(line.get_markersize(), line.get_linewidth()) for line in lines]
-    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 3  # later curves drawn inside earlier ones
-    assert all(line.get_markerfacecolor() == "none" for line in lines)
-
-
-def test_perplexities_past_float_range_or_nan_are_named_at_the_top_not_dropped():
-    rows = [
-        {"method": method, "length": n, "ppl": ppl}
-        for method, values in {"none": [20.0, math.inf], "pi": [30.0, math.nan]}.items()
-        for n, ppl in zip([1024, 2048], values, strict=True)
-    ]
-    ax = ppl_figure(rows, trained_context=1024, title="t").axes[0]
-    lines = ax.get_lines()[:2]
-    assert [list(line.get_xdata()) for line in lines] == [[1024], [1024]]
-    assert [(text.get_text(), text.xy[0], text.get_color()) for text in ax.texts] == [
-        ("inf", 2048, lines[0].get_color()),
-        ("NaN", 2048, lines[1].get_color()),
-    ]
-
-
-def test_a_plot_of_no_finite_perplexity_is_drawn_and_names_them_all(tmp_path):
-    """An eval run redraws the plot after each result: one that cannot be drawn would stop the run."""
-    rows = [{"method": "none", "length": 1024, "ppl": math.inf}, {"method": "pi", "length": 1024, "ppl": math.nan}]
-    plot_ppl_vs_length(tmp_path / "p.png", rows, trained_context=1024, title="t")
-    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
-    texts = ppl_figure(rows, trained_context=1024, title="t").axes[0].texts
-    assert [text.get_text() for text in texts] == ["inf", "NaN"]
-
-
-def _y_labels(rows) -> list[float]:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    fig = ppl_figure(rows, trained_context=None, title="t")
-    FigureCanvasAgg(fig).draw()
-    ax = fig.axes[0]
-    low, high = ax.get_ylim()
-    labels = [label for label in ax.yaxis.get_ticklabels(which="both") if label.get_text()]
-    return sorted(y for y in (label.get_position()[1] for label in labels) if low <= y <= high)
-
-
-def test_the_perplexity_axis_labels_enough_values_and_not_too_many():
-    narrow = [{"method": "none", "length": n, "ppl": ppl} for n, ppl in [(2048, 25.06), (8192, 22.19), (16384, 42.43)]]
-    assert len(_y_labels(narrow)) >= 4  # a log axis labels only 30 and 40 there
-    wide = [{"method": "none", "length": n, "ppl": ppl} for n, ppl in [(2048, 25.0), (8192, 22.0), (16384, 2200.0)]]
-    assert _y_labels(wide) == [20, 50, 100, 200, 500, 1000, 2000]  # not all nine of each decade
-
-
-def test_line_styles_differ_for_many_methods():
-    styles = [(style["marker"], style["linestyle"]) for style in map(line_style, range(32))]
-    assert len(set(styles)) == 32
 
 
 def test_console_table():

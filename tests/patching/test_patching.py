@@ -335,3 +335,23 @@ def test_transformers_weight_init_rebuilds_the_patched_frequencies(method):
     before = rotary.inv_freq.clone()
     model._init_weights(rotary)
     torch.testing.assert_close(rotary.inv_freq, before, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("family", "method"),
+    [("llama", name) for name in hf_posenc.available_methods()] + [("gpt2", "pi"), ("gpt2", "alibi")],
+)
+def test_the_resolved_parameters_patch_the_same_model(family, method):
+    """The eval runner patches once to resolve a method on the model, then again from ``get_patch(...).params``:
+    both give the same report, config (ALiBi records the backend it chose instead of 'auto') and logits."""
+    model = make_tiny(family, seed=3)
+    ids = torch.randint(0, 97, (1, 96), generator=torch.Generator().manual_seed(0))  # past L = 64
+    with hf_posenc.patched(model, method, **method_params(method, 8)):
+        first, config, logits = hf_posenc.get_patch(model), model.config.to_dict(), model(ids).logits
+    with hf_posenc.patched(model, method, **first.params):
+        assert hf_posenc.get_patch(model) == first
+        again = model.config.to_dict()
+        if method == "alibi":
+            config["hf_posenc"]["params"]["backend"] = first.params["backend"]
+        assert again == config
+        assert torch.equal(model(ids).logits, logits)

@@ -1,0 +1,42 @@
+"""Atomic writes: a killed writer leaves the previous file; permissions as a new file or the replaced one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hf_posenc.files import atomic_write, atomic_write_text
+
+
+def test_a_writer_killed_midway_leaves_the_previous_file(tmp_path):
+    path = tmp_path / "results.json"
+    atomic_write_text(path, "old")
+
+    def crash(tmp: Path) -> None:
+        tmp.write_text("half a fi")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(path, crash)
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
+def test_written_files_get_the_usual_permissions(tmp_path, umask):
+    before = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "results.json", "{}")
+    finally:
+        os.umask(before)
+    assert (tmp_path / "results.json").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_replaced_file_keeps_its_permissions(tmp_path):
+    path = tmp_path / "results.json"
+    atomic_write_text(path, "{}")
+    path.chmod(0o600)
+    atomic_write_text(path, '{"results": []}')
+    assert path.stat().st_mode & 0o777 == 0o600 and path.read_text() == '{"results": []}'

@@ -208,8 +208,8 @@ def _push_contents(
         )
     if not with_weights and not _is_hub_id(base_id):
         raise ValueError(
-            f"A config-only push needs the Hub id of the base model, and {base_id!r} is not one; pass "
-            "base_model='org/name' (the repo the weights were loaded from) or with_weights=True."
+            f"A config-only push needs the Hub id of the base model, and {base_id!r} is not one; pass it as "
+            "`base_model` ('org/name', the repo the weights were loaded from), or push the weights (`with_weights`)."
         )
     base = None
     if _is_hub_id(base_id):

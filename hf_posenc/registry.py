@@ -62,6 +62,12 @@ class Method:
             raise TypeError(f"Method {self.name!r}: {message}. Valid parameters: {', '.join(names)}.") from None
 
 
+def params_to_dict(params: Any) -> dict[str, Any]:
+    """A method's params dataclass as JSON-ready values (tuples become lists)."""
+    values = {item.name: getattr(params, item.name) for item in dataclasses.fields(params)}
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
+
+
 _METHODS: dict[str, Method] = {}
 _ALIASES: dict[str, str] = {}
 

@@ -7,13 +7,12 @@ one method apart from two methods.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .registry import get_method
+from .registry import get_method, params_to_dict
 
 NONE_METHOD = "none"
 
@@ -71,12 +70,6 @@ class MethodSpec:
         if resolved is None:
             return self.method, dict(self.defaults)
         return self.method, {key: value for key, value in resolved.items() if key != "backend"}
-
-
-def params_to_dict(params: Any) -> dict[str, Any]:
-    """A method's params dataclass as JSON-ready values (tuples become lists)."""
-    values = {item.name: getattr(params, item.name) for item in dataclasses.fields(params)}
-    return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
 
 
 def _parse_value(text: str) -> Any:

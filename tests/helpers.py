@@ -42,6 +42,19 @@ def generate(model, prompt, mask=None, new=40):
     return out.sequences, torch.stack(out.logits, dim=1)  # (B, P+new), (B, new, V)
 
 
+def assert_left_padded_batch_generates_as_each_alone(model, long: torch.Tensor, short: torch.Tensor) -> None:
+    """``long`` and ``short`` (1, n) prompts generated as one left-padded batch give each one's own tokens and
+    logits (1e-4)."""
+    pad = long.shape[1] - short.shape[1]
+    batch = torch.cat([long, torch.cat([torch.zeros(1, pad, dtype=torch.long), short], 1)])
+    mask = (torch.arange(long.shape[1]) >= torch.tensor([[0], [pad]])).long()
+    sequences, logits = generate(model, batch, mask)
+    for row, alone in enumerate([long, short]):
+        alone_sequence, alone_logits = generate(model, alone)
+        assert torch.equal(sequences[row, -40:], alone_sequence[0, -40:])
+        torch.testing.assert_close(logits[row], alone_logits[0], rtol=1e-4, atol=1e-4)
+
+
 def method_params(method: str, pairs: int) -> dict:
     return {
         "alibi": {},

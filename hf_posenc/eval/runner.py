@@ -58,7 +58,8 @@ def refuse_duplicates(
     spellings that differ only in what the model fills in (its trained context) are told to be one method.
     """
     texts = [spec.text for spec in specs]
-    seen = [(text, identity) for text in existing if text not in texts if (identity := _row_identity(text, resolved))]
+    rows = [(text, _row_identity(text, resolved)) for text in existing if text not in texts]
+    seen = [(text, identity) for text, identity in rows if identity is not None]
     for spec in specs:
         this = spec.identity(None if resolved is None else resolved[spec.text])
         for other, other_identity in seen:

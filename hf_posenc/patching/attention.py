@@ -33,8 +33,7 @@ from ..attention import BACKEND_OF, IMPLEMENTATIONS, cudnn
 from ..attention.functions import fused_problem
 from ..methods.alibi import alibi_slopes, are_paper_slopes
 from ..record import CONFIG_KEY, PatchRecord
-from ..registry import Method
-from ..spec import params_to_dict
+from ..registry import Method, params_to_dict
 from .plan import ModuleChange, PatchInfo, Plan, Planner
 from .rope_types import ALIBI_ROPE_TYPE, OWN_ROPE_TYPE
 

@@ -9,8 +9,7 @@ from torch import nn
 from ..architectures import position_table
 from ..methods.pi import interpolate_positions
 from ..record import CONFIG_KEY, PatchRecord
-from ..registry import Method
-from ..spec import params_to_dict
+from ..registry import Method, params_to_dict
 from .plan import PatchInfo, Plan, Planner
 
 

@@ -14,8 +14,7 @@ import torch
 from torch import nn
 
 from ..architectures import rope_modules, rotary_dim
-from ..registry import Method, get_method
-from ..spec import params_to_dict
+from ..registry import Method, get_method, params_to_dict
 from .plan import PatchInfo, Plan, Planner
 from .rope_types import (
     OWN_ROPE_TYPE,

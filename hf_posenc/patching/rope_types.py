@@ -18,8 +18,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from ..architectures import rotary_dim
 from ..methods import rope_frequencies
 from ..record import CONFIG_KEY, PatchRecord
-from ..registry import Method, get_method
-from ..spec import params_to_dict
+from ..registry import Method, get_method, params_to_dict
 
 OWN_ROPE_TYPE = "hf_posenc"
 OWN_DYNAMIC_ROPE_TYPE = "hf_posenc_dynamic"  # contains "dynamic": transformers recomputes it per length

@@ -12,7 +12,15 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_tiny
-from helpers import PLAIN_LOAD, assert_same, generate, gpu, paper_slopes, snapshot
+from helpers import (
+    PLAIN_LOAD,
+    assert_left_padded_batch_generates_as_each_alone,
+    assert_same,
+    generate,
+    gpu,
+    paper_slopes,
+    snapshot,
+)
 from transformers import AutoModelForCausalLM, BloomConfig, FalconConfig, Gemma2Config, OPTConfig
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -173,13 +181,7 @@ def test_left_padded_batch_generates_as_each_sequence_alone(backend):
     model = tiny("llama", backend=backend)
     long = torch.randint(1, 97, (1, 20), generator=torch.Generator().manual_seed(6))
     short = torch.randint(1, 97, (1, 13), generator=torch.Generator().manual_seed(7))
-    batch = torch.cat([long, torch.cat([torch.zeros(1, 7, dtype=torch.long), short], 1)])
-    mask = (torch.arange(20) >= torch.tensor([[0], [7]])).long()
-    sequences, logits = generate(model, batch, mask)
-    for row, alone in enumerate([long, short]):
-        alone_sequence, alone_logits = generate(model, alone)
-        assert torch.equal(sequences[row, -40:], alone_sequence[0, -40:])
-        torch.testing.assert_close(logits[row], alone_logits[0], rtol=1e-4, atol=1e-4)
+    assert_left_padded_batch_generates_as_each_alone(model, long, short)
 
 
 def test_save_and_load_round_trip_and_plain_transformers_refuses(tmp_path):

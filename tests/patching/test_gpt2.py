@@ -10,7 +10,14 @@ import sys
 import pytest
 import torch
 from conftest import make_tiny
-from helpers import PLAIN_LOAD, assert_same, generate, paper_slopes, snapshot
+from helpers import (
+    PLAIN_LOAD,
+    assert_left_padded_batch_generates_as_each_alone,
+    assert_same,
+    generate,
+    paper_slopes,
+    snapshot,
+)
 
 import hf_posenc
 
@@ -130,13 +137,7 @@ def test_alibi_left_padded_batch_generates_as_each_sequence_alone():
     model = make_tiny("gpt2")
     hf_posenc.patch(model, "alibi", backend="sdpa")
     long, short = ids_of(20, seed=2), ids_of(11, seed=3)
-    batch = torch.cat([long, torch.cat([torch.zeros(1, 9, dtype=torch.long), short], 1)])
-    mask = (torch.arange(20) >= torch.tensor([[0], [9]])).long()
-    sequences, logits = generate(model, batch, mask)
-    for row, alone in enumerate([long, short]):
-        alone_sequence, alone_logits = generate(model, alone)
-        assert torch.equal(sequences[row, -40:], alone_sequence[0, -40:])
-        torch.testing.assert_close(logits[row], alone_logits[0], rtol=1e-4, atol=1e-4)
+    assert_left_padded_batch_generates_as_each_alone(model, long, short)
 
 
 def test_saved_configs_round_trip_alibi_refused_and_pi_native_without_hf_posenc(tmp_path):

@@ -13,25 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_tiny
+from helpers import generate
 
 import hf_posenc
 
 L, NEW = 64, 60
 DYNAMIC = [("dynamic-ntk", {"factor": 4}), ("dynamic-yarn", {})]
-
-
-def generate(model, prompt: torch.Tensor):
-    model.generation_config.eos_token_id = None
-    out = model.generate(
-        prompt,
-        attention_mask=torch.ones_like(prompt),
-        max_new_tokens=NEW,
-        do_sample=False,
-        pad_token_id=0,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    return out.sequences, torch.stack(out.logits, dim=1)  # (1, P+NEW), (1, NEW, V)
 
 
 def recompute(model, sequence: torch.Tensor, prompt_len: int) -> torch.Tensor:
@@ -73,7 +60,7 @@ def test_cached_generation_rotates_each_token_at_its_write_length(method, params
     model = make_tiny("llama")
     prompt = torch.randint(0, 97, (1, prompt_len), generator=torch.Generator().manual_seed(3))
     hf_posenc.patch(model, method, **params)
-    sequence, cached = generate(model, prompt)
+    sequence, cached = generate(model, prompt, new=NEW)
     assert sequence.shape[1] == prompt_len + NEW > L
 
     recomputed = recompute(model, sequence, prompt_len)
@@ -99,7 +86,7 @@ def test_static_methods_cache_equals_recompute_within_each_regime(method, params
     model = make_tiny("llama")
     prompt = torch.randint(0, 97, (1, 70), generator=torch.Generator().manual_seed(4))
     hf_posenc.patch(model, method, **params)
-    sequence, cached = generate(model, prompt)
+    sequence, cached = generate(model, prompt, new=NEW)
     torch.testing.assert_close(cached, recompute(model, sequence, 70), rtol=1e-4, atol=1e-4)
 
 

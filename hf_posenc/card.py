@@ -8,7 +8,6 @@ the Hub and ``evaluate`` read back as :class:`~huggingface_hub.EvalResult` objec
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .record import PatchRecord
 from .registry import get_method
+from .report_files import read_report
 from .spec import NONE_METHOD, parse_method_spec
 
 TEMPLATE_PATH = Path(__file__).resolve().parent / "model_cards" / "posenc_model.md"
@@ -35,12 +35,14 @@ class EvalTable:
 
     source: Path
     protocol: str
-    model: str
+    model: str  # the model the weights come from (the base of a config-only push the results were measured on)
     dataset: str
     hub_dataset: bool  # a Hub id, not local files: only then the results go into model-index
     method_spec: str
     rows: list[tuple[int, float | None, float | None]]  # (length, base ppl, method ppl)
     results: list[dict[str, Any]]  # the results.json rows of the method and of none, for the plot
+    measured_on: str = ""  # the --model of the run: a saved patched model, or the same as ``model``
+    saved_patch: str | None = None  # the method that --model was saved with (its patch undone for ``none``)
 
     def eval_results(self) -> list[EvalResult]:
         """One ``model-index`` perplexity per context length, for the method's finite rows on a Hub dataset
@@ -76,14 +78,9 @@ def load_eval_table(path: str | Path, record: PatchRecord) -> EvalTable:
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"Cannot read the eval results {path}: {error}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} is not an hf_posenc eval results file (not a JSON object).")
-    missing = [key for key in ("protocol", "model", "dataset", "results") if key not in data]
-    if missing:
-        raise ValueError(f"{path} is not an hf_posenc eval results file: missing {missing}.")
+        data = read_report(path, kind="perplexity", advice="pass the results.json of an `hf-posenc eval` run")
+    except OSError as error:
+        raise ValueError(f"Cannot read the eval results {path}: {error.strerror or error}.") from None
     specs = {row["method"] for row in data["results"]}
     matching = sorted(spec for spec in specs if _spec_matches(spec, record))
     if not matching:
@@ -97,18 +94,21 @@ def load_eval_table(path: str | Path, record: PatchRecord) -> EvalTable:
     method_ppl = _ppl_by_length(data["results"], matching[0], path)
     base_ppl = _ppl_by_length(data["results"], NONE_METHOD, path)
     rows = [(length, base_ppl.get(length), method_ppl.get(length)) for length in sorted({*method_ppl, *base_ppl})]
-    details = data.get("dataset_details") or {}
+    details = data["dataset_details"]
+    model = data.get("model_details") if isinstance(data.get("model_details"), dict) else {}
     name = str(details.get("name") or data["dataset"])
     hub_dataset = not details["local"] if "local" in details else _is_hub_dataset(name)
     return EvalTable(
         source=path,
         protocol=str(data["protocol"]),
-        model=str(data["model"]),
+        model=str(model.get("weights_from") or data["model"]),
         dataset=str(data["dataset"]) if hub_dataset else Path(str(data["dataset"])).name,  # no local folders' names
         hub_dataset=hub_dataset,
         method_spec=matching[0],
         rows=rows,
         results=[row for row in data["results"] if row["method"] in (matching[0], NONE_METHOD)],
+        measured_on=str(data["model"]),
+        saved_patch=model.get("saved_patch"),
     )
 
 

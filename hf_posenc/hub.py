@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx2
-from huggingface_hub import CommitInfo, HfApi, ModelCard, get_token, hf_hub_download
+from huggingface_hub import CommitInfo, HfApi, ModelCard, hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError
 from transformers import AutoConfig, PreTrainedModel
 
 from ._version import __version__
 from .card import PLOT_FILE, EvalTable, load_eval_table, public_results, render_card
+from .hub_errors import HubError, HubPushError, call_hub
 from .patching.loading import load_patched_model
 from .plots import plot_ppl_vs_length
 from .record import PatchRecord
@@ -50,22 +50,6 @@ PUSH_ARTIFACTS = (
 )
 _LICENSE_FIELDS = ("license", "license_name", "license_link")
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
-
-
-class HubError(RuntimeError):
-    """The Hub refused or failed a request. The message never contains the token.
-
-    Attributes:
-        status_code (`int`, *optional*): HTTP status of the failing answer, when there was one.
-    """
-
-    def __init__(self, message: str, status_code: int | None = None) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-
-
-class HubPushError(HubError):
-    """A push failed; nothing was changed locally and nothing was committed."""
 
 
 @dataclass(frozen=True)
@@ -126,26 +110,27 @@ def push_to_hub(
     api = HfApi(token=token)
     errors = (HubPushError, f"Pushing to {repo_id!r}")
     contents = _push_contents(model, api, eval_results, with_weights, base_model, base_revision, license, token, errors)
-    with (
-        _hub_errors(*errors, token),
-        tempfile.TemporaryDirectory(prefix="hf_posenc_push_") as folder,
-    ):
-        stage_repo(model, Path(folder), repo_id=repo_id, contents=contents, tokenizer=tokenizer)
-        api.create_repo(repo_id, private=private, exist_ok=exist_ok)
-        if private and not api.repo_info(repo_id).private:
-            raise HubPushError(
-                f"Pushing to {repo_id!r} refused: the repo exists and is public, and `private` does not change an "
-                "existing repo's visibility. Make it private on the Hub first, or push without it."
+
+    def commit() -> CommitInfo:
+        with tempfile.TemporaryDirectory(prefix="hf_posenc_push_") as folder:
+            stage_repo(model, Path(folder), repo_id=repo_id, contents=contents, tokenizer=tokenizer)
+            api.create_repo(repo_id, private=private, exist_ok=exist_ok)
+            if private and not api.repo_info(repo_id).private:
+                raise HubPushError(
+                    f"Pushing to {repo_id!r} refused: the repo exists and is public, and `private` does not change "
+                    "an existing repo's visibility. Make it private on the Hub first, or push without it."
+                )
+            if revision not in (None, "main"):
+                api.create_branch(repo_id, branch=revision, exist_ok=True)
+            return api.upload_folder(
+                repo_id=repo_id,
+                folder_path=folder,
+                revision=revision,
+                commit_message=commit_message or f"Add {contents.record.spec} patch of {contents.base_id} (hf_posenc)",
+                delete_patterns=list(PUSH_ARTIFACTS),
             )
-        if revision not in (None, "main"):
-            api.create_branch(repo_id, branch=revision, exist_ok=True)
-        return api.upload_folder(
-            repo_id=repo_id,
-            folder_path=folder,
-            revision=revision,
-            commit_message=commit_message or f"Add {contents.record.spec} patch of {contents.base_id} (hf_posenc)",
-            delete_patterns=list(PUSH_ARTIFACTS),
-        )
+
+    return call_hub(commit, *errors, token)
 
 
 def build_card(
@@ -214,8 +199,8 @@ def _push_contents(
     base = None
     if _is_hub_id(base_id):
         error_type, action = errors
-        with _hub_errors(error_type, f"{action} (reading the base model {base_id!r})", token):
-            base = _resolve_base(api, base_id, base_revision)
+        reading = f"{action} (reading the base model {base_id!r})"
+        base = call_hub(lambda: _resolve_base(api, base_id, base_revision), error_type, reading, token)
     license_info = {"license": license} if license else (base.license_info if base else {})
     return _PushContents(record, eval_table, base_id, base, with_weights, license_info)
 
@@ -277,14 +262,23 @@ def from_pretrained(pretrained_model_name_or_path: str, **kwargs: Any) -> PreTra
         pretrained_model_name_or_path (`str`): Hub id or local folder.
         **kwargs: ``revision`` (of this repo), ``token``, ``cache_dir`` and anything
             ``AutoModelForCausalLM.from_pretrained`` takes (``dtype``, ``device_map``, ...).
+
+    Raises:
+        HubError: the Hub refused or failed a request (for this repo or the base model's weights).
     """
+    name = pretrained_model_name_or_path
     hub_kwargs = {key: kwargs[key] for key in _HUB_KWARGS if key in kwargs}
-    metadata = read_metadata(pretrained_model_name_or_path, **hub_kwargs)
-    if metadata is None or metadata["weights"]:
-        return load_patched_model(pretrained_model_name_or_path, **kwargs)
-    config = AutoConfig.from_pretrained(pretrained_model_name_or_path, **hub_kwargs)
-    base_kwargs = {**kwargs, "revision": metadata["base_revision"], "config": config}
-    return load_patched_model(metadata["base_model"], **base_kwargs)
+    metadata = read_metadata(name, **hub_kwargs)
+
+    def load() -> PreTrainedModel:
+        if metadata is None or metadata["weights"]:
+            return load_patched_model(name, **kwargs)
+        config = AutoConfig.from_pretrained(name, **hub_kwargs)
+        return load_patched_model(
+            metadata["base_model"], **{**kwargs, "revision": metadata["base_revision"], "config": config}
+        )
+
+    return call_hub(load, HubError, f"Loading {name!r}", kwargs.get("token"))
 
 
 def read_metadata(
@@ -296,26 +290,19 @@ def read_metadata(
     local_files_only: bool = False,
 ) -> dict[str, Any] | None:
     """The ``hf_posenc.json`` record of a repo or folder, or None when it has none (or, offline, when none
-    is cached: the regular loading path then reports what is missing)."""
+    is cached: the regular loading path then reports what is missing). Raises :class:`HubError` when the Hub
+    refuses or fails."""
     local = Path(pretrained_model_name_or_path)
     if local.is_dir():
-        path = local / METADATA_FILE
-        if not path.is_file():
-            return None
+        path = local / METADATA_FILE if (local / METADATA_FILE).is_file() else None
     else:
-        try:
-            path = Path(
-                hf_hub_download(
-                    pretrained_model_name_or_path,
-                    METADATA_FILE,
-                    revision=revision,
-                    token=token,
-                    cache_dir=cache_dir,
-                    local_files_only=local_files_only,
-                )
-            )
-        except EntryNotFoundError:  # remote 404, or offline without it in the cache
-            return None
+        action = f"Reading {METADATA_FILE} of {pretrained_model_name_or_path!r}"
+        hub_kwargs = dict(revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only)
+        path = call_hub(
+            lambda: _download_metadata(pretrained_model_name_or_path, **hub_kwargs), HubError, action, token
+        )
+    if path is None:
+        return None
     metadata = json.loads(path.read_text(encoding="utf-8"))
     if metadata.get("format") != METADATA_FORMAT:
         raise ValueError(
@@ -325,6 +312,14 @@ def read_metadata(
     if not metadata["weights"] and not metadata.get("base_model"):
         raise ValueError(f"{pretrained_model_name_or_path!r} holds no weights and names no base model to load.")
     return metadata
+
+
+def _download_metadata(repo_id: str, **hub_kwargs: Any) -> Path | None:
+    """The downloaded ``hf_posenc.json`` of ``repo_id``, or None when it has none."""
+    try:
+        return Path(hf_hub_download(repo_id, METADATA_FILE, **hub_kwargs))
+    except EntryNotFoundError:  # remote 404, or offline without it in the cache
+        return None
 
 
 def _different_models(measured: str, base: str) -> bool:
@@ -363,25 +358,3 @@ def _config_restored(model: PreTrainedModel) -> Iterator[None]:
     finally:
         model.config.__dict__.clear()
         model.config.__dict__.update(before)
-
-
-@contextlib.contextmanager
-def _hub_errors(error_type: type[HubError], action: str, token: str | None) -> Iterator[None]:
-    """Turn the Hub client's errors into ``error_type``, with the token redacted."""
-    try:
-        yield
-    except (httpx2.HTTPError, OSError) as error:  # HfHubHTTPError is both
-        status = getattr(getattr(error, "response", None), "status_code", None)
-        cause = _redact(f"{type(error).__name__}: {error}", token or get_token())
-        raise error_type(f"{action} failed: {cause}{_HINTS.get(status, '')}", status_code=status) from None
-
-
-_HINTS = {
-    401: "\nCheck the token: log in with `hf auth login`, set HF_TOKEN, or pass `token`.",
-    403: "\nThe token has no write access to this namespace.",
-    409: "\nThe repo already exists; pass `exist_ok` to push a new commit to it.",
-}
-
-
-def _redact(text: str, token: str | None) -> str:
-    return text.replace(token, "***") if token else text

@@ -14,7 +14,7 @@ from transformers import (
     Qwen3Config,
 )
 
-pytest_plugins = ("hub_server",)  # the fake_hub fixture
+pytest_plugins = ("hub_server", "tiny_runs")  # the fake_hub fixture; tiny_dir and eval runs on it
 
 TINY = dict(
     vocab_size=97,

@@ -123,6 +123,7 @@ def write_results(
         "dataset": dataset,
         "versions": {"hf_posenc": "0.1.0"},
         **details,
+        "dataset_details": {"documents": 1, "tokens": 10, **details.get("dataset_details", {})},
         "results": [
             {
                 "method": method,

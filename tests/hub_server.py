@@ -3,8 +3,9 @@
 It implements the routes that ``HfApi.create_repo``, ``create_branch``, ``upload_folder`` /
 ``create_commit`` (with every file sent inline as a "regular" blob, and file deletions), ``list_repo_tree``,
 ``model_info`` and ``hf_hub_download`` call, checks the bearer token, and keeps every commit of every repo in memory.
-Failures are injected per route with :meth:`FakeHub.fail`. Written against the client code of
-huggingface_hub 2.x (``hf_api.py``, ``_commit_api.py``, ``file_download.py``).
+Failures are injected per route with :meth:`FakeHub.fail`. A 401 is deliberately careless: it echoes the request's
+``Authorization: Bearer <token>`` header, so tests prove that hf_posenc never shows the token. Written against the
+client code of huggingface_hub 2.x (``hf_api.py``, ``_commit_api.py``, ``file_download.py``).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class FakeHub:
         self.token = token
         self.repos: dict[str, Repo] = {}
         self.requests: list[Request] = []
-        self._failures: dict[str, int] = {}
+        self._failures: dict[tuple[str, str | None], int] = {}
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -81,9 +82,10 @@ class FakeHub:
         self._server.shutdown()
         self._server.server_close()
 
-    def fail(self, route: str, status: int) -> None:
-        """Answer every later request to ``route`` (e.g. ``"commit"``, ``"create"``) with ``status``."""
-        self._failures[route] = status
+    def fail(self, route: str, status: int, repo_id: str | None = None) -> None:
+        """Answer every later request to ``route`` (e.g. ``"commit"``, ``"create"``, ``"info"``, ``"resolve"``),
+        or only those about ``repo_id``, with ``status``; a 401 echoes the Authorization header (an expired token)."""
+        self._failures[route, repo_id] = status
 
     def files(self, repo_id: str, revision: str = "main") -> dict[str, bytes]:
         """The files of ``repo_id`` at ``revision`` (empty when the repo or revision does not exist)."""
@@ -235,38 +237,46 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(payload)
 
         def _route(self, path: str, raw: bytes) -> tuple[int, Any, dict[str, str]]:
-            route, handler = self._match(path, raw)
+            route, repo_id, handler = self._match(path, raw)
             if route is None:
                 return 404, {"error": f"{self.command} {path} is not served by the fake Hub"}, {}
-            if route in hub._failures:
-                return hub._failures[route], {"error": f"Injected failure on {route}"}, {}
             token_given = self.headers.get("Authorization")
-            if token_given is not None and token_given != f"Bearer {hub.token}":
-                # Deliberately careless: echoes the token, so tests prove hf_posenc redacts it.
-                body = {"error": f"Invalid credentials: {token_given}"}
-                return 401, body, {"X-Error-Message": "Invalid credentials in Authorization header"}
+            failure = hub._failures.get((route, repo_id)) or hub._failures.get((route, None))
+            if failure == 401 or (token_given is not None and token_given != f"Bearer {hub.token}"):
+                return self._careless_401()
+            if failure is not None:
+                return failure, {"error": f"Injected failure on {route}"}, {}
             if route in WRITE_ROUTES and token_given is None:
                 return 401, {"error": "You must be authenticated"}, {}
             return handler()
 
-        def _match(self, path: str, raw: bytes) -> tuple[str | None, Any]:
+        def _careless_401(self) -> tuple[int, Any, dict[str, str]]:
+            """Echo the Authorization header in the body, and for HEAD (whose answer has no body) in X-Error-Message:
+            huggingface_hub puts both in its error. Only there: httpcore's DEBUG log shows response headers, beyond
+            hf_posenc's reach."""
+            echo = f"Invalid credentials in Authorization: {self.headers.get('Authorization')}"
+            message = echo if self.command == "HEAD" else "Invalid credentials in Authorization header"
+            return 401, {"error": echo}, {"X-Error-Message": message}
+
+        def _match(self, path: str, raw: bytes) -> tuple[str | None, str | None, Any]:
+            """The route, the repo it is about (None for create and validate-yaml), and its handler."""
             body = json.loads(raw) if raw and self.headers.get("Content-Type") == "application/json" else {}
             if self.command == "POST" and path == "/api/repos/create":
-                return "create", lambda: hub.create_repo(body, path)
+                return "create", None, lambda: hub.create_repo(body, path)
             if self.command == "POST" and path == "/api/validate-yaml":
-                return "validate-yaml", lambda: hub.validate_yaml(body, path)
+                return "validate-yaml", None, lambda: hub.validate_yaml(body, path)
             api = API_REPO.match(path)
             resolve = RESOLVE.match(path)
             match = api or resolve
             if match is None:
-                return None, None
+                return None, None, None
             repo_id, revision = unquote(match["repo"]), unquote(match["rev"] or "main")
             repo = hub.repos.get(repo_id)
             if repo is None or (repo.private and self.headers.get("Authorization") is None):
                 missing = (404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
-                return "missing", lambda: missing
+                return "missing", repo_id, lambda: missing
             if resolve:
-                return "resolve", lambda: hub.resolve_file(repo, revision, unquote(resolve["path"]))
+                return "resolve", repo_id, lambda: hub.resolve_file(repo, revision, unquote(resolve["path"]))
             verb = api["verb"] if self.command == "POST" or api["verb"] == "tree" else "info"
             handlers = {
                 "tree": lambda: hub.tree(repo, revision),
@@ -275,7 +285,7 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 "commit": lambda: hub.commit(repo_id, repo, revision, raw),
                 "info": lambda: hub.model_info(repo_id, repo, revision),
             }
-            return (verb, handlers[verb]) if verb in handlers else (None, None)
+            return (verb, repo_id, handlers[verb]) if verb in handlers else (None, None, None)
 
     return Handler
 

@@ -12,7 +12,8 @@ import torch
 from conftest import make_tiny
 from helpers import BASE_PPL, YARN_PPL, write_results
 from hub_server import BASE_REPO, TOKEN, upload_base
-from huggingface_hub import HfApi, ModelCard
+from huggingface_hub import HfApi, ModelCard, hf_hub_download
+from huggingface_hub.errors import HfHubHTTPError
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posenc
@@ -193,6 +194,76 @@ def test_failed_push_is_clear_changes_nothing_and_hides_the_token(fake_hub, tmp_
     assert fake_hub.files("me/tiny-yarn") == {}  # nothing committed
     assert_unchanged(model, before)
     assert {path: path.read_bytes() for path in tmp_path.iterdir() if path.is_file()} == local_files
+
+
+def assert_token_nowhere(error: BaseException, token: str) -> None:
+    """``token`` is in nothing reachable from ``error``: the formatted traceback, and for the whole chain
+    (``__cause__``, ``__context__``) each link's str, repr, args and the headers of its request, if any."""
+    assert token not in "".join(traceback.format_exception(error))
+    links, seen = [error], set()
+    while links:
+        link = links.pop()
+        if link is None or id(link) in seen:
+            continue
+        seen.add(id(link))
+        request = getattr(getattr(link, "response", None), "request", None)
+        shown = [str(link), repr(link), *map(repr, link.args), repr(dict(request.headers) if request else {})]
+        assert not any(token in text for text in shown), (type(link), shown)
+        links += [link.__cause__, link.__context__]
+
+
+# A 401 that echoes the request's Authorization header, on every Hub call that carries the token: route and repo
+# failing, the call, the error raised, and what its message says was being done.
+ECHOED_401 = {
+    "push reads the base": (
+        ("info", BASE_REPO),
+        lambda model: hub.push_to_hub(model, "me/other", base_model=BASE_REPO),
+        hub.HubPushError,
+        "Pushing to 'me/other' (reading the base model 'org/tiny-base') failed",
+    ),
+    "card reads the base": (
+        ("info", BASE_REPO),
+        lambda model: hub.build_card(model, "me/other", base_model=BASE_REPO, token=TOKEN),
+        hub.HubError,
+        "Rendering the card of 'me/other' (reading the base model 'org/tiny-base') failed",
+    ),
+    "from_pretrained reads the record": (
+        ("resolve", "me/tiny-yarn"),
+        lambda model: hub.from_pretrained("me/tiny-yarn"),
+        hub.HubError,
+        "Reading hf_posenc.json of 'me/tiny-yarn' failed",
+    ),
+    "from_pretrained loads the base weights": (
+        ("resolve", BASE_REPO),
+        lambda model: hub.from_pretrained("me/tiny-yarn", token=TOKEN),
+        hub.HubError,
+        "Loading 'me/tiny-yarn' failed",
+    ),
+    "read_metadata": (
+        ("resolve", "me/tiny-yarn"),
+        lambda model: hub.read_metadata("me/tiny-yarn", token=TOKEN),
+        hub.HubError,
+        "Reading hf_posenc.json of 'me/tiny-yarn' failed",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ECHOED_401))
+def test_a_401_echoing_the_token_raises_an_error_without_it(fake_hub, case):
+    (route, repo_id), call, error_type, action = ECHOED_401[case]
+    upload_base()
+    model = hf_posenc.patch(make_tiny("llama"), "yarn", factor=4, original_max_position_embeddings=64)
+    hub.push_to_hub(model, "me/tiny-yarn", base_model=BASE_REPO)  # nothing downloaded: nothing cached
+    fake_hub.fail(route, 401, repo_id)
+    with pytest.raises(HfHubHTTPError, match=TOKEN):  # the raw client's error shows it: the server echoes it
+        HfApi().model_info(repo_id) if route == "info" else hf_hub_download(repo_id, "config.json")
+
+    with pytest.raises(error_type) as raised:
+        call(model)
+
+    assert str(raised.value).startswith(action) and raised.value.status_code == 401
+    assert "Bearer ***" in str(raised.value)  # the echo reached the message, redacted
+    assert_token_nowhere(raised.value, TOKEN)
 
 
 def test_config_only_push_needs_a_hub_base(fake_hub, tmp_path):

@@ -6,6 +6,9 @@ the parsed arguments and returning the exit status.
 Library functions raise errors that speak Python: a parameter they name is written in backticks
 (`` `output` ``). Here each backticked name of a parameter of the command becomes its flag (``--output``):
 the argparse destination of each option, plus the names a command maps itself (``parameter_flags``).
+
+Every message printed goes through :func:`hf_posenc.hub_errors.redact` (a server may echo the token). Ctrl-C
+exits 130 with one line: the command's ``interrupted`` default, its ``{output}`` filled with ``--output``.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ import importlib
 import re
 import sys
 
-from ..hub import HubError
+from ..hub_errors import HubError, redact
 
 COMMAND_MODULES = ("hf_posenc.cli.eval", "hf_posenc.cli.hub")
 _PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
+INTERRUPTED = "interrupted."
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command killed by Ctrl-C
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,9 +55,19 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
+    except KeyboardInterrupt:
+        output = getattr(args, "output", None) or "the output folder"
+        _report(args, (getattr(args, "interrupted", None) or INTERRUPTED).format(output=output))
+        return INTERRUPTED_EXIT
     except HubError as error:  # the Hub refused or failed: the input may be fine
-        print(f"hf-posenc {args.command}: {with_flags(str(error), args.flags)}", file=sys.stderr)
+        _report(args, str(error))
         return 1
     except (ValueError, TypeError, OSError, NotImplementedError) as error:  # bad input, files, model loading
-        print(f"hf-posenc {args.command}: error: {with_flags(str(error), args.flags)}", file=sys.stderr)
+        _report(args, f"error: {error}")
         return 2
+
+
+def _report(args: argparse.Namespace, message: str) -> None:
+    """One line on stderr: ``message`` with flags for parameter names, and no token (``--token`` or the login's)."""
+    shown = redact(with_flags(message, args.flags), getattr(args, "token", None))
+    print(f"hf-posenc {args.command}: {shown}", file=sys.stderr)

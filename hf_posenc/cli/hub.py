@@ -10,11 +10,12 @@ import argparse
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from ..hub import build_card, push_to_hub
 from ..patching import patch
 from ..record import PatchRecord
+from ..saved import base_config, load_base_model, saved_patch
 from ..spec import MethodSpec
 
 # Library parameters whose flag has another name.
@@ -47,7 +48,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     push.add_argument("--exist-ok", action="store_true", help="push a new commit to an existing repo")
     push.add_argument("--revision", help="branch to commit to (created from main if missing)")
     push.add_argument("--commit-message", help="commit summary")
-    push.set_defaults(func=run_push, parameter_flags=PARAMETER_FLAGS)
+    push.set_defaults(
+        func=run_push,
+        parameter_flags=PARAMETER_FLAGS,
+        interrupted="interrupted: a push is one commit, so the repo holds all of it or none of it (the repo and the "
+        "--revision branch may exist already, empty); look at the repo, and rerun with --exist-ok to push again.",
+    )
 
     card = subparsers.add_parser(
         "card",
@@ -72,9 +78,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_push(args: argparse.Namespace) -> int:
-    model = _patched_model(args, with_weights=args.with_weights)
+    model, base_model, base_revision = _patched_model(args, with_weights=args.with_weights)
     tokenizer = (
-        AutoTokenizer.from_pretrained(args.model, revision=args.model_revision, token=args.token)
+        AutoTokenizer.from_pretrained(base_model, revision=base_revision, token=args.token)
         if args.with_weights
         else None
     )
@@ -84,8 +90,8 @@ def run_push(args: argparse.Namespace) -> int:
         eval_results=args.results,
         with_weights=args.with_weights,
         tokenizer=tokenizer,
-        base_model=args.model,
-        base_revision=args.model_revision,
+        base_model=base_model,
+        base_revision=base_revision,
         license=args.license,
         private=args.private or None,
         exist_ok=args.exist_ok,
@@ -102,15 +108,15 @@ def run_card(args: argparse.Namespace) -> int:
         raise ValueError(
             f"`output` {args.output} is a folder; name the card's file (e.g. {args.output / 'README.md'})."
         )
-    model = _patched_model(args, with_weights=False)
+    model, base_model, base_revision = _patched_model(args, with_weights=False)
     method = PatchRecord.from_config(model.config).method
     card = build_card(
         model,
-        args.repo or f"{args.model.rstrip('/').split('/')[-1]}-{method}",
+        args.repo or f"{base_model.rstrip('/').split('/')[-1]}-{method}",
         eval_results=args.results,
         with_weights=args.with_weights,
-        base_model=args.model,
-        base_revision=args.model_revision,
+        base_model=base_model,
+        base_revision=base_revision,
         license=args.license,
         token=args.token,
     )
@@ -121,15 +127,21 @@ def run_card(args: argparse.Namespace) -> int:
     return 0
 
 
-def _patched_model(args: argparse.Namespace, *, with_weights: bool) -> PreTrainedModel:
-    """The base model patched with ``--method``: real weights, or on the meta device for config-only."""
+def _patched_model(args: argparse.Namespace, *, with_weights: bool) -> tuple[PreTrainedModel, str, str | None]:
+    """The base model of ``--model`` patched with ``--method`` (real weights, or on the meta device for
+    config-only), and the repo and revision its weights come from. A model saved or pushed patched is its
+    base with the saved patch undone (:mod:`hf_posenc.saved`): for a config-only push, the base repo it names."""
     spec = MethodSpec.parse(args.method)
     if spec.unpatched:
         raise ValueError("`method` 'none' is the unpatched model: there is no patch to push or describe.")
+    hub_kwargs = {"revision": args.model_revision, "token": args.token}
+    saved = saved_patch(args.model, **hub_kwargs)
     if with_weights:
-        model = AutoModelForCausalLM.from_pretrained(args.model, revision=args.model_revision, token=args.token)
+        model = load_base_model(args.model, saved, **{k: v for k, v in hub_kwargs.items() if v is not None})
     else:
-        config = AutoConfig.from_pretrained(args.model, revision=args.model_revision, token=args.token)
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-    return patch(model, spec.method, **spec.params)
+            model = AutoModelForCausalLM.from_config(base_config(args.model, saved, **hub_kwargs))
+    patch(model, spec.method, **spec.params)
+    if saved is not None and saved.weights_from is not None:
+        return model, saved.weights_from, saved.weights_revision
+    return model, args.model, args.model_revision

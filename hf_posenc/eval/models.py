@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from ..architectures import positions_of
+from ..hub_errors import HubError, call_hub
 from ..patching import get_patch
+from ..saved import SavedPatch, load_base_model, loading_errors, saved_patch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -33,18 +35,29 @@ class ModelSource:
             return self.dtype
         return "bfloat16" if device.type == "cuda" else "float32"
 
+    def saved_patch(self) -> SavedPatch | None:
+        """The patch the model was saved or pushed with (read from its config), or None."""
+        return saved_patch(self.name, gguf_file=self.gguf_file)
 
-def load_model(source: ModelSource, device: torch.device):
-    """The model, in eval mode, on ``device``."""
+
+def load_model(source: ModelSource, device: torch.device, saved: SavedPatch | None = None):
+    """The base model, in eval mode, on ``device``: a saved patch (``source.saved_patch()``) undone, so that
+    every method evaluated applies to the base (:mod:`hf_posenc.saved`)."""
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     dtype = DTYPES[source.resolved_dtype(device)]
-    return AutoModelForCausalLM.from_pretrained(source.name, dtype=dtype, **kwargs).to(device).eval()
+    return load_base_model(source.name, saved, dtype=dtype, **kwargs).to(device).eval()
 
 
-def load_tokenizer(source: ModelSource):
-    """The tokenizer of ``source`` (cheap next to the model: loaded first, to check the data)."""
+def load_tokenizer(source: ModelSource, saved: SavedPatch | None = None):
+    """The tokenizer of ``source`` (cheap next to the model: loaded first, to check the data); a config-only
+    push's from the repo and commit its weights come from."""
+    if saved is not None and saved.weights_from is not None:
+        repo, revision = saved.weights_from, saved.weights_revision
+        action = f"Reading the tokenizer of {repo!r}"
+        return call_hub(lambda: AutoTokenizer.from_pretrained(repo, revision=revision), HubError, action, None)
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
-    return AutoTokenizer.from_pretrained(source.name, **kwargs)
+    with loading_errors(source.name, source.gguf_file):
+        return AutoTokenizer.from_pretrained(source.name, **kwargs)
 
 
 def trained_context(config: Any) -> int:
@@ -82,3 +95,15 @@ def check_position_table(model, method: str, longest: int) -> None:
             f"input here has {longest} tokens. Evaluate it at `lengths` up to {rows} (runs with the same `output` "
             "add up), or with a method that extends or replaces the table (pi:factor=..., alibi)."
         )
+
+
+def model_details(model_source: ModelSource, saved: SavedPatch | None, dtype: str) -> dict[str, Any]:
+    """What the results say of the model: its name, and for a saved patched model the method it was saved
+    with and the repo its weights came from (``none`` rows are that base)."""
+    return {
+        "name": model_source.name,
+        "gguf_file": model_source.gguf_file,
+        "dtype": dtype,
+        "saved_patch": saved.spec if saved else None,
+        "weights_from": saved.weights_from if saved else None,
+    }

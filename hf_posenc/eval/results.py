@@ -1,9 +1,7 @@
 """Results files: JSON (the report), CSV, plots, the console table, and resuming a killed run.
 
 Every file is written atomically (:mod:`hf_posenc.files`), so a run killed at any moment leaves either
-the previous or the new version.
-A results file remembers the arguments that define its numbers (``"arguments"``); a run with other
-arguments refuses the folder instead of mixing or overwriting results.
+the previous or the new version. Reading them back to resume is :mod:`.resume`'s.
 """
 
 from __future__ import annotations
@@ -11,9 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import platform
-import tempfile
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,6 +25,8 @@ PPL_PLOT = "ppl_vs_length.png"
 PASSKEY_JSON = "passkey.json"
 PASSKEY_CSV = "passkey.csv"
 PASSKEY_PLOT = "passkey_heatmap.png"
+PERPLEXITY_FILES = (RESULTS_JSON, RESULTS_CSV, PPL_PLOT)  # the report first: the others are made from it
+PASSKEY_FILES = (PASSKEY_JSON, PASSKEY_CSV, PASSKEY_PLOT)
 CSV_FIELDS = ("method", "length", "ppl", "nll", "tokens", "windows", "skipped_documents", "dropped_tokens", "seconds")
 
 
@@ -62,56 +60,6 @@ def device_description(device: Any) -> str:
     names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
     name = names[0] if names else platform.processor() or platform.machine()
     return f"{name} ({torch.get_num_threads()} threads)"
-
-
-def check_output(folder: Path) -> None:
-    """Raise ``ValueError`` unless results can be written to ``folder``: a writable folder, or one that can
-    be created. A temporary folder is made and removed to check (permissions alone mislead root)."""
-    existing = next(path for path in (folder, *folder.parents) if path.exists())
-    if not existing.is_dir():
-        raise ValueError(f"Cannot write results to {folder}: {existing} is a file. Choose another `output`.")
-    try:
-        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".hf-posenc-check-"))
-    except OSError as error:
-        place = "" if existing == folder else f" (cannot create a folder in {existing})"
-        raise ValueError(
-            f"Cannot write results to {folder}{place}: {error.strerror}. Choose another `output`."
-        ) from None
-
-
-def load_previous(path: Path, arguments: dict[str, Any]) -> dict[str, Any] | None:
-    """The report already in ``path`` for the same ``arguments``; None if there is no file.
-
-    Raises:
-        `ValueError`: the file is not a results file, or holds results of other arguments (it is left
-            untouched either way).
-    """
-    if not path.exists():
-        return None
-    previous = _read_report(path)
-    if previous.get("arguments") != arguments:
-        changed = sorted(
-            key
-            for key in set(arguments) | set(previous.get("arguments", {}))
-            if arguments.get(key) != previous.get("arguments", {}).get(key)
-        )
-        raise ValueError(
-            f"{path} holds results of different arguments (differing: {', '.join(changed)}); "
-            "choose another `output` folder or rerun with the same arguments to resume."
-        )
-    return previous
-
-
-def _read_report(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``; ``ValueError`` naming the file if it holds none."""
-    advice = "move it away or choose another `output` folder"
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} is not a results file (not JSON: {error}); {advice}.") from None
-    if not isinstance(report, dict):
-        raise ValueError(f"{path} is not a results file (a JSON {type(report).__name__}, not an object); {advice}.")
-    return report
 
 
 def sort_results(results: list[dict[str, Any]], methods: list[str]) -> list[dict[str, Any]]:

@@ -19,72 +19,36 @@ import torch
 from accelerate import Accelerator
 
 from ..patching import get_patch, patched
+from ..saved import SavedPatch
 from ..spec import MethodSpec
 from .data import TextSource, WindowPlan, build_windows, check_protocol, load_texts, tokenize_texts
-from .models import ModelSource, check_position_table, load_model, load_tokenizer, resolve_bos, trained_context
+from .models import (
+    ModelSource,
+    check_position_table,
+    load_model,
+    load_tokenizer,
+    model_details,
+    resolve_bos,
+    trained_context,
+)
 from .passkey import accuracy_grid, build_prompt, random_keys
 from .perplexity import check_head_decomposition, perplexity
 from .results import (
+    PASSKEY_FILES,
     PASSKEY_JSON,
+    PERPLEXITY_FILES,
     RESULTS_JSON,
-    check_output,
     device_description,
-    load_previous,
     sort_results,
     versions,
     write_passkey_results,
     write_perplexity_results,
 )
+from .resume import check_output, check_same_data, document_hashes, load_previous, remove_stale_temporaries
 from .scoring import input_shape, passkey_flags, score_windows
+from .specs import parse_methods, refuse_duplicates
 
 logger = logging.getLogger("hf_posenc")
-
-
-def parse_methods(texts: Sequence[str]) -> list[MethodSpec]:
-    """Every method spec parsed and checked without a model (``ValueError`` naming the bad one)."""
-    return [MethodSpec.parse(text, parameter="methods") for text in texts]
-
-
-def refuse_duplicates(
-    specs: list[MethodSpec],
-    existing: Sequence[str] = (),
-    where: Path | str = "",
-    resolved: dict[str, dict[str, Any]] | None = None,
-) -> None:
-    """Raise ``ValueError`` naming both specs when two of ``specs``, or one of them and a row already in the
-    results file ``where`` (``existing`` specs), are the same method (equal :meth:`MethodSpec.identity`).
-
-    ``resolved``: the parameters a model resolved for each spec text (new specs and rows alike), so that
-    spellings that differ only in what the model fills in (its trained context) are told to be one method.
-    """
-    texts = [spec.text for spec in specs]
-    rows = [(text, _row_identity(text, resolved)) for text in existing if text not in texts]
-    seen = [(text, identity) for text, identity in rows if identity is not None]
-    for spec in specs:
-        this = spec.identity(None if resolved is None else resolved[spec.text])
-        for other, other_identity in seen:
-            if this != other_identity:
-                continue
-            if other in existing:
-                raise ValueError(
-                    f"`methods` {spec.text!r} is the same method with the same parameters as {other!r}, already in "
-                    f"{where}; write it as {other!r} to keep that row, or choose another `output` folder."
-                )
-            raise ValueError(
-                f"`methods` {other!r} and `methods` {spec.text!r} are the same method with the same parameters; "
-                "give it once."
-            )
-        seen.append((spec.text, this))
-
-
-def _row_identity(text: str, resolved: dict[str, dict[str, Any]] | None) -> tuple[str, dict[str, Any]] | None:
-    """The identity of a row already written; None for one an older version wrote that no longer builds (no
-    valid spec can be the same method)."""
-    try:
-        spec = MethodSpec.parse(text, parameter="methods")
-    except ValueError:
-        return None
-    return spec.identity(None if resolved is None else resolved.get(text, spec.defaults))
 
 
 def _applied(model, spec: MethodSpec, params: dict[str, Any]) -> AbstractContextManager:
@@ -94,13 +58,18 @@ def _applied(model, spec: MethodSpec, params: dict[str, Any]) -> AbstractContext
 
 
 def load_checked(
-    model_source: ModelSource, specs: list[MethodSpec], accelerator: Accelerator, ids: list[int], longest: int
+    model_source: ModelSource,
+    saved: SavedPatch | None,
+    specs: list[MethodSpec],
+    accelerator: Accelerator,
+    ids: list[int],
+    longest: int,
 ) -> tuple[Any, dict[str, dict[str, Any]]]:
-    """Load the model, check the chunked head applies to it, and that every method patches it and takes
-    inputs of ``longest`` tokens; returns the model and each method's parameters as resolved on it. The notes
-    of patching about what was not given (the trained context assumed) are logged here only: the run patches
-    again from the resolved parameters."""
-    model = load_model(model_source, accelerator.device)
+    """Load the (base) model, check the chunked head applies to it, and that every method patches it and
+    takes inputs of ``longest`` tokens; returns the model and each method's parameters as resolved on it. The
+    notes of patching about what was not given (the trained context assumed) are logged here only: the run
+    patches again from the resolved parameters."""
+    model = load_model(model_source, accelerator.device, saved)
     check_head_decomposition(model, torch.tensor([ids[:16]], dtype=torch.long, device=accelerator.device))
     resolved = {}
     for spec in specs:
@@ -114,7 +83,7 @@ def run_perplexity(
     *,
     model_source: ModelSource,
     text_source: TextSource,
-    methods: Sequence[str],
+    methods: Sequence[str] | None,
     lengths: list[int],
     protocol: str,
     stride: int | None,
@@ -127,13 +96,15 @@ def run_perplexity(
 ) -> dict[str, Any]:
     """Perplexity of every method at every length on the same windows; writes and returns the report.
 
-    Method specs (and methods given twice), the output folder (a folder that can be written; results of
-    other arguments are refused), the data and every length are checked before the model is loaded.
-    (method, length) pairs already in ``output`` are kept and not recomputed.
+    Method specs (and methods given twice; None: :func:`parse_methods`' default), the output folder (a
+    folder that can be written; results of other arguments or data, and files of other runs, are refused),
+    the data and every length are checked before the model is loaded. (method, length) pairs already in
+    ``output`` are kept and not recomputed.
     """
     check_protocol(protocol, stride)
-    specs = parse_methods(methods)
-    check_output(output)
+    saved = model_source.saved_patch()
+    specs = parse_methods(methods, saved)
+    check_output(output, PERPLEXITY_FILES)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     arguments = {
         "model": model_source.name,
@@ -145,11 +116,11 @@ def run_perplexity(
         "bos": bos,
         "max_windows": max_windows,
     }
-    previous = load_previous(output / RESULTS_JSON, arguments)
+    previous = load_previous(output / RESULTS_JSON, arguments, kind="perplexity")
     results = previous["results"] if previous else []
     refuse_duplicates(specs, [r["method"] for r in results], output / RESULTS_JSON)
 
-    tokenizer = load_tokenizer(model_source)
+    tokenizer = load_tokenizer(model_source, saved)
     bos_id = resolve_bos(bos, tokenizer)
     with accelerator.main_process_first():
         docs = tokenize_texts(tokenizer, load_texts(text_source))
@@ -159,18 +130,18 @@ def run_perplexity(
         "local": text_source.local is not None,
         "documents": len(docs),
         "tokens": sum(doc_lengths),
+        "document_hashes": document_hashes(docs),
     }
-    if previous and _counts(previous["dataset_details"]) != _counts(data_details):  # same arguments, new data
-        raise ValueError(
-            f"The results in {output / RESULTS_JSON} were computed on other data: "
-            f"{_counts(previous['dataset_details'])} then, {_counts(data_details)} now. Choose another `output` folder."
-        )
+    if previous:  # same arguments: the same data?
+        check_same_data(previous["dataset_details"], data_details, output / RESULTS_JSON)
     plans = {
         n: build_windows(doc_lengths, n, protocol, bos=bos_id is not None, stride=stride, max_windows=max_windows)
         for n in lengths
     }
     done = {(r["method"], r["length"]) for r in results}
     todo = {spec.text: [n for n in lengths if (spec.text, n) not in done] for spec in specs}
+    if accelerator.is_main_process:
+        remove_stale_temporaries(output, PERPLEXITY_FILES)
     if not any(todo.values()):
         report = {**previous, "results": sort_results(results, [spec.text for spec in specs])}
         if accelerator.is_main_process:
@@ -178,7 +149,7 @@ def run_perplexity(
         return report
 
     longest = max(input_shape(w, bos_id is not None)[0] for n in set().union(*todo.values()) for w in plans[n].windows)
-    model, resolved = load_checked(model_source, specs, accelerator, max(docs, key=len), longest)
+    model, resolved = load_checked(model_source, saved, specs, accelerator, max(docs, key=len), longest)
     rows = {row["method"]: row.get("params") or {} for row in results}
     refuse_duplicates(specs, list(rows), output / RESULTS_JSON, resolved={**rows, **resolved})
     report = {
@@ -193,9 +164,7 @@ def run_perplexity(
             "note": note,
         },
         "model_details": {
-            "name": model_source.name,
-            "gguf_file": model_source.gguf_file,
-            "dtype": arguments["dtype"],
+            **model_details(model_source, saved, arguments["dtype"]),
             "trained_context": trained_context(model.config),
         },
         "dataset_details": data_details,
@@ -228,10 +197,6 @@ def run_perplexity(
     return report
 
 
-def _counts(details: dict[str, Any]) -> str:
-    return f"{details['documents']} documents of {details['tokens']} tokens"
-
-
 def _result(method: str, params: dict, length: int, scored: list, plan: WindowPlan, seconds: float) -> dict:
     """One row of results.json: token-weighted NLL and PPL, and what was (not) scored."""
     tokens = sum(r[2] for r in scored)
@@ -255,7 +220,7 @@ def _result(method: str, params: dict, length: int, scored: list, plan: WindowPl
 def run_passkey(
     *,
     model_source: ModelSource,
-    methods: Sequence[str],
+    methods: Sequence[str] | None,
     lengths: list[int],
     depths: list[float],
     trials: int,
@@ -269,8 +234,9 @@ def run_passkey(
     folder and every length are checked before the model is loaded, and then nothing is written.
     Finished (method, length) pairs in ``output`` are kept and not recomputed.
     """
-    specs = parse_methods(methods)
-    check_output(output)
+    saved = model_source.saved_patch()
+    specs = parse_methods(methods, saved)
+    check_output(output, PASSKEY_FILES)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     arguments = {
         "model": model_source.name,
@@ -281,10 +247,10 @@ def run_passkey(
         "seed": seed,
         "bos": bos,
     }
-    previous = load_previous(output / PASSKEY_JSON, arguments)
+    previous = load_previous(output / PASSKEY_JSON, arguments, kind="passkey")
     done_trials = previous["trials"] if previous else []
     refuse_duplicates(specs, list(dict.fromkeys(t["method"] for t in done_trials)), output / PASSKEY_JSON)
-    tokenizer = load_tokenizer(model_source)
+    tokenizer = load_tokenizer(model_source, saved)
     bos_id = resolve_bos(bos, tokenizer)
     keys = random_keys(trials, seed)
     prompts = {n: [(d, build_prompt(tokenizer, n, d, k, bos_id)) for d in depths for k in keys] for n in lengths}
@@ -292,19 +258,22 @@ def run_passkey(
     report = {
         "task": "passkey retrieval, greedy (teacher-forced): the key's tokens, then no further digit",
         "model": model_source.label,
-        "model_details": {"name": model_source.name, "gguf_file": model_source.gguf_file, "dtype": arguments["dtype"]},
+        "model_details": model_details(model_source, saved, arguments["dtype"]),
         "bos": bos_id is not None,
         "versions": versions(),
         "processes": accelerator.num_processes,
         "device": device_description(accelerator.device),
         "arguments": arguments,
     }
+    if accelerator.is_main_process:
+        remove_stale_temporaries(output, PASSKEY_FILES)
     model = None
     for spec in specs:
         todo = [n for n in lengths if (spec.text, n) not in done]
         if todo and model is None:
             longest = max(len(p.input_ids) for n in lengths for _, p in prompts[n])
-            model, resolved = load_checked(model_source, specs, accelerator, prompts[todo[0]][0][1].input_ids, longest)
+            ids = prompts[todo[0]][0][1].input_ids
+            model, resolved = load_checked(model_source, saved, specs, accelerator, ids, longest)
         if not todo:
             continue
         with _applied(model, spec, resolved[spec.text]):

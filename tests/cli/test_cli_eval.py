@@ -10,7 +10,6 @@ import csv
 import json
 import math
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -18,63 +17,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny
-from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from tiny_runs import eval_args as _args
+from tiny_runs import folder_files as _snapshot
+from tiny_runs import results_of as _results
 
 from hf_posenc.cli import main
 from hf_posenc.eval import runner, scoring
 from hf_posenc.eval.data import parse_length
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    """A tiny Llama and a tiny GPT-2 (64 positions) with a character tokenizer, and 4 text documents of 20-300
-    chars."""
-    root = tmp_path_factory.mktemp("tiny")
-    make_tiny("llama", max_position_embeddings=64).save_pretrained(root / "model")
-    vocab = {"<unk>": 0, "<s>": 1, **{chr(c): i + 2 for i, c in enumerate(range(32, 127))}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", unk_token="<unk>")
-    fast.save_pretrained(root / "model")
-    make_tiny("gpt2").save_pretrained(root / "gpt2")  # a learned table of 64 positions
-    fast.save_pretrained(root / "gpt2")
-    (root / "texts").mkdir()
-    rng = random.Random(0)
-    for i, n in enumerate([300, 90, 20, 171]):
-        (root / "texts" / f"{i}.txt").write_text("".join(rng.choice("abcdefgh ijk.") for _ in range(n)))
-    return root
-
-
-def _args(tiny_dir: Path, output: Path) -> list[str]:
-    return ["eval", "--model", str(tiny_dir / "model"), "--dataset", str(tiny_dir / "texts"), "--output", str(output)]
-
-
-def _results(output: Path) -> dict:
-    return json.loads((output / "results.json").read_text())
-
-
-def _snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
-
-
-@pytest.fixture
-def no_model_load(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("the model must not be loaded")
-
-    monkeypatch.setattr(runner, "load_model", refuse)
-
-
-@pytest.fixture
-def nothing_loaded(monkeypatch, no_model_load):
-    def refuse(*args, **kwargs):
-        raise AssertionError("the tokenizer must not be loaded")
-
-    monkeypatch.setattr(runner, "load_tokenizer", refuse)
 
 
 def _umask() -> int:
@@ -151,8 +102,7 @@ def test_resume_keeps_finished_results_and_survives_a_kill(tiny_dir, tmp_path, m
 
     monkeypatch.setattr(runner, "score_windows", killed_after_one)
     grid = ["--method", "none", "--method", "pi:factor=2", "--lengths", "32,48"]
-    with pytest.raises(KeyboardInterrupt):
-        main(argv + grid)
+    assert main(argv + grid) == 130  # Ctrl-C: one line, the run can be resumed
     assert calls == ["none @ 48"]  # none @ 32 was not recomputed
     assert [(r["method"], r["length"]) for r in _results(out)["results"]] == [("none", 32), ("none", 48)]
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left

@@ -74,3 +74,22 @@ def test_cli_reads_a_private_base_with_the_token_and_reports_user_errors_in_one_
         assert failed.returncode in (1, 2), (case, failed.stderr)  # 1: the Hub refused, 2: bad input
         assert failed.stderr.startswith("hf-posenc card:") and message in failed.stderr, (case, failed.stderr)
         assert "Traceback" not in failed.stderr, case
+
+
+def test_a_401_echoing_the_token_when_reading_the_base_is_shown_without_it(fake_hub):
+    """The server echoes ``Authorization: Bearer <token>`` in its 401 (an expired token, say) when the CLI first
+    reads the base model (its config), with the login's token (push) and with --token (card)."""
+    upload_base()
+    fake_hub.fail("resolve", 401, BASE_REPO)
+    method = ["--model", BASE_REPO, "--method", "yarn:factor=4,original_max_position_embeddings=64"]
+    for argv, env in (
+        (["push", *method, "--repo", "me/p"], {}),
+        (["card", *method, "--token", TOKEN], {"HF_TOKEN": ""}),
+    ):
+        failed = run_cli(*argv, **env)
+        assert failed.returncode in (1, 2) and "Traceback" not in failed.stderr, failed.stderr
+        assert failed.stderr.startswith(f"hf-posenc {argv[0]}:") and "401" in failed.stderr, failed.stderr
+        assert "Bearer ***" in failed.stderr  # the echo reached the message, redacted
+        assert TOKEN not in failed.stderr + failed.stdout
+    assert all(r.authorization == f"Bearer {TOKEN}" for r in fake_hub.requests[-2:])  # it was sent, never shown
+    assert "me/p" not in fake_hub.repos

@@ -1,15 +1,11 @@
-"""Result writers: atomic replacement, refusing other arguments, the console table, the benchmark smoke."""
+"""Result writers: the console table, the coverage note, the benchmark smoke."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
-import re
 from pathlib import Path
 
-import pytest
-
-from hf_posenc.eval.results import coverage_note, format_table, load_previous
+from hf_posenc.eval.results import coverage_note, format_table
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = [
@@ -17,24 +13,6 @@ ROWS = [
     {"method": "none", "length": 16384, "ppl": 42.43},
     {"method": "yarn:factor=4", "length": 16384, "ppl": 23.15},
 ]
-
-
-def test_load_previous_names_the_differing_arguments(tmp_path):
-    path = tmp_path / "results.json"
-    assert load_previous(path, {"protocol": "truncate"}) is None
-    path.write_text(json.dumps({"arguments": {"protocol": "truncate", "bos": "auto"}, "results": ROWS}))
-    assert load_previous(path, {"protocol": "truncate", "bos": "auto"})["results"] == ROWS
-    with pytest.raises(ValueError, match=r"differing: bos, stride"):
-        load_previous(path, {"protocol": "truncate", "bos": "none", "stride": 512})
-
-
-@pytest.mark.parametrize(("content", "problem"), [("garbage", "not JSON: Expecting value"), ("[]", "a JSON list")])
-def test_load_previous_names_a_file_that_is_not_a_record(tmp_path, content, problem):
-    path = tmp_path / "results.json"
-    path.write_text(content)
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} is not a results file \({problem}"):
-        load_previous(path, {"protocol": "truncate"})
-    assert path.read_text() == content
 
 
 def test_console_table():

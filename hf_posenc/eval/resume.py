@@ -1,0 +1,115 @@
+"""Resuming a run in its output folder: what must hold before anything in it is written.
+
+A results file remembers the arguments that define its numbers (``"arguments"``) and a hash of the tokens
+of every document scored (``dataset_details["document_hashes"]``); a run with other arguments or other
+data refuses the folder instead of mixing or overwriting results. Files of the run's names that no
+results file of this kind accounts for belong to someone else, and are refused too. Every check reads
+only; the one change, :func:`remove_stale_temporaries`, touches only files a killed run of ours left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import tempfile
+from array import array
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..report_files import read_report
+
+_ADVICE = "move it away or choose another `output` folder"
+
+
+def check_output(folder: Path, files: Sequence[str]) -> None:
+    """Raise ``ValueError`` unless results named ``files`` (the report first) can be written to ``folder``: a
+    writable folder, or one that can be created, that holds none of ``files`` without the report. A
+    temporary folder is made and removed to check (permissions alone mislead root)."""
+    existing = next(path for path in (folder, *folder.parents) if path.exists())
+    if not existing.is_dir():
+        raise ValueError(f"Cannot write results to {folder}: {existing} is a file. Choose another `output`.")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".hf-posenc-check-"))
+    except OSError as error:
+        place = "" if existing == folder else f" (cannot create a folder in {existing})"
+        raise ValueError(
+            f"Cannot write results to {folder}{place}: {error.strerror}. Choose another `output`."
+        ) from None
+    report, *made = files
+    foreign = [name for name in made if (folder / name).exists()]
+    if existing == folder and foreign and not (folder / report).exists():
+        raise ValueError(
+            f"{folder} holds {' and '.join(foreign)} but no {report}: files this run would overwrite, not results "
+            f"it can resume. Move them away or choose another `output` folder."
+        )
+
+
+def load_previous(path: Path, arguments: dict[str, Any], *, kind: str) -> dict[str, Any] | None:
+    """The report already in ``path`` for the same ``arguments``, checked (:mod:`hf_posenc.report_files`);
+    None if there is no file.
+
+    Raises:
+        `ValueError`: the file is not a results file of ``kind``, is malformed, or holds results of other
+            arguments (it is left untouched either way).
+    """
+    if not path.exists():
+        return None
+    previous = read_report(path, kind=kind, advice=_ADVICE)
+    before = previous.get("arguments")
+    if not isinstance(before, dict):
+        raise ValueError(f"{path} is malformed: the file has no 'arguments' object; {_ADVICE}.")
+    if before != arguments:
+        changed = sorted(key for key in set(arguments) | set(before) if arguments.get(key) != before.get(key))
+        raise ValueError(
+            f"{path} holds results of different arguments (differing: {', '.join(changed)}); "
+            "choose another `output` folder or rerun with the same arguments to resume."
+        )
+    return previous
+
+
+def document_hashes(docs: list[list[int]]) -> list[str]:
+    """A short SHA-256 of each document's token ids: the fingerprint of what a run scores."""
+    return [hashlib.sha256(array("q", doc).tobytes()).hexdigest()[:16] for doc in docs]
+
+
+def check_same_data(before: dict[str, Any], now: dict[str, Any], path: Path) -> None:
+    """Raise ``ValueError`` if the ``dataset_details`` of the results in ``path`` (``before``) describe other
+    documents than this run's (``now``): other counts, or a document whose tokens changed. Results written
+    before document hashes were recorded compare by counts."""
+    then_counts, now_counts = _counts(before), _counts(now)
+    if then_counts != now_counts:
+        raise ValueError(
+            f"The results in {path} were computed on other data: {then_counts} then, {now_counts} now. "
+            "Choose another `output` folder."
+        )
+    old = before.get("document_hashes")
+    if old is None:
+        return
+    changed = [i for i, (a, b) in enumerate(zip(old, now["document_hashes"], strict=False)) if a != b]
+    if changed or len(old) != len(now["document_hashes"]):
+        which = f"document {changed[0]}" if changed else "the documents"
+        raise ValueError(
+            f"The results in {path} were computed on other data: {which} has other tokens now (same counts; "
+            "the text or the tokenizer changed). Choose another `output` folder."
+        )
+
+
+def _counts(details: dict[str, Any]) -> str:
+    return f"{details['documents']} documents of {details['tokens']} tokens"
+
+
+def remove_stale_temporaries(folder: Path, files: Sequence[str]) -> None:
+    """Remove the temporary files a killed run left beside ``files`` in ``folder`` (``.name.<hex>.suffix``,
+    as :func:`hf_posenc.files.atomic_write` names them), and its empty check folders."""
+    if not folder.is_dir():
+        return
+    names = [re.compile(rf"\.{re.escape(Path(f).stem)}\.[0-9a-f]{{32}}{re.escape(Path(f).suffix)}") for f in files]
+    for path in folder.iterdir():
+        if path.is_file() and any(name.fullmatch(path.name) for name in names):
+            path.unlink(missing_ok=True)
+        elif path.is_dir() and path.name.startswith(".hf-posenc-check-"):
+            with contextlib.suppress(OSError):  # not empty: not one of ours
+                path.rmdir()

@@ -1,0 +1,64 @@
+"""The methods a run evaluates: parsed once from their specs, and told apart from each other and from
+the rows of a results file it resumes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..saved import SavedPatch
+from ..spec import MethodSpec
+
+DEFAULT_METHODS = ("none", "yarn:factor=4")
+
+
+def parse_methods(texts: Sequence[str] | None, saved: SavedPatch | None = None) -> list[MethodSpec]:
+    """Every method spec parsed and checked without a model (``ValueError`` naming the bad one). None: the
+    base model and the method a saved patched model carries (:mod:`hf_posenc.saved`), else
+    ``DEFAULT_METHODS``."""
+    if texts is None:
+        texts = ("none", saved.spec) if saved is not None else DEFAULT_METHODS
+    return [MethodSpec.parse(text, parameter="methods") for text in texts]
+
+
+def refuse_duplicates(
+    specs: list[MethodSpec],
+    existing: Sequence[str] = (),
+    where: Path | str = "",
+    resolved: dict[str, dict[str, Any]] | None = None,
+) -> None:
+    """Raise ``ValueError`` naming both specs when two of ``specs``, or one of them and a row already in the
+    results file ``where`` (``existing`` specs), are the same method (equal :meth:`MethodSpec.identity`).
+
+    ``resolved``: the parameters a model resolved for each spec text (new specs and rows alike), so that
+    spellings that differ only in what the model fills in (its trained context) are told to be one method.
+    """
+    texts = [spec.text for spec in specs]
+    rows = [(text, _row_identity(text, resolved)) for text in existing if text not in texts]
+    seen = [(text, identity) for text, identity in rows if identity is not None]
+    for spec in specs:
+        this = spec.identity(None if resolved is None else resolved[spec.text])
+        for other, other_identity in seen:
+            if this != other_identity:
+                continue
+            if other in existing:
+                raise ValueError(
+                    f"`methods` {spec.text!r} is the same method with the same parameters as {other!r}, already in "
+                    f"{where}; write it as {other!r} to keep that row, or choose another `output` folder."
+                )
+            raise ValueError(
+                f"`methods` {other!r} and `methods` {spec.text!r} are the same method with the same parameters; "
+                "give it once."
+            )
+        seen.append((spec.text, this))
+
+
+def _row_identity(text: str, resolved: dict[str, dict[str, Any]] | None) -> tuple[str, dict[str, Any]] | None:
+    """The identity of a row already written; None for one an older version wrote that no longer builds (no
+    valid spec can be the same method)."""
+    try:
+        spec = MethodSpec.parse(text, parameter="methods")
+    except ValueError:
+        return None
+    return spec.identity(None if resolved is None else resolved.get(text, spec.defaults))

@@ -1,0 +1,123 @@
+"""Reading results files back (``results.json``, ``passkey.json``): one check of their shape, before use.
+
+A run that resumes, and a model card that shows results, read a file someone may have edited, cut or
+replaced. Everything they read is checked here first, so a malformed file is a one-line ``ValueError``
+naming the file and the field, and nothing is written on the way to it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+_NUMBER = (int, float)
+# field -> the JSON types it may hold (bool is no number here); None in a tuple: the field may be null
+PERPLEXITY_FILE = {
+    "protocol": (str,),
+    "model": (str,),
+    "dataset": (str,),
+    "results": (list,),
+    "dataset_details": (dict,),
+}
+PERPLEXITY_ROW = {"method": (str,), "length": (int,), "ppl": _NUMBER, "nll": _NUMBER, "tokens": (int,)}
+DATASET_DETAILS = {"documents": (int,), "tokens": (int,)}
+PASSKEY_FILE = {"model": (str,), "trials": (list,), "accuracy": (list,)}
+PASSKEY_TRIAL = {"method": (str,), "length": (int,), "depth": _NUMBER, "correct": (bool,)}
+PASSKEY_CELL = {"method": (str,), "length": (int,), "depth": _NUMBER, "accuracy": _NUMBER, "trials": (int,)}
+
+
+def read_report(path: Path, *, kind: str, advice: str) -> dict[str, Any]:
+    """The checked contents of the results file ``path``.
+
+    Args:
+        path (`Path`): the file.
+        kind (`str`): ``"perplexity"`` (``hf-posenc eval``'s results.json) or ``"passkey"`` (passkey.json).
+        advice (`str`): what the reader can do, ending the error message.
+
+    Raises:
+        ValueError: not JSON, not an object, or a field missing or of the wrong type (named).
+    """
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not a results file (not UTF-8 text: {error.reason}); {advice}.") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not a results file (not JSON: {error}); {advice}.") from None
+    if not isinstance(report, dict):
+        raise ValueError(f"{path} is not a results file (a JSON {type(report).__name__}, not an object); {advice}.")
+    problem = _perplexity_problem(report) if kind == "perplexity" else _passkey_problem(report)
+    if problem:
+        raise ValueError(f"{path} is malformed: {problem}; {advice}.")
+    return report
+
+
+def _perplexity_problem(report: dict[str, Any]) -> str | None:
+    return (
+        _fields_problem(report, PERPLEXITY_FILE, "the file")
+        or _fields_problem(report["dataset_details"], DATASET_DETAILS, "'dataset_details'")
+        or _rows_problem(report["results"], PERPLEXITY_ROW, "results")
+        or _params_problem(report["results"])
+        or _hashes_problem(report["dataset_details"].get("document_hashes"))
+    )
+
+
+def _hashes_problem(hashes: Any) -> str | None:
+    if hashes is None or isinstance(hashes, list) and all(isinstance(item, str) for item in hashes):
+        return None
+    return "'dataset_details' has 'document_hashes' that are not a list of strings"
+
+
+def _passkey_problem(report: dict[str, Any]) -> str | None:
+    return (
+        _fields_problem(report, PASSKEY_FILE, "the file")
+        or _rows_problem(report["trials"], PASSKEY_TRIAL, "trials")
+        or _rows_problem(report["accuracy"], PASSKEY_CELL, "accuracy")
+    )
+
+
+def _fields_problem(entry: dict[str, Any], fields: dict[str, tuple], where: str) -> str | None:
+    """What is wrong with ``entry``'s ``fields`` (missing, null, wrong type), or None."""
+    for key, types in fields.items():
+        if key not in entry:
+            return f"{where} has no {key!r}"
+        value = entry[key]
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            names = " or ".join(_JSON_NAMES[kind] for kind in types)
+            return f"{where} has {_json_name(value)} as {key!r}, not {names}"
+    return None
+
+
+def _rows_problem(rows: list[Any], fields: dict[str, tuple], name: str) -> str | None:
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            return f"{name}[{i}] is {_json_name(row)}, not an object"
+        problem = _fields_problem(row, fields, f"{name}[{i}]")
+        if problem:
+            return problem
+        if row.get("length", 1) <= 0:
+            return f"{name}[{i}] has length {row['length']}, not a positive number of tokens"
+    return None
+
+
+def _params_problem(rows: list[dict[str, Any]]) -> str | None:
+    for i, row in enumerate(rows):
+        if row.get("params") is not None and not isinstance(row["params"], dict):
+            return f"results[{i}] has {_json_name(row['params'])} as 'params', not an object"
+    return None
+
+
+_JSON_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    list: "a list",
+    dict: "an object",
+    bool: "a boolean",
+}
+
+
+def _json_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    return _JSON_NAMES.get(type(value), type(value).__name__)

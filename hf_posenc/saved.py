@@ -1,0 +1,138 @@
+"""A model that may carry a patch already: one saved after ``hf_posenc.patch``, or pushed by ``push_to_hub``.
+
+Commands that take a ``--model`` (eval, passkey, push, card) work on the *base* model and apply the
+methods they are asked for to it. Given a saved or pushed patched model, they load it through
+:func:`hf_posenc.from_pretrained` (a config-only repo's weights and tokenizer come from the base repo and
+commit its ``hf_posenc.json`` names) and undo the saved patch, so ``none`` means the base model and the
+saved method, asked for again, is the model as it was saved (:attr:`SavedPatch.spec`). A *baked* patch
+(GPT-2 ``pi``: the resampled table is in the weights) cannot be undone: the model as saved is the base.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import pickle
+import re
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
+
+from .hub import from_pretrained, read_metadata
+from .hub_errors import HubError, call_hub
+from .patching import get_patch, unpatch
+from .record import PatchRecord
+from .registry import get_method
+from .spec import format_method_spec
+
+_HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
+
+
+@dataclass(frozen=True)
+class SavedPatch:
+    """The patch a saved or pushed model carries, and where its weights come from.
+
+    Attributes:
+        record (`PatchRecord`): the patch as its config records it.
+        weights_from (`str`, *optional*): the repo holding the weights of a config-only push (its
+            ``hf_posenc.json``'s ``base_model``); None when the model has its own weights.
+        weights_revision (`str`, *optional*): the commit of ``weights_from``.
+    """
+
+    record: PatchRecord
+    weights_from: str | None = None
+    weights_revision: str | None = None
+
+    @property
+    def spec(self) -> str:
+        """The saved method as a method spec, its parameters that differ from the method's defaults (the
+        resolved ones among them): asked for again, it is the model as saved (``yarn:factor=4.0,
+        original_max_position_embeddings=8192``)."""
+        defaults = {field.name: field.default for field in dataclasses.fields(get_method(self.record.method).params)}
+        changed = {key: value for key, value in self.record.params.items() if defaults.get(key) != value}
+        return format_method_spec(self.record.method, changed)
+
+
+def saved_patch(name: str, *, gguf_file: str | None = None, **hub_kwargs: Any) -> SavedPatch | None:
+    """The patch that the model ``name`` (Hub id or folder) was saved with, or None: read from its config
+    and ``hf_posenc.json`` only (no weights). A GGUF file carries no hf_posenc record.
+
+    Args:
+        name (`str`): Hub id or local folder.
+        gguf_file (`str`, *optional*): a GGUF file inside ``name``: then None.
+        **hub_kwargs: ``revision``, ``token``, ``cache_dir``, ``local_files_only``.
+    """
+    if gguf_file:
+        return None
+    hub_kwargs = {key: value for key, value in hub_kwargs.items() if key in _HUB_KWARGS and value is not None}
+    record = PatchRecord.from_config(read_config(name, **hub_kwargs).to_dict(), missing_ok=True)
+    if record is None:
+        return None
+    metadata = read_metadata(name, **hub_kwargs)
+    if metadata is None or metadata["weights"]:
+        return SavedPatch(record)
+    return SavedPatch(record, metadata["base_model"], metadata["base_revision"])
+
+
+def read_config(name: str, **hub_kwargs: Any) -> PreTrainedConfig:
+    """``AutoConfig.from_pretrained``, a failure of the Hub raised as a redacted :class:`HubError`."""
+    return call_hub(
+        lambda: AutoConfig.from_pretrained(name, **hub_kwargs),
+        HubError,
+        f"Reading the config of {name!r}",
+        hub_kwargs.get("token"),
+    )
+
+
+def load_base_model(name: str, saved: SavedPatch | None, **kwargs: Any) -> PreTrainedModel:
+    """The model ``name`` with the saved patch undone (see the module's docstring): loaded through
+    :func:`hf_posenc.from_pretrained` when it was saved patched, else as transformers loads it.
+
+    Args:
+        name (`str`): Hub id or local folder.
+        saved (`SavedPatch`, *optional*): what :func:`saved_patch` found for ``name``.
+        **kwargs: passed to ``from_pretrained`` (``dtype``, ``revision``, ``token``, ``gguf_file``, ...).
+    """
+    with loading_errors(name, kwargs.get("gguf_file")):
+        model = from_pretrained(name, **kwargs)
+    if saved is not None and get_patch(model) is not None:
+        unpatch(model)
+    return model
+
+
+def base_config(name: str, saved: SavedPatch | None, **hub_kwargs: Any) -> PreTrainedConfig:
+    """The config of the base model of ``name``: its saved patch's changes put back (a baked patch's stay,
+    as its weights do)."""
+    hub_kwargs = {key: value for key, value in hub_kwargs.items() if key in _HUB_KWARGS and value is not None}
+    config = read_config(name, **hub_kwargs)
+    if saved is None or saved.record.baked:
+        return config
+    return saved.record.base_config(config)
+
+
+@contextlib.contextmanager
+def loading_errors(name: str, gguf_file: str | None = None) -> Iterator[None]:
+    """The loaders' errors on damaged or refused files as one-line ``ValueError``: a pickle checkpoint torch's
+    safe loading refuses (never loaded otherwise), a GGUF file that does not parse (truncated?)."""
+    try:
+        yield
+    except pickle.UnpicklingError as error:
+        found = re.search(r"WeightsUnpickler error: (.*?)(\.\s|$)", str(error), re.MULTILINE)
+        reason = f" ({found.group(1)})" if found else ""
+        raise ValueError(
+            f"{name}: torch refused to load a pickle checkpoint with weights_only{reason}; hf_posenc never "
+            "loads pickles unsafely: use a safetensors copy of the model."
+        ) from None
+    except (struct.error, ValueError, IndexError, EOFError, KeyError) as error:
+        if not gguf_file:
+            raise
+        path = Path(name) / gguf_file
+        size = f" ({path.stat().st_size} bytes)" if path.is_file() else ""
+        raise ValueError(
+            f"Cannot read the GGUF file {path}{size}: {type(error).__name__}: {error}. A truncated or damaged file "
+            "fails so: download it again."
+        ) from None

@@ -1,0 +1,143 @@
+"""``hf-posenc eval`` / ``passkey`` / ``card`` on folders and files that are not what they should be: a one-line
+error, and nothing in the output folder changed; a killed run's leftovers removed on the rerun."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tiny_runs import eval_args, folder_files, results_of
+
+from hf_posenc.cli import main
+from hf_posenc.eval import runner
+from hf_posenc.offline import smollm2_gguf
+
+HEX = "0123456789abcdef" * 2
+
+
+def _one_line_error(capsys, command: str = "eval") -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith(f"hf-posenc {command}:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["eval", "passkey"])
+def test_someone_elses_csv_and_plot_are_not_overwritten(tiny_dir, tmp_path, capsys, nothing_loaded, command):
+    out = tmp_path / "out"
+    out.mkdir()
+    names = ("results.csv", "ppl_vs_length.png") if command == "eval" else ("passkey.csv", "passkey_heatmap.png")
+    for name in names:
+        (out / name).write_text(f"my own {name}")
+    before = folder_files(out)
+    argv = eval_args(tiny_dir, out) if command == "eval" else ["passkey", "--model", str(tiny_dir / "model")]
+    argv += ["--lengths", "32"] + ([] if command == "eval" else ["--output", str(out)])
+    assert main(argv) == 2
+    assert f"{out} holds {names[0]} and {names[1]} but no " in _one_line_error(capsys, command)
+    assert folder_files(out) == before
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda r: r["results"][0].pop("ppl"), "results[0] has no 'ppl'"),
+        (lambda r: r["results"][1].pop("length"), "results[1] has no 'length'"),
+        (lambda r: r["results"][0].pop("method"), "results[0] has no 'method'"),
+        (lambda r: r.update(results=None), "the file has null as 'results'"),
+        (lambda r: r.update(results="none"), "the file has a string as 'results'"),
+        (lambda r: r.pop("dataset_details"), "the file has no 'dataset_details'"),
+    ],
+)
+def test_a_rerun_on_a_malformed_results_file_rewrites_nothing(tiny_dir, tmp_path, capsys, edit, field):
+    out = tmp_path / "out"
+    argv = eval_args(tiny_dir, out) + ["--method", "none", "--lengths", "32,48"]
+    assert main(argv) == 0
+    report = results_of(out)
+    edit(report)
+    (out / "results.json").write_text(json.dumps(report))
+    before = folder_files(out)
+    assert main(argv + ["--method", "pi:factor=2"]) == 2
+    assert f"{out / 'results.json'} is malformed: {field}" in _one_line_error(capsys)
+    assert folder_files(out) == before
+
+    card = ["card", "--model", str(tiny_dir / "model"), "--method", "pi:factor=2", "--output", str(tmp_path / "c")]
+    assert main(card + ["--results", str(out / "results.json")]) == 2
+    assert f"{out / 'results.json'} is malformed: {field}" in _one_line_error(capsys, "card")
+
+
+def test_a_malformed_passkey_file_is_one_line_and_kept(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["passkey", "--model", str(tiny_dir / "model"), "--method", "none", "--lengths", "400", "--output", str(out)]
+    assert main(argv) == 0
+    report = json.loads((out / "passkey.json").read_text())
+    del report["trials"][0]["correct"]
+    (out / "passkey.json").write_text(json.dumps(report))
+    before = folder_files(out)
+    assert main(argv) == 2
+    assert f"{out / 'passkey.json'} is malformed: trials[0] has no 'correct'" in _one_line_error(capsys, "passkey")
+    assert folder_files(out) == before
+
+
+def test_a_document_changed_with_the_same_counts_is_refused(tiny_dir, tmp_path, capsys):
+    """The same number of documents and tokens, other text: its rows would mix two data sets."""
+    texts, out = tmp_path / "texts", tmp_path / "out"
+    shutil.copytree(tiny_dir / "texts", texts)
+    argv = ["eval", "--model", str(tiny_dir / "model"), "--dataset", str(texts), "--output", str(out)]
+    assert main(argv + ["--method", "none", "--lengths", "32"]) == 0
+    assert len(results_of(out)["dataset_details"]["document_hashes"]) == 4
+    before = folder_files(out)
+    text = (texts / "1.txt").read_text()
+    (texts / "1.txt").write_text(text[::-1])  # a character tokenizer: the same count of tokens
+    assert main(argv + ["--method", "none", "--lengths", "32,48"]) == 2
+    assert "document 1 has other tokens now (same counts" in _one_line_error(capsys)
+    assert folder_files(out) == before
+
+
+def test_a_rerun_removes_the_temporaries_a_killed_run_left(tiny_dir, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    argv = eval_args(tiny_dir, out) + ["--method", "none", "--lengths", "32"]
+    assert main(argv) == 0
+    (out / f".ppl_vs_length.{HEX}.png").write_bytes(b"")  # killed while writing the plot
+    (out / f".results.{HEX}.json").write_bytes(b"{")
+    (out / ".ppl_vs_length.draft.png").write_bytes(b"mine")
+    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("nothing to compute"))
+    assert main(argv) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".ppl_vs_length.draft.png",
+        "ppl_vs_length.png",
+        "results.csv",
+        "results.json",
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [1000, 8_000_000])  # the header cut; the tensors cut
+def test_a_truncated_gguf_file_is_one_line(tmp_path, capsys, size):
+    folder, name = smollm2_gguf()
+    with open(folder / name, "rb") as whole:
+        (tmp_path / "cut.gguf").write_bytes(whole.read(size))
+    argv = ["eval", "--model", str(tmp_path), "--gguf-file", "cut.gguf", "--lengths", "1k"]
+    assert main(argv + ["--output", str(tmp_path / "out")]) == 2
+    line = _one_line_error(capsys)
+    assert f"Cannot read the GGUF file {tmp_path / 'cut.gguf'} ({size} bytes)" in line and "download it again" in line
+    assert not (tmp_path / "out").exists()
+
+
+class _Evil:
+    def __reduce__(self):
+        return (print, ("pwned",))
+
+
+def test_a_pickle_checkpoint_torch_refuses_is_one_line(tiny_dir, tmp_path, capsys):
+    shutil.copytree(tiny_dir / "model", tmp_path / "model")
+    state = {key: value.clone() for key, value in load_file(tmp_path / "model" / "model.safetensors").items()}
+    (tmp_path / "model" / "model.safetensors").unlink()
+    torch.save({**state, "extra": _Evil()}, tmp_path / "model" / "pytorch_model.bin")
+    argv = ["eval", "--model", str(tmp_path / "model"), "--dataset", str(tiny_dir / "texts"), "--lengths", "32"]
+    assert main(argv + ["--output", str(tmp_path / "out")]) == 2
+    line = _one_line_error(capsys)
+    assert "torch refused to load a pickle checkpoint with weights_only (Unsupported global: GLOBAL" in line
+    assert "pwned" not in capsys.readouterr().out and not (tmp_path / "out" / "results.json").exists()

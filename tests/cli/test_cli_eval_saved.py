@@ -1,0 +1,106 @@
+"""Evaluate what you saved or pushed: ``--model`` a model saved after ``hf_posenc.patch``, or a config-only repo
+``push`` made. ``none`` is its base; the saved method, asked for (the default), is the model as saved."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hub_server import BASE_REPO, upload_base
+from huggingface_hub import HfApi
+from tiny_runs import results_of
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import hf_posenc
+from hf_posenc.cli import main
+
+ASKED = {"yarn": "yarn:factor=2", "dynamic-yarn": "dynamic-yarn", "alibi": "alibi"}  # the same on the base
+SAVED = {
+    "yarn": {"factor": 2.0, "original_max_position_embeddings": 64},
+    "dynamic-yarn": {"original_max_position_embeddings": 64},
+    "alibi": {},
+}
+
+
+def _save_patched(tiny_dir, folder, method: str):
+    model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(tiny_dir / "model"), method, **SAVED[method])
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_dir / "model").save_pretrained(folder)
+
+
+def _eval(model, data, output, *methods: str) -> dict[tuple[str, int], float]:
+    argv = ["eval", "--model", str(model), "--dataset", str(data), "--output", str(output), "--lengths", "32,96"]
+    assert main(argv + [arg for method in methods for arg in ("--method", method)]) == 0
+    return {(r["method"], r["length"]): r["ppl"] for r in results_of(output)["results"]}
+
+
+@pytest.fixture(scope="module")
+def base_ppl(tiny_dir, tmp_path_factory):
+    """Every method evaluated on the base model, once."""
+    output = tmp_path_factory.mktemp("base")
+    return _eval(tiny_dir / "model", tiny_dir / "texts", output, "none", *ASKED.values())
+
+
+@pytest.mark.parametrize("method", list(SAVED))
+def test_a_saved_patched_model_is_its_base_and_its_saved_method(tiny_dir, tmp_path, base_ppl, method):
+    """Before: plain AutoModelForCausalLM raised (``KeyError: 'hf_posenc_alibi'``, "already carries a patch")."""
+    _save_patched(tiny_dir, tmp_path / "saved", method)
+    ppl = _eval(tmp_path / "saved", tiny_dir / "texts", tmp_path / "out")  # default: none and the saved method
+    report = results_of(tmp_path / "out")
+    details = report["model_details"]
+    assert details["saved_patch"].split(":")[0] == method and details["weights_from"] is None
+    assert [r["method"] for r in report["results"]] == ["none", "none", details["saved_patch"], details["saved_patch"]]
+    asked = ASKED[method]
+    for n in (32, 96):
+        assert ppl["none", n] == base_ppl["none", n]  # bit for bit: the base
+        assert math.isclose(ppl[details["saved_patch"], n], base_ppl[asked, n], rel_tol=1e-9)  # as saved
+
+
+def test_a_saved_patched_model_takes_other_methods_on_its_base(tiny_dir, tmp_path, base_ppl):
+    _save_patched(tiny_dir, tmp_path / "saved", "alibi")
+    ppl = _eval(tmp_path / "saved", tiny_dir / "texts", tmp_path / "out", "yarn:factor=2", "none")
+    assert ppl == {key: value for key, value in base_ppl.items() if key[0] in ("none", "yarn:factor=2")}
+
+
+def test_a_config_only_push_is_evaluated_on_the_base_weights_it_names(fake_hub, tiny_dir, tmp_path, base_ppl):
+    upload_base()
+    HfApi().upload_folder(
+        repo_id=BASE_REPO, folder_path=str(tiny_dir / "model"), allow_patterns=["tokenizer*", "special*"]
+    )
+    base = AutoModelForCausalLM.from_pretrained(BASE_REPO)
+    hf_posenc.push_to_hub(hf_posenc.patch(base, "yarn", **SAVED["yarn"]), "me/tiny-yarn")
+    assert "tokenizer.json" not in fake_hub.files("me/tiny-yarn")  # config-only: weights and tokenizer stay
+
+    ppl = _eval("me/tiny-yarn", tiny_dir / "texts", tmp_path / "out")
+    from_base = _eval(BASE_REPO, tiny_dir / "texts", tmp_path / "base", "none", "yarn:factor=2")
+    report = results_of(tmp_path / "out")
+    saved = report["model_details"]["saved_patch"]
+    assert report["model"] == "me/tiny-yarn" and report["model_details"]["weights_from"] == BASE_REPO
+    for n in (32, 96):
+        assert ppl["none", n] == from_base["none", n] and ppl[saved, n] == from_base["yarn:factor=2", n]
+
+    card = tmp_path / "card.md"
+    argv = ["card", "--model", "me/tiny-yarn", "--method", "yarn:factor=2", "--output", str(card)]
+    assert main(argv + ["--results", str(tmp_path / "out" / "results.json"), "--repo", "me/again"]) == 0
+    text = card.read_text()
+    assert f"base_model: {BASE_REPO}" in text  # the weights' repo, not the config-only one
+    assert f"Measured on `me/tiny-yarn`, a model saved with `{saved}`" in text
+    metadata = json.loads(fake_hub.files("me/tiny-yarn")["hf_posenc.json"])
+    assert metadata["base_revision"] in text
+    push = ["push", "--model", "me/tiny-yarn", "--method", "pi:factor=2", "--repo", "me/tiny-pi"]
+    assert main(push) == 0
+    pushed = json.loads(fake_hub.files("me/tiny-pi")["hf_posenc.json"])
+    assert (pushed["base_model"], pushed["base_revision"]) == (BASE_REPO, metadata["base_revision"])
+    loaded = hf_posenc.from_pretrained("me/tiny-pi")
+    assert hf_posenc.get_patch(loaded).method == "pi"  # pi on the base, not on the saved yarn
+
+
+def test_passkey_on_a_saved_model_runs_its_base_and_its_saved_method(tiny_dir, tmp_path):
+    _save_patched(tiny_dir, tmp_path / "saved", "alibi")
+    out = tmp_path / "pk"
+    assert main(["passkey", "--model", str(tmp_path / "saved"), "--lengths", "400", "--output", str(out)]) == 0
+    report = json.loads((out / "passkey.json").read_text())
+    saved = report["model_details"]["saved_patch"]
+    assert saved == "alibi:slopes=[0.25, 0.0625, 0.015625, 0.00390625]"  # resolved on the model; the backend is auto
+    assert [t["method"] for t in report["trials"]][:: len(report["trials"]) // 2] == ["none", saved]

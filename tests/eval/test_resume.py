@@ -1,0 +1,139 @@
+"""Resuming in an output folder: the checks that read only (arguments, malformed files, someone else's files,
+data by content) and the one cleanup (a killed run's temporaries)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from hf_posenc.eval.results import PASSKEY_FILES, PERPLEXITY_FILES
+from hf_posenc.eval.resume import (
+    check_output,
+    check_same_data,
+    document_hashes,
+    load_previous,
+    remove_stale_temporaries,
+)
+
+ROW = {"method": "none", "length": 2048, "ppl": 25.054, "nll": 3.22, "tokens": 2047}
+REPORT = {
+    "protocol": "truncate",
+    "model": "org/tiny",
+    "dataset": "texts",
+    "arguments": {"protocol": "truncate", "bos": "auto"},
+    "dataset_details": {"documents": 1, "tokens": 5000},
+    "results": [ROW],
+}
+TRIAL = {"method": "none", "length": 1024, "depth": 0.5, "key": "12345", "correct": True}
+CELL = {"method": "none", "length": 1024, "depth": 0.5, "accuracy": 1.0, "trials": 1}
+PASSKEY = {"model": "org/tiny", "arguments": {"seed": 0}, "trials": [TRIAL], "accuracy": [CELL]}
+
+
+def test_load_previous_names_the_differing_arguments(tmp_path):
+    path = tmp_path / "results.json"
+    assert load_previous(path, {"protocol": "truncate"}, kind="perplexity") is None
+    path.write_text(json.dumps(REPORT))
+    assert load_previous(path, {"protocol": "truncate", "bos": "auto"}, kind="perplexity")["results"] == [ROW]
+    with pytest.raises(ValueError, match=r"differing: bos, stride"):
+        load_previous(path, {"protocol": "truncate", "bos": "none", "stride": 512}, kind="perplexity")
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [("garbage", "not JSON: Expecting value"), ("[]", "a JSON list"), (b"\x89PNG\r\n\x1a\n", "not UTF-8 text")],
+)
+def test_load_previous_names_a_file_that_is_not_a_record(tmp_path, content, problem):
+    path = tmp_path / "results.json"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} is not a results file \({problem}"):
+        load_previous(path, {"protocol": "truncate"}, kind="perplexity")
+
+
+def _without(entry: dict, key: str) -> dict:
+    return {k: v for k, v in entry.items() if k != key}
+
+
+MALFORMED = [
+    ({**REPORT, "results": [_without(ROW, "length")]}, "results[0] has no 'length'"),
+    ({**REPORT, "results": [_without(ROW, "ppl")]}, "results[0] has no 'ppl'"),
+    ({**REPORT, "results": [ROW, _without(ROW, "method")]}, "results[1] has no 'method'"),
+    ({**REPORT, "results": None}, "the file has null as 'results', not a list"),
+    ({**REPORT, "results": "none 25.05"}, "the file has a string as 'results', not a list"),
+    ({**REPORT, "results": [["none", 2048]]}, "results[0] is a list, not an object"),
+    ({**REPORT, "results": [{**ROW, "length": "2k"}]}, "results[0] has a string as 'length', not an integer"),
+    ({**REPORT, "results": [{**ROW, "length": True}]}, "results[0] has a boolean as 'length', not an integer"),
+    ({**REPORT, "results": [{**ROW, "length": -1}]}, "results[0] has length -1, not a positive number of tokens"),
+    ({**REPORT, "results": [{**ROW, "ppl": "25"}]}, "results[0] has a string as 'ppl', not an integer or a number"),
+    ({**REPORT, "results": [{**ROW, "params": "factor=4"}]}, "results[0] has a string as 'params', not an object"),
+    (_without(REPORT, "dataset_details"), "the file has no 'dataset_details'"),
+    ({**REPORT, "dataset_details": {"documents": 1}}, "'dataset_details' has no 'tokens'"),
+    ({**REPORT, "dataset_details": {**REPORT["dataset_details"], "document_hashes": 3}}, "'document_hashes'"),
+    (_without(REPORT, "arguments"), "the file has no 'arguments' object"),
+]
+
+
+@pytest.mark.parametrize(("report", "problem"), MALFORMED)
+def test_a_malformed_results_file_is_one_line_naming_the_file_and_the_field(tmp_path, report, problem):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(report))
+    with pytest.raises(ValueError) as error:
+        load_previous(path, REPORT["arguments"], kind="perplexity")
+    message = str(error.value)
+    assert message.startswith(f"{path} is malformed: ") and problem in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("report", "problem"),
+    [
+        ({**PASSKEY, "trials": [_without(TRIAL, "correct")]}, "trials[0] has no 'correct'"),
+        ({**PASSKEY, "trials": None}, "the file has null as 'trials'"),
+        ({**PASSKEY, "accuracy": [{**CELL, "accuracy": None}]}, "accuracy[0] has null as 'accuracy'"),
+        (_without(PASSKEY, "accuracy"), "the file has no 'accuracy'"),
+    ],
+)
+def test_a_malformed_passkey_file_is_one_line_naming_the_field(tmp_path, report, problem):
+    path = tmp_path / "passkey.json"
+    path.write_text(json.dumps(report))
+    with pytest.raises(ValueError, match=re.escape(f"{path} is malformed: {problem}")):
+        load_previous(path, PASSKEY["arguments"], kind="passkey")
+    assert load_previous(path.with_name("ok.json"), {}, kind="passkey") is None
+
+
+@pytest.mark.parametrize("files", [PERPLEXITY_FILES, PASSKEY_FILES])
+def test_files_of_the_run_without_its_report_belong_to_someone_else(tmp_path, files):
+    report, csv_file, plot = files
+    (tmp_path / csv_file).write_text("mine")
+    (tmp_path / plot).write_bytes(b"mine")
+    with pytest.raises(ValueError, match=rf"holds {re.escape(csv_file)} and {re.escape(plot)} but no {report}"):
+        check_output(tmp_path, files)
+    (tmp_path / report).write_text("{}")  # a run's: resumable (or refused by what it holds)
+    check_output(tmp_path, files)
+    check_output(tmp_path / "new", files)  # a folder to create
+
+
+def test_resuming_compares_the_tokens_of_every_document():
+    docs = [[1, 2, 3], [4, 5, 6]]
+    details = {"documents": 2, "tokens": 6, "document_hashes": document_hashes(docs)}
+    check_same_data(details, details, "r.json")
+    changed = {**details, "document_hashes": document_hashes([[1, 2, 3], [4, 6, 5]])}  # same counts
+    with pytest.raises(ValueError, match=r"document 1 has other tokens now \(same counts"):
+        check_same_data(details, changed, "r.json")
+    with pytest.raises(ValueError, match=r"2 documents of 6 tokens then, 2 documents of 7 tokens now"):
+        check_same_data(details, {**details, "tokens": 7}, "r.json")
+    older = {"documents": 2, "tokens": 6}  # written before hashes were recorded: counts only
+    check_same_data(older, changed, "r.json")
+    assert len(set(document_hashes([[1, 2], [2, 1], [1, 2, 0], [258]]))) == 4
+
+
+def test_a_killed_runs_temporaries_are_removed_and_nothing_else(tmp_path):
+    ours = [".ppl_vs_length.0123456789abcdef0123456789abcdef.png", ".results.fedcba9876543210fedcba9876543210.json"]
+    others = [".ppl_vs_length.mine.png", ".notes.0123456789abcdef0123456789abcdef.png", "results.csv", "a.png"]
+    for name in ours + others:
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / ".hf-posenc-check-x1").mkdir()
+    (tmp_path / ".hf-posenc-check-full").mkdir()
+    (tmp_path / ".hf-posenc-check-full" / "f").write_text("someone's")
+    remove_stale_temporaries(tmp_path, PERPLEXITY_FILES)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*others, ".hf-posenc-check-full"])

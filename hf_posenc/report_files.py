@@ -22,6 +22,9 @@ PERPLEXITY_FILE = {
 }
 PERPLEXITY_ROW = {"method": (str,), "length": (int,), "ppl": _NUMBER, "nll": _NUMBER, "tokens": (int,)}
 DATASET_DETAILS = {"documents": (int,), "tokens": (int,)}
+# what a run that resumes reads besides (it writes the previous report again, and prints it)
+RUN_FIELDS = {"protocol_details": (dict,), "model_details": (dict,)}
+RUN_DETAILS = {"protocol_details": {"bos": (bool,)}, "model_details": {"dtype": (str,), "trained_context": (int,)}}
 PASSKEY_FILE = {"model": (str,), "trials": (list,), "accuracy": (list,)}
 PASSKEY_TRIAL = {"method": (str,), "length": (int,), "depth": _NUMBER, "correct": (bool,)}
 PASSKEY_CELL = {"method": (str,), "length": (int,), "depth": _NUMBER, "accuracy": _NUMBER, "trials": (int,)}
@@ -54,8 +57,8 @@ def read_report(path: Path, *, kind: str, advice: str) -> dict[str, Any]:
 
 def _perplexity_problem(report: dict[str, Any]) -> str | None:
     return (
-        _fields_problem(report, PERPLEXITY_FILE, "the file")
-        or _fields_problem(report["dataset_details"], DATASET_DETAILS, "'dataset_details'")
+        fields_problem(report, PERPLEXITY_FILE, "the file")
+        or fields_problem(report["dataset_details"], DATASET_DETAILS, "'dataset_details'")
         or _rows_problem(report["results"], PERPLEXITY_ROW, "results")
         or _params_problem(report["results"])
         or _hashes_problem(report["dataset_details"].get("document_hashes"))
@@ -70,14 +73,15 @@ def _hashes_problem(hashes: Any) -> str | None:
 
 def _passkey_problem(report: dict[str, Any]) -> str | None:
     return (
-        _fields_problem(report, PASSKEY_FILE, "the file")
+        fields_problem(report, PASSKEY_FILE, "the file")
         or _rows_problem(report["trials"], PASSKEY_TRIAL, "trials")
         or _rows_problem(report["accuracy"], PASSKEY_CELL, "accuracy")
     )
 
 
-def _fields_problem(entry: dict[str, Any], fields: dict[str, tuple], where: str) -> str | None:
-    """What is wrong with ``entry``'s ``fields`` (missing, null, wrong type), or None."""
+def fields_problem(entry: dict[str, Any], fields: dict[str, tuple], where: str) -> str | None:
+    """What is wrong with ``entry``'s ``fields`` (missing, null, wrong type), or None. ``where`` names
+    ``entry`` in the message (``"the file"``, ``"results[3]"``)."""
     for key, types in fields.items():
         if key not in entry:
             return f"{where} has no {key!r}"
@@ -92,7 +96,7 @@ def _rows_problem(rows: list[Any], fields: dict[str, tuple], name: str) -> str |
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             return f"{name}[{i}] is {_json_name(row)}, not an object"
-        problem = _fields_problem(row, fields, f"{name}[{i}]")
+        problem = fields_problem(row, fields, f"{name}[{i}]")
         if problem:
             return problem
         if row.get("length", 1) <= 0:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..report_files import read_report
+from ..report_files import RUN_DETAILS, RUN_FIELDS, fields_problem, read_report
 
 _ADVICE = "move it away or choose another `output` folder"
 
@@ -58,9 +58,14 @@ def load_previous(path: Path, arguments: dict[str, Any], *, kind: str) -> dict[s
     if not path.exists():
         return None
     previous = read_report(path, kind=kind, advice=_ADVICE)
-    before = previous.get("arguments")
-    if not isinstance(before, dict):
-        raise ValueError(f"{path} is malformed: the file has no 'arguments' object; {_ADVICE}.")
+    problem = fields_problem(previous, {"arguments": (dict,)}, "the file")
+    if kind == "perplexity":
+        problem = problem or fields_problem(previous, RUN_FIELDS, "the file")
+        for key, fields in RUN_DETAILS.items():
+            problem = problem or fields_problem(previous[key], fields, repr(key))
+    if problem:
+        raise ValueError(f"{path} is malformed: {problem}; {_ADVICE}.")
+    before = previous["arguments"]
     if before != arguments:
         changed = sorted(key for key in set(arguments) | set(before) if arguments.get(key) != before.get(key))
         raise ValueError(

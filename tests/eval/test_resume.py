@@ -24,6 +24,8 @@ REPORT = {
     "dataset": "texts",
     "arguments": {"protocol": "truncate", "bos": "auto"},
     "dataset_details": {"documents": 1, "tokens": 5000},
+    "protocol_details": {"bos": True},
+    "model_details": {"dtype": "float32", "trained_context": 8192},
     "results": [ROW],
 }
 TRIAL = {"method": "none", "length": 1024, "depth": 0.5, "key": "12345", "correct": True}
@@ -70,7 +72,11 @@ MALFORMED = [
     (_without(REPORT, "dataset_details"), "the file has no 'dataset_details'"),
     ({**REPORT, "dataset_details": {"documents": 1}}, "'dataset_details' has no 'tokens'"),
     ({**REPORT, "dataset_details": {**REPORT["dataset_details"], "document_hashes": 3}}, "'document_hashes'"),
-    (_without(REPORT, "arguments"), "the file has no 'arguments' object"),
+    (_without(REPORT, "arguments"), "the file has no 'arguments'"),
+    ({**REPORT, "arguments": []}, "the file has a list as 'arguments', not an object"),
+    (_without(REPORT, "model_details"), "the file has no 'model_details'"),
+    ({**REPORT, "protocol_details": {"bos": "yes"}}, "'protocol_details' has a string as 'bos', not a boolean"),
+    ({**REPORT, "model_details": {"dtype": "float32"}}, "'model_details' has no 'trained_context'"),
 ]
 
 

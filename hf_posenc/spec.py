@@ -73,10 +73,13 @@ class MethodSpec:
 
 
 def _parse_value(text: str) -> Any:
-    """``4`` -> 4, ``0.5`` -> 0.5, ``true`` -> True, ``[1,2]`` -> [1, 2]; anything else stays a string."""
+    """``4`` -> 4, ``0.5`` -> 0.5, ``true`` -> True, ``[1,2]`` -> [1, 2], ``nan`` / ``inf`` -> floats (which the
+    method then refuses by name); anything else stays a string."""
     stripped = text.strip()
     if stripped.lower() in ("true", "false"):
         return stripped.lower() == "true"
+    if stripped.lower().lstrip("+-") in ("nan", "inf", "infinity"):
+        return float(stripped)
     try:
         return json.loads(stripped)
     except json.JSONDecodeError:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from hf_posenc.spec import MethodSpec, format_method_spec, parse_method_spec
@@ -21,6 +23,11 @@ from hf_posenc.spec import MethodSpec, format_method_spec, parse_method_spec
 def test_parse_method_spec(text, name, params):
     assert parse_method_spec(text) == (name, params)
     assert parse_method_spec(format_method_spec(name, params)) == (name, params)
+
+
+def test_nan_and_inf_parse_as_floats_for_the_method_to_refuse():
+    assert parse_method_spec("yarn:factor=inf,beta_fast=-INF") == ("yarn", {"factor": math.inf, "beta_fast": -math.inf})
+    assert math.isnan(parse_method_spec("yarn:factor=nan")[1]["factor"])
 
 
 @pytest.mark.parametrize(
@@ -77,6 +84,15 @@ def test_the_identity_on_a_model_uses_what_the_model_resolved():
         ("yarn:fctor=4", "`method` 'yarn:fctor=4': Unknown parameter\\(s\\) 'fctor' for method 'yarn'"),
         ("yarn:factor=0.5", "`method` 'yarn:factor=0.5': factor must be >= 1"),
         ("pi", "`method` 'pi': Method 'pi': .*factor"),
+        ("yarn:factor=nan", "^`method` 'yarn:factor=nan': factor must be finite, got nan.$"),
+        ("yarn:factor=inf", "^`method` 'yarn:factor=inf': factor must be finite, got inf.$"),
+        ("yarn:factor=-Infinity", "^`method` 'yarn:factor=-Infinity': factor must be finite, got -inf.$"),
+        ("yarn:factor=-1", r"^`method` 'yarn:factor=-1': factor must be >= 1 .*got -1.0.$"),
+        ("yarn:factor=0", r"^`method` 'yarn:factor=0': factor must be >= 1 .*got 0.0.$"),
+        ("ntk:factor=1e308", r"^`method` 'ntk:factor=1e308': factor must be at most 2\^24 = 16777216 .*got 1e\+308.$"),
+        ("yarn:factor=4,beta_fast=nan", "beta_fast must be finite, got nan"),
+        ("alibi:slopes=[1e308]", r"ALiBi slopes must be finite and > 0 in float32 .*got \[1e\+308\]"),
+        ("alibi:slopes=[0.5,NaN]", r"slopes\[1\] must be finite, got nan"),
     ],
 )
 def test_bad_specs_are_refused_naming_the_argument(text, message):

@@ -6,8 +6,9 @@ from typing import Any
 
 import torch
 
-from ..registry import get_method
+from ..registry import Method, get_method, params_to_dict
 from . import alibi, llama3, longrope, ntk, pi, yarn  # noqa: F401  (registration)
+from ._common import frequency_problem
 from .alibi import alibi_slopes  # noqa: F401  (public: hf_posenc.alibi_slopes)
 
 
@@ -41,4 +42,41 @@ def rope_frequencies(
     if spec.frequencies is None:
         raise ValueError(f"Method {spec.name!r} is not a RoPE method.")
     resolved = spec.make_params(original_max_position_embeddings=original_max_position_embeddings, **params)
-    return spec.frequencies(resolved, head_dim=head_dim, base=base, seq_len=seq_len, dtype=dtype, device=device)
+    return compute_frequencies(
+        spec, resolved, head_dim=head_dim, base=base, seq_len=seq_len, dtype=dtype, device=device
+    )
+
+
+def compute_frequencies(
+    method: Method,
+    params: Any,
+    *,
+    head_dim: int,
+    base: float,
+    seq_len: int | None = None,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, float]:
+    """``method.frequencies`` on built ``params``, checked: values each in their own range may together still give a
+    frequency that is not finite and > 0 in float32 (a huge base, extreme long factors) or an unusable attention
+    factor; that is a ``ValueError`` naming every input (:func:`~hf_posenc.methods._common.frequency_problem`)."""
+    inv_freq, attention = method.frequencies(
+        params, head_dim=head_dim, base=base, seq_len=seq_len, dtype=dtype, device=device
+    )
+    problem = frequency_problem(inv_freq, attention)
+    if problem is not None:
+        raise ValueError(f"{_described(method, params, base, seq_len)} {problem}")
+    return inv_freq, attention
+
+
+def _described(method: Method, params: Any, base: float, seq_len: int | None) -> str:
+    """``method 'pi' with base=10000.0, factor=1e+30, ...``; lists as their range and length."""
+    values = {"base": base, **params_to_dict(params), "seq_len": seq_len}
+    shown = [
+        f"{key}=[{min(value):g}..{max(value):g}] ({len(value)} values)"
+        if isinstance(value, list)
+        else f"{key}={value!r}"
+        for key, value in values.items()
+        if value is not None and value != []
+    ]
+    return f"method {method.name!r} with {', '.join(shown)}"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..registry import Method, register
-from ._common import positive_int
+from ._common import positive_int, real_number
 
 BACKENDS = ("auto", "eager", "sdpa", "flex", "cudnn")
 
@@ -67,9 +67,15 @@ class AlibiParams:
         if self.backend not in BACKENDS:
             raise ValueError(f"Unknown ALiBi backend {self.backend!r}. Available backends: {', '.join(BACKENDS)}.")
         if self.slopes is not None:
-            slopes = tuple(float(s) for s in self.slopes)
-            if not slopes or not all(math.isfinite(s) and s > 0 for s in slopes):
-                raise ValueError(f"ALiBi slopes must be finite and > 0, got {self.slopes!r}.")
+            if isinstance(self.slopes, (str, bytes)) or not hasattr(self.slopes, "__iter__"):
+                raise TypeError(f"slopes must be a list of numbers (one per query head), got {self.slopes!r}.")
+            slopes = tuple(real_number(f"slopes[{i}]", slope) for i, slope in enumerate(self.slopes))
+            as_float32 = torch.tensor(slopes, dtype=torch.float32)
+            if not slopes or not bool((as_float32.isfinite() & (as_float32 > 0)).all()):
+                raise ValueError(
+                    f"ALiBi slopes must be finite and > 0 in float32 (the bias -m (i - j) is computed in it), "
+                    f"got {self.slopes!r}."
+                )
             object.__setattr__(self, "slopes", slopes)
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..registry import Method, register
-from ._common import ScaledRopeParams, positive_number, rope_inv_freq
+from ._common import ScaledRopeParams, attention_scale, positive_number, rope_inv_freq
 
 
 def _factor_list(name: str, values) -> tuple[float, ...]:
@@ -37,14 +37,21 @@ class LongRoPEParams(ScaledRopeParams):
         if self.short_factor is not None:
             self._set("short_factor", _factor_list("short_factor", self.short_factor))
         if self.attention_factor is not None:
-            self._set("attention_factor", positive_number("attention_factor", self.attention_factor))
+            self._set("attention_factor", attention_scale("attention_factor", self.attention_factor))
         elif self.original_max_position_embeddings is not None:
             self._set("attention_factor", longrope_attention_factor(self.factor, self.context))
 
 
 def longrope_attention_factor(factor: float, context: int) -> float:
-    """``sqrt(1 + ln s / ln L)`` (1 for ``s <= 1``)."""
-    return math.sqrt(1 + math.log(factor) / math.log(context)) if factor > 1 else 1.0
+    """``sqrt(1 + ln s / ln L)`` (1 for ``s <= 1``); needs ``L >= 2`` when ``s > 1`` (``ln 1 = 0``)."""
+    if factor <= 1:
+        return 1.0
+    if context < 2:
+        raise ValueError(
+            f"original_max_position_embeddings must be >= 2 for LongRoPE's default attention factor "
+            f"sqrt(1 + ln s / ln L) (ln 1 = 0), got {context!r}; give attention_factor to use it."
+        )
+    return math.sqrt(1 + math.log(factor) / math.log(context))
 
 
 def _rescale(params: LongRoPEParams, head_dim: int, seq_len: int | None) -> tuple[float, ...]:

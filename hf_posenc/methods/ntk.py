@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..registry import Method, register
-from ._common import ScaledRopeParams, rope_inv_freq
+from ._common import ScaledRopeParams, rope_base, rope_inv_freq
 
 
 def ntk_base(base: float, factor: float, head_dim: int) -> float:
     """NTK-aware base, YaRN paper §3.1: ``b' = b * s^(d / (d - 2))``."""
     if head_dim <= 2:
         raise ValueError(f"NTK-aware scaling needs a rotary dimension d > 2 (its exponent is d/(d-2)), got {head_dim}.")
-    return base * factor ** (head_dim / (head_dim - 2))
+    try:
+        scaled = rope_base(base) * factor ** (head_dim / (head_dim - 2))
+    except OverflowError:
+        scaled = math.inf
+    if not math.isfinite(scaled):
+        raise ValueError(
+            f"The NTK-aware base b * s^(d/(d-2)) overflows for base={base!r}, scale s={factor!r} and d={head_dim}; "
+            "use a smaller factor or base."
+        )
+    return scaled
 
 
 def ntk_frequencies(

@@ -10,6 +10,10 @@ import torch
 from ..registry import Method, register
 from ._common import ScaledRopeParams, rope_inv_freq, scale_factor
 
+# The largest resampled position table (1 GiB in its dtype: GPT-2 small's 768 float32 columns, 349,525 rows,
+# factor 341 on 1024 trained positions); computing it needs about four times that in float64 besides.
+MAX_TABLE_BYTES = 2**30
+
 
 def pi_frequencies(
     params: ScaledRopeParams,
@@ -55,10 +59,25 @@ def interpolate_positions(table: torch.Tensor, factor: float) -> torch.Tensor:
         factor (`float`): ``s = L'/L`` >= 1.
     """
     factor = scale_factor(factor)
-    rows = table.shape[0]
-    source = torch.arange(round(factor * rows), dtype=torch.float64, device=table.device) / factor  # (L',)
+    rows, new_rows = table.shape[0], round(factor * table.shape[0])
+    _check_table_size(new_rows, table, factor)
+    source = torch.arange(new_rows, dtype=torch.float64, device=table.device) / factor  # (L',)
     low = source.floor().long().clamp(max=rows - 1)
     high = (low + 1).clamp(max=rows - 1)
     weight = (source - low).clamp(max=1.0)[:, None]  # (L', 1)
     trained = table.double()
-    return (trained[low] * (1 - weight) + trained[high] * weight).to(table.dtype)  # (L', D)
+    # in place on the gathered copies: two (L', D) float64 tensors at a time
+    return trained[low].mul_(1 - weight).add_(trained[high].mul_(weight)).to(table.dtype)  # (L', D)
+
+
+def _check_table_size(new_rows: int, table: torch.Tensor, factor: float) -> None:
+    """Refuse, before allocating, a resampled table over ``MAX_TABLE_BYTES`` in the table's dtype."""
+    rows, width = table.shape
+    size = new_rows * width * table.element_size()
+    if size > MAX_TABLE_BYTES:
+        most = MAX_TABLE_BYTES // (width * table.element_size())
+        raise ValueError(
+            f"factor={factor!r} would resample the position table from {rows} to {new_rows:,} rows of {width} "
+            f"({size / 2**30:,.1f} GiB in {str(table.dtype).removeprefix('torch.')}); hf_posenc builds tables of at "
+            f"most 1 GiB: {most:,} rows here, factor <= {most / rows:.4g}."
+        )

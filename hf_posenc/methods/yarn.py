@@ -19,12 +19,21 @@ gives ``theta / s``.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
 
 from ..registry import Method, register
-from ._common import RopeParams, ScaledRopeParams, positive_number, real_number, rope_inv_freq
+from ._common import (
+    RopeParams,
+    ScaledRopeParams,
+    attention_scale,
+    positive_number,
+    real_number,
+    rope_base,
+    rope_inv_freq,
+)
 
 RAMPS = ("index", "ratio")
 
@@ -81,7 +90,7 @@ class YaRNParams(NTKByPartsParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        given = None if self.attention_factor is None else positive_number("attention_factor", self.attention_factor)
+        given = None if self.attention_factor is None else attention_scale("attention_factor", self.attention_factor)
         if (self.mscale is None) != (self.mscale_all_dim is None):
             raise ValueError("mscale and mscale_all_dim go together: give both or neither.")
         if self.mscale is None:
@@ -89,8 +98,9 @@ class YaRNParams(NTKByPartsParams):
             return
         self._set("mscale", positive_number("mscale", self.mscale))
         self._set("mscale_all_dim", positive_number("mscale_all_dim", self.mscale_all_dim))
-        ratio = yarn_attention_factor(self.factor, self.mscale)
-        ratio /= yarn_attention_factor(self.factor, self.mscale_all_dim)
+        kept, all_dims = (yarn_attention_factor(self.factor, mscale) for mscale in (self.mscale, self.mscale_all_dim))
+        name = f"the attention factor of mscale={self.mscale} and mscale_all_dim={self.mscale_all_dim}"
+        ratio = attention_scale(name, kept / all_dims)
         if given is not None and not math.isclose(given, ratio, rel_tol=1e-12):
             raise ValueError(
                 f"attention_factor={given} disagrees with mscale={self.mscale} and mscale_all_dim="
@@ -104,10 +114,17 @@ def yarn_attention_factor(factor: float, mscale: float = 1.0) -> float:
     return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
-def correction_dim(rotations: float, head_dim: int, base: float, context: int) -> float:
+def correction_dim(rotations: float, head_dim: int, base: float, context: int, name: str = "rotations") -> float:
     """The (fractional) pair index whose wavelength fits ``rotations`` times into ``context``:
-    ``d * ln(L / (2 pi n)) / (2 ln b)`` (inverse of ``r(i) = L / lambda_i``, YaRN §3.2)."""
-    return head_dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    ``d * ln(L / (2 pi n)) / (2 ln b)`` (inverse of ``r(i) = L / lambda_i``, YaRN §3.2). ``name``: the
+    parameter ``rotations`` comes from, for the error where ``L / (2 pi n)`` is no finite float > 0."""
+    if not 0 < context / (rotations * 2 * math.pi) < math.inf:
+        low, high = context / (2 * math.pi) / sys.float_info.max, sys.float_info.max / (2 * math.pi)
+        raise ValueError(
+            f"{name}={rotations!r} is out of range for the YaRN ramp, which takes ln(L / (2 pi {name})) with "
+            f"L={context}: {name} must lie between {low:.3g} and {high:.3g}."
+        )
+    return head_dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(rope_base(base)))
 
 
 def keep_fraction(params: RampParams, inv_freq: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:
@@ -116,8 +133,8 @@ def keep_fraction(params: RampParams, inv_freq: torch.Tensor, head_dim: int, bas
     if params.ramp == "ratio":
         ratio = context * inv_freq / (2 * math.pi)  # r = L / lambda
         return ((ratio - params.beta_slow) / (params.beta_fast - params.beta_slow)).clamp(0, 1)
-    low = correction_dim(params.beta_fast, head_dim, base, context)
-    high = correction_dim(params.beta_slow, head_dim, base, context)
+    low = correction_dim(params.beta_fast, head_dim, base, context, "beta_fast")
+    high = correction_dim(params.beta_slow, head_dim, base, context, "beta_slow")
     if params.truncate:
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, head_dim - 1)

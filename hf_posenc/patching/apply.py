@@ -5,6 +5,9 @@ computes a :class:`~hf_posenc.patching.plan.Plan` without touching the model. Ap
 config attribute it sets and the state of every module it changes, per model instance; ``unpatch`` puts
 back exactly that. Classes and transformers modules are never touched, so two models in one process do
 not affect each other.
+
+``patch`` and ``unpatch`` hold a lock of the model instance from the check to the record, so threads patching
+one model at once find it patched or unpatched, never half of each; different models do not wait for each other.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -52,6 +56,16 @@ class _AppliedPatch:
 
 
 _APPLIED: weakref.WeakKeyDictionary[nn.Module, _AppliedPatch] = weakref.WeakKeyDictionary()
+_LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
+_LOCKS_LOCK = threading.Lock()  # guards making a model's lock
+
+
+def _lock_of(model: nn.Module) -> threading.RLock:
+    """The lock ``patch`` and ``unpatch`` hold on ``model`` (one per instance, made on first use)."""
+    with _LOCKS_LOCK:
+        if model not in _LOCKS:
+            _LOCKS[model] = threading.RLock()
+        return _LOCKS[model]
 
 
 def plan_patch(model: nn.Module, method_name: str, params: dict[str, Any]) -> Plan:
@@ -171,19 +185,21 @@ def patch(model: nn.Module, method: str, **params: Any) -> nn.Module:
         RuntimeError: the model is already patched.
         On any error the model is left exactly as it was.
     """
-    plan = plan_patch(model, method, params)
-    _apply(model, plan)
+    with _lock_of(model):
+        plan = plan_patch(model, method, params)
+        _apply(model, plan)
     logger.info("hf_posenc: patched %s with %s %s", type(model).__name__, plan.info.method, plan.info.params)
     return model
 
 
 def unpatch(model: nn.Module) -> nn.Module:
     """Undo :func:`patch`: config, buffers, parameters, attributes and forward exactly as before. Returns ``model``."""
-    applied = _APPLIED.get(model)
-    if applied is None:
-        raise RuntimeError("This model is not patched by hf_posenc; there is nothing to unpatch.")
-    _restore(model, applied)
-    del _APPLIED[model]
+    with _lock_of(model):
+        applied = _APPLIED.get(model)
+        if applied is None:
+            raise RuntimeError("This model is not patched by hf_posenc; there is nothing to unpatch.")
+        _restore(model, applied)
+        del _APPLIED[model]
     return model
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
@@ -11,6 +12,8 @@ from ..record import PatchRecord
 from ..registry import get_method
 from .apply import patch
 from .dispatch import planner_for_config
+
+logger = logging.getLogger("hf_posenc")
 
 _CONFIG_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "subfolder", "gguf_file")
 
@@ -21,6 +24,11 @@ def load_patched_model(pretrained_model_name_or_path: str, **kwargs: Any) -> Pre
     The model is built with the base config and patched with the recorded method, so
     ``hf_posenc.unpatch`` gives the base model back. Configs without a patch, and ``baked`` patches (GPT-2
     ``pi``: the change is in the weights), load as saved.
+
+    The record wins over the rest of the config: hf_posenc applies the method and parameters the record names.
+    Where the saved values the patch sets (``rope_parameters``, ``max_position_embeddings``, ...) are not what
+    the record gives (one of them was edited by hand), a warning on the ``hf_posenc`` logger names both values;
+    plain transformers, which ignores the record, would build the model from the config's.
 
     Args:
         pretrained_model_name_or_path (`str`): Hub id or local folder.
@@ -45,4 +53,35 @@ def load_patched_model(pretrained_model_name_or_path: str, **kwargs: Any) -> Pre
     if planner is not None and planner.loading is not None:
         params, kwargs = planner.loading(params, kwargs)
     model = AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, config=base_config, **kwargs)
-    return patch(model, record.method, **params)
+    patch(model, record.method, **params)
+    _warn_where_edited(pretrained_model_name_or_path, config, model.config, record)
+    return model
+
+
+def _warn_where_edited(source: str, saved: Any, patched: Any, record: PatchRecord) -> None:
+    """Warn, naming both values, where the saved config and the record's patch of the base disagree."""
+    differences = [
+        f"{name} is {in_config!r} in the config, {from_record!r} from the record"
+        for key in record.base
+        for name, in_config, from_record in _differences(key, getattr(saved, key, None), getattr(patched, key, None))
+    ]
+    if differences:
+        logger.warning(
+            "hf_posenc: the config of %s disagrees with its hf_posenc record (%s): %s. hf_posenc applies the "
+            "record; plain transformers would build the model from the config's values.",
+            source,
+            record.spec,
+            "; ".join(differences),
+        )
+
+
+def _differences(key: str, saved: Any, patched: Any) -> list[tuple[str, Any, Any]]:
+    """``(name, saved, patched)`` for each differing value; dicts (``rope_parameters``) entry by entry."""
+    if isinstance(saved, dict) and isinstance(patched, dict):
+        names = {**saved, **patched}
+        return [
+            (f"{key}[{name!r}]", saved.get(name), patched.get(name))
+            for name in names
+            if saved.get(name) != patched.get(name)
+        ]
+    return [] if saved == patched else [(key, saved, patched)]

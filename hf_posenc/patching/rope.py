@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..architectures import rope_modules, rotary_dim
+from ..methods import compute_frequencies
 from ..registry import Method, get_method, params_to_dict
 from .plan import PatchInfo, Plan, Planner
 from .rope_types import (
@@ -148,7 +149,7 @@ class FrequencySource:
     def formula(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
         """Our math in float64 (:mod:`hf_posenc.methods`)."""
         method = get_method(self.method)
-        return method.frequencies(self.params, head_dim=self.head_dim, base=self.base, seq_len=seq_len)
+        return compute_frequencies(method, self.params, head_dim=self.head_dim, base=self.base, seq_len=seq_len)
 
     def __call__(self, seq_len: int | None, device: torch.device | None) -> tuple[torch.Tensor, float]:
         if self.transformers_rotary is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import pytest
 
@@ -148,3 +149,73 @@ def test_a_split_or_config_for_local_files_is_an_error(tmp_path, given):
     (tmp_path / "a.txt").write_text("x")
     with pytest.raises(ValueError, match=r"local: its files are read whole, so `config` and `split`"):
         load_texts(TextSource(str(tmp_path), **given))
+
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
+BAD_FILES = [
+    ("binary", "txt", PNG, r"b.txt is not UTF-8 text \(byte 0x89 at offset 0\); save it as UTF-8\.$"),
+    ("latin-1", "jsonl", b'{"text": "a"}\n{"text": "caf\xe9"}\n', r"b.jsonl is not UTF-8 text \(byte 0xe9 at offset 27\)"),
+    ("NUL bytes", "txt", "ab".encode("utf-16-le"), r"b.txt holds a NUL byte at offset 1: a binary file, or UTF-16 or UTF-32 text"),
+    ("bad line", "jsonl", b'{"text": "a"}\n{"text": \n', r"b.jsonl is not JSON: line 2, column 10: Expecting value\.$"),
+    ("bad document", "json", b'{\n  "text": ["a", \n', r"b.json is not JSON: line 3, column 1: Expecting value\.$"),
+    ("lines of strings", "jsonl", b'"a"\n"b"\n', r"b.jsonl holds a JSON string \(line 1\) where the datasets library reads one object per document\.$"),
+    ("a number", "json", b"42", r"b.json holds a JSON number \(the whole file\) where the datasets library reads one object"),
+    ("not parquet", "parquet", PNG, r"b.parquet is not a Parquet file \(Parquet magic bytes not found in footer"),
+    ("empty text", "txt", b"", r"b.txt is empty; remove it or point at other files\.$"),
+    ("empty parquet", "parquet", b"", r"b.parquet is empty"),
+]  # fmt: skip
+
+
+def _good_file(path):
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": ["a"]}), path)
+    else:
+        path.write_text("a" if path.suffix == ".txt" else json.dumps({"text": "a"}))
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streaming"])
+@pytest.mark.parametrize(("case", "suffix", "data", "message"), BAD_FILES, ids=[case[0] for case in BAD_FILES])
+def test_a_bad_local_file_is_a_one_line_error_naming_it(tmp_path, case, suffix, data, message, streaming):
+    """Alone or beside a good file, the bad file is named with what is wrong (the error used to be `datasets`'
+    traceback, or an empty document); the files stay as they were."""
+    bad = tmp_path / "docs" / f"b.{suffix}"
+    bad.parent.mkdir()
+    bad.write_bytes(data)
+    _good_file(tmp_path / "docs" / f"a.{suffix}")
+    for target in (bad, bad.parent):
+        with pytest.raises(ValueError, match=f"^{re.escape(str(bad.parent))}/{message}") as error:
+            load_texts(TextSource(str(target), streaming=streaming))
+        assert "\n" not in str(error.value)
+    assert bad.read_bytes() == data
+
+
+def test_what_the_reader_refuses_in_a_file_that_is_json_all_the_same_is_one_line(tmp_path):
+    """Python reads 1e400 as inf; Arrow refuses it. Without a file to blame, the reader's reason is given."""
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "a"}\n{"text": "b", "n": 1e400}\n')
+    expected = re.escape(f"The datasets library cannot read {path} as json files: JSON parse error: ")
+    for streaming in (False, True):
+        with pytest.raises(ValueError, match=f"^{expected}[^\n]+$"):  # Arrow's words for it, one line
+            load_texts(TextSource(str(path), streaming=streaming))
+
+
+def test_a_json_file_of_blank_lines_is_named(tmp_path):
+    """Read whole, `datasets` said 'Instruction "train" corresponds to no data!'."""
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} holds no JSON objects\.$"):
+        load_texts(TextSource(str(path)))
+
+
+def test_a_file_of_another_type_or_a_folder_without_one_is_named(tmp_path):
+    (tmp_path / "d.csv").write_text("text\na\n")
+    with pytest.raises(ValueError, match=r"d.csv is not a .txt, .jsonl, .json, .parquet file; give one of those"):
+        load_texts(TextSource(str(tmp_path / "d.csv")))
+    with pytest.raises(
+        ValueError,
+        match=rf"^{re.escape(str(tmp_path))} holds no readable files; expected .txt, .jsonl, .json, .parquet",
+    ):
+        load_texts(TextSource(str(tmp_path)))

@@ -11,6 +11,7 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import hf_posenc
+from hf_posenc.methods._common import frequency_problem
 from hf_posenc.methods.yarn import correction_dim
 from hf_posenc.registry import Method, get_method, register
 
@@ -176,13 +177,64 @@ def test_ratio_ramp_differs_from_transformers_yarn():
         ("longrope", {"factor": 4, "long_factor": [1.0] * 3}, ValueError, "long_factor has 3 values.*needs 32"),
         ("longrope", {"factor": 4, "long_factor": [0.0] * 32}, ValueError, r"long_factor\[0\] must be > 0"),
         ("longrope", {"factor": 4, "long_factor": "2"}, TypeError, "list of numbers"),
+        # absurd values: a one-line error where the arithmetic would overflow, divide by zero or give inf / 0
+        ("ntk", {"factor": 1e308}, ValueError, r"factor must be at most 2\^24 = 16777216 .*got 1e\+308"),
+        ("dynamic-ntk", {"factor": 2.0**24 + 1}, ValueError, r"factor must be at most 2\^24"),
+        ("yarn", {"factor": 4, "original_max_position_embeddings": 10**400}, ValueError, "original_max_position_embeddings must be at most 9007199254740992"),
+        ("yarn", {"factor": 4, "beta_fast": 1e308}, ValueError, r"beta_fast=1e\+308 is out of range for the YaRN ramp.*between 7.25e-306 and 2.86e\+307"),
+        ("yarn", {"factor": 4, "beta_fast": 32, "beta_slow": 1e-310}, ValueError, r"beta_slow=1e-310 is out of range"),
+        ("yarn", {"factor": 4, "attention_factor": 1e20}, ValueError, r"attention_factor must be at most 1.845e\+19 \(it multiplies q.k by its square"),
+        ("yarn", {"factor": 4, "mscale": 1e300, "mscale_all_dim": 1}, ValueError, r"the attention factor of mscale=1e\+300 and mscale_all_dim=1.0 must be at most"),
+        ("yarn", {"factor": 2**24, "mscale": 1.7e308, "mscale_all_dim": 1.7e308}, ValueError, "the attention factor of mscale=.* must be finite, got nan"),
+        ("longrope", {"factor": 4, "long_factor": [1.0] * 32, "original_max_position_embeddings": 1}, ValueError, r"original_max_position_embeddings must be >= 2 for LongRoPE's default attention factor .*got 1; give attention_factor"),
+        ("longrope", {"factor": 4, "long_factor": [1e-308] * 32}, ValueError, r"method 'longrope' with base=100000.0, .*long_factor=\[1e-308..1e-308\] \(32 values\).* gives inverse frequencies from 1.433e\+303 to 1e\+308; RoPE needs each finite and > 0 in float32"),
+        ("longrope", {"factor": 4, "long_factor": [1.0] * 32, "attention_factor": float("inf")}, ValueError, "attention_factor must be finite, got inf"),
     ],
 )  # fmt: skip
 def test_bad_parameters_raise_clearly(method, params, error, match):
+    params = dict(params)
+    context = params.pop("original_max_position_embeddings", L)
     with pytest.raises(error, match=match):
         hf_posenc.rope_frequencies(
-            method, head_dim=D, base=B, original_max_position_embeddings=L, seq_len=9000, **params
+            method, head_dim=D, base=B, original_max_position_embeddings=context, seq_len=9000, **params
         )
+
+
+@pytest.mark.parametrize("base", [0, -1.0, 1, 0.5, float("nan"), float("inf")])
+def test_a_base_that_is_not_above_one_is_refused_by_name(base):
+    """``b <= 1`` used to give NaN or inf frequencies (``0 ** -x``, ``(-1) ** -x``) or divide by ``ln 1``."""
+    for method, params in [("pi", {"factor": 2}), ("yarn", {"factor": 2}), ("ntk", {"factor": 2})]:
+        with pytest.raises(ValueError, match=r"^base (\(the RoPE base b, rope_theta\) must be > 1|must be finite)"):
+            hf_posenc.rope_frequencies(method, head_dim=D, base=base, original_max_position_embeddings=L, **params)
+
+
+def test_frequencies_that_float32_cannot_hold_are_refused():
+    """A base so large that theta_i underflows to 0 in float32 (no rotation) is named with its values."""
+    with pytest.raises(ValueError, match=r"method 'pi' with base=1e\+300, .*factor=2.0 gives inverse frequencies from"):
+        hf_posenc.rope_frequencies("pi", head_dim=D, base=1e300, original_max_position_embeddings=L, factor=2)
+    with pytest.raises(ValueError, match=r"The NTK-aware base b \* s\^\(d/\(d-2\)\) overflows for base=100000.0"):
+        hf_posenc.rope_frequencies(
+            "dynamic-ntk", head_dim=D, base=B, original_max_position_embeddings=L, factor=4, seq_len=10**300
+        )
+
+
+def test_every_methods_result_is_checked_for_float32():
+    """What each method returns passes one check (here on hand-made results): the frequencies and the attention factor."""
+    assert frequency_problem(torch.tensor([1.0, 1e-3], dtype=torch.float64), 1.2) is None
+    assert "from 1e-50 to 1" in frequency_problem(torch.tensor([1.0, 1e-50], dtype=torch.float64), 1.0)
+    for factor in (float("nan"), 0.0, 1e20):
+        assert frequency_problem(torch.ones(2), factor).startswith(
+            f"gives the attention factor {factor!r}; it must be > 0"
+        )
+
+
+def test_the_largest_factor_still_gives_usable_frequencies():
+    """The bound is inclusive, and at it every method's frequencies are finite and > 0 in float32."""
+    for method in ("pi", "ntk", "dynamic-ntk", "ntk-by-parts", "yarn", "llama3"):
+        inv_freq, factor = hf_posenc.rope_frequencies(
+            method, head_dim=D, base=B, original_max_position_embeddings=L, factor=2.0**24, seq_len=2 * L
+        )
+        assert (inv_freq.float() > 0).all() and inv_freq.float().isfinite().all() and math.isfinite(factor)
 
 
 def test_registry_refuses_duplicates_and_resolves_aliases():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import subprocess
 import sys
 
@@ -88,10 +89,12 @@ def test_own_config_never_loads_silently_without_hf_posenc(saved, case):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_from_pretrained_restores_the_patch_and_unpatch_gives_the_base(saved, case):
+def test_from_pretrained_restores_the_patch_and_unpatch_gives_the_base(saved, case, caplog):
     ids, cases = saved
     entry = cases[case]
-    model = hf_posenc.from_pretrained(str(entry["dir"]), attn_implementation="eager").eval()
+    with caplog.at_level(logging.WARNING, logger="hf_posenc"):
+        model = hf_posenc.from_pretrained(str(entry["dir"]), attn_implementation="eager").eval()
+    assert [r for r in caplog.records if "disagrees" in r.getMessage()] == []  # config and record agree
     assert hf_posenc.get_patch(model) == entry["info"]
     with torch.no_grad():
         assert torch.equal(model(ids).logits, entry["logits"])
@@ -99,6 +102,35 @@ def test_from_pretrained_restores_the_patch_and_unpatch_gives_the_base(saved, ca
         assert torch.equal(model(ids).logits, entry["base"])
     assert not hasattr(model.config, "hf_posenc")
     assert model.config.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
+
+
+EDITS = [
+    ("factor", lambda config: config["rope_parameters"].update(factor=8.0), ["rope_parameters['factor'] is 8.0 in the config, 4.0 from the record"]),
+    ("rope type", lambda config: config.update(rope_parameters={"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0}), ["rope_parameters['rope_type'] is 'linear' in the config, 'yarn' from the record", "rope_parameters['factor'] is 8.0 in the config, 4.0 from the record", "rope_parameters['beta_fast'] is None in the config, 32.0 from the record"]),
+    ("context", lambda config: config.update(max_position_embeddings=1024), ["max_position_embeddings is 1024 in the config, 256 from the record"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "edit", "named"), EDITS, ids=[edit[0] for edit in EDITS])
+def test_a_config_edited_against_its_record_loads_the_record_with_a_warning(saved, tmp_path, caplog, case, edit, named):
+    """Someone edited config.json: hf_posenc applies its record (the model is the one saved) and says so."""
+    ids, cases = saved
+    entry = cases["yarn"]
+    shutil.copytree(entry["dir"], tmp_path, dirs_exist_ok=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    edit(config)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with caplog.at_level(logging.WARNING, logger="hf_posenc"):
+        model = hf_posenc.from_pretrained(str(tmp_path), attn_implementation="eager").eval()
+    [message] = [r.getMessage() for r in caplog.records if "disagrees" in r.getMessage()]
+    assert message.startswith(f"hf_posenc: the config of {tmp_path} disagrees with its hf_posenc record (yarn:")
+    assert all(text in message for text in named)
+    assert message.endswith(
+        "hf_posenc applies the record; plain transformers would build the model from the config's values."
+    )
+    assert hf_posenc.get_patch(model) == entry["info"]
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, entry["logits"])
 
 
 @pytest.mark.parametrize("case", sorted(NATIVE_TYPES))

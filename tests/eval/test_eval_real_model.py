@@ -13,7 +13,7 @@ from accelerate import Accelerator
 from hf_posenc.eval.data import build_windows
 from hf_posenc.eval.passkey import build_prompt, ends_the_number
 from hf_posenc.eval.perplexity import greedy_continuation, perplexity
-from hf_posenc.eval.scoring import score_windows
+from hf_posenc.eval.scoring import score_lengths
 
 
 @pytest.mark.slow
@@ -22,8 +22,8 @@ def test_unpatched_ppl_equals_labels_loss_on_two_512_token_windows(smollm2, essa
     doc = essay_ids[0, :1100].tolist()
     plan = build_windows([len(doc)], 512, "disjoint", bos=False)
     assert len(plan.windows) == 2 and plan.dropped_tokens == 1100 - 1024
-    scored = score_windows(model, [doc], plan.windows, accelerator=Accelerator(cpu=True), chunk_size=200)
-    _, ours = perplexity(sum(r[1] for r in scored), sum(r[2] for r in scored))
+    scored = score_lengths(model, [doc], {512: plan.windows}, accelerator=Accelerator(cpu=True), chunk_size=200)[512]
+    _, ours = perplexity(sum(r[0] for r in scored.windows), sum(r[1] for r in scored.windows))
     with torch.no_grad():
         losses = [
             model(input_ids=essay_ids[:, k * 512 : (k + 1) * 512], labels=essay_ids[:, k * 512 : (k + 1) * 512]).loss

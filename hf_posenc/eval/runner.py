@@ -2,7 +2,8 @@
 
 Everything that can be wrong with the arguments is checked before the model is loaded (and then
 nothing is written); what only the model can reject is checked after loading, before any long forward.
-Results are written after every (method, length), so a killed run resumes where it stopped.
+Results are written after every (method, length), or every method whose lengths share forwards (``truncate``),
+so a killed run resumes where it stopped.
 """
 
 from __future__ import annotations

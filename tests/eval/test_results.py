@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_posenc.eval.results import coverage_note, format_table, load_previous
+from hf_posenc.eval.results import coverage_note, derivation_note, format_table, load_previous
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = [
@@ -55,6 +55,27 @@ def test_coverage_note_only_where_lengths_scored_different_documents():
         "Documents scored (of 4; shorter ones are skipped): 4 at 512, 1 at 2k. Columns compare different texts."
     )
     assert coverage_note([{**row, "skipped_documents": 1} for row in rows], 4) is None
+
+
+def test_derivation_note_names_the_lengths_read_from_a_longer_forward():
+    def rows(method, sources):
+        return [{"method": method, "length": n, "derived_from": source} for n, source in sources.items()]
+
+    shared = {2048: 16384, 8192: 16384, 16384: None}
+    assert derivation_note(rows("none", shared) + rows("yarn:factor=4", shared)) == (
+        "2k, 8k derived from the 16k forward of each document (one forward per document; see --help)."
+    )
+    dynamic = rows("dynamic-ntk:factor=4", dict.fromkeys(shared))
+    assert derivation_note(rows("none", shared) + dynamic) == (
+        "2k, 8k derived from the 16k forward of each document for none; the other rows: one forward per length "
+        "(see --help)."
+    )
+    resumed = rows("none", {1024: 4096, 4096: None, 8192: 32768, 32768: None})  # two runs into one folder
+    assert derivation_note(resumed + rows("pi:factor=2", {1024: None})) == (
+        "1k derived from the 4k forward, 8k derived from the 32k forward of each document for none; the other "
+        "rows: one forward per length (see --help)."
+    )
+    assert derivation_note(dynamic + [{"method": "pi", "length": 512}]) is None  # rows of older versions too
 
 
 def test_bench_script_tiny_smoke():

@@ -270,3 +270,15 @@ def test_two_processes_read_the_same_lengths_from_the_same_forwards(tiny_dir, tm
         assert [a[key] for key in keys] == [b[key] for key in keys]
         assert math.isclose(a["nll"], b["nll"], rel_tol=1e-9)
     assert [r["derived_from"] for r in two["results"]] == [128, 128, None, None, None, None]
+
+
+def test_help_says_how_truncate_reads_its_lengths(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--one-forward-per-length truncate: a forward for every length, not shorter lengths read" in text
+    assert "reads a document at the longest length it fits, once, and takes each shorter length's losses" in text
+    assert (
+        "methods none and yarn:factor=4 at 2k,8k,16k, one truncate window per length (the first LENGTH tokens), all read from one 16k forward per method"
+        in text
+    )

@@ -86,3 +86,17 @@ def test_bench_script_tiny_smoke():
     (row,) = record["throughput"]
     assert row["length"] == 128 and row["eval_tokens_per_s"] > 0 and row["ratio"] > 0
     assert "peak_memory" not in record  # only measured on a GPU
+
+
+def test_bench_eval_lengths_script_loads_and_compares_rows_of_the_same_method_and_length():
+    """The benchmark runs the real model only (see its docstring for the check at small lengths); here: it
+    imports, and its NLL comparison pairs rows by (method, length)."""
+    spec = importlib.util.spec_from_file_location("bench_eval_lengths", ROOT / "scripts" / "bench_eval_lengths.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    before = [{"method": "none", "length": n, "nll": 3.0} for n in (2048, 16384)]
+    after = [
+        {"method": "none", "length": 16384, "nll": 3.0 * (1 + 1e-7)},
+        {"method": "none", "length": 2048, "nll": 3.0},
+    ]
+    assert abs(bench.max_relative_difference(after, before) - 1e-7) < 1e-12

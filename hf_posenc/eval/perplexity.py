@@ -41,23 +41,33 @@ def _logit_chunks(model, hidden: torch.Tensor, chunk_size: int) -> Iterator[tupl
 
 
 @torch.inference_mode()
-def window_nll(model, input_ids: torch.Tensor, score_from: int, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
-    """Summed NLL (nats, float64) of each window's tokens at positions ``score_from … T-1``.
+def cumulative_nll(
+    model, input_ids: torch.Tensor, score_from: int, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> torch.Tensor:
+    """Running sums of the NLL (nats, float64) of each window's tokens at positions ``score_from … T-1``.
 
-    Position ``p`` is predicted at ``p - 1``, so ``score_from >= 1``.
+    Position ``p`` is predicted at ``p - 1``, so ``score_from >= 1``. Entry ``k`` sums the tokens at
+    ``score_from … score_from + k``: in a causal model whose output at a position does not depend on the
+    input's length, it is the NLL of ``input_ids[:, : score_from + k + 1]`` scored alone.
 
     Returns:
-        `torch.DoubleTensor` of shape `(B,)`; each window scores ``T - score_from`` tokens.
+        `torch.DoubleTensor` of shape `(B, T - score_from)`.
     """
     hidden = _hidden_states(model, input_ids, score_from)[:, score_from - 1 : -1]  # (B, S, H)
     targets = input_ids[:, score_from:]  # (B, S): what those positions predict
-    total = torch.zeros(input_ids.shape[0], dtype=torch.float64, device=input_ids.device)
+    parts = []
     for begin, logits in _logit_chunks(model, hidden, chunk_size):
         chunk = targets[:, begin : begin + logits.shape[1]]  # (B, C)
         # (B*C, V) rows: the class-dim-1 layout (B, V, C) is ~10x less accurate in float32 on CPU
         nll = F.cross_entropy(logits.flatten(0, 1), chunk.flatten(), reduction="none")  # (B*C,)
-        total += nll.view(chunk.shape).sum(dim=1, dtype=torch.float64)
-    return total
+        parts.append(nll.view(chunk.shape))
+    return torch.cat(parts, dim=1).cumsum(dim=1, dtype=torch.float64)  # (B, S)
+
+
+def window_nll(model, input_ids: torch.Tensor, score_from: int, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
+    """Summed NLL (nats, float64) of each window's tokens at positions ``score_from … T-1``: a `(B,)` tensor,
+    each window scoring ``T - score_from`` tokens (the last of :func:`cumulative_nll`)."""
+    return cumulative_nll(model, input_ids, score_from, chunk_size)[:, -1]
 
 
 @torch.inference_mode()

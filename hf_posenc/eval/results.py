@@ -27,7 +27,19 @@ PASSKEY_CSV = "passkey.csv"
 PASSKEY_PLOT = "passkey_heatmap.png"
 PERPLEXITY_FILES = (RESULTS_JSON, RESULTS_CSV, PPL_PLOT)  # the report first: the others are made from it
 PASSKEY_FILES = (PASSKEY_JSON, PASSKEY_CSV, PASSKEY_PLOT)
-CSV_FIELDS = ("method", "length", "ppl", "nll", "tokens", "windows", "skipped_documents", "dropped_tokens", "seconds")
+CSV_FIELDS = (
+    "method",
+    "length",
+    "ppl",
+    "nll",
+    "tokens",
+    "windows",
+    "skipped_documents",
+    "dropped_tokens",
+    "forwards",
+    "derived_from",
+    "seconds",
+)
 
 
 def versions() -> dict[str, str]:
@@ -101,6 +113,28 @@ def coverage_note(results: list[dict[str, Any]], documents: int) -> str | None:
         return None
     counts = ", ".join(f"{documents - n} at {length_label(length)}" for length, n in sorted(skipped.items()))
     return f"Documents scored (of {documents}; shorter ones are skipped): {counts}. Columns compare different texts."
+
+
+def derivation_note(results: list[dict[str, Any]]) -> str | None:
+    """A line for under the table naming the lengths read from the forward of a longer window of each document
+    (rows with ``derived_from``), and the methods they apply to when not all; None when there are none."""
+    sources: dict[str, dict[int, list[int]]] = {}
+    for row in results:
+        if row.get("derived_from"):
+            sources.setdefault(row["method"], {}).setdefault(row["derived_from"], []).append(row["length"])
+    if not sources:
+        return None
+    groups: dict[str, list[str]] = {}
+    for method, by_source in sources.items():
+        phrase = ", ".join(
+            f"{', '.join(map(length_label, sorted(lengths)))} derived from the {length_label(source)} forward"
+            for source, lengths in sorted(by_source.items())
+        )
+        groups.setdefault(phrase, []).append(method)
+    if len(sources) == len({row["method"] for row in results}) and len(groups) == 1:
+        return f"{next(iter(groups))} of each document (one forward per document; see --help)."
+    parts = [f"{phrase} of each document for {', '.join(methods)}" for phrase, methods in groups.items()]
+    return f"{'; '.join(parts)}; the other rows: one forward per length (see --help)."
 
 
 def write_perplexity_results(output: Path, report: dict[str, Any]) -> None:

@@ -2,14 +2,14 @@
 
 Everything that can be wrong with the arguments is checked before the model is loaded (and then
 nothing is written); what only the model can reject is checked after loading, before any long forward.
-Results are written after every (method, length), so a killed run resumes where it stopped.
+Results are written after every (method, length), or every method whose lengths share forwards (``truncate``),
+so a killed run resumes where it stopped.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -45,7 +45,7 @@ from .results import (
     write_perplexity_results,
 )
 from .resume import check_output, check_same_data, document_hashes, load_previous, remove_stale_temporaries
-from .scoring import input_shape, passkey_flags, score_windows
+from .scoring import LengthScore, input_shape, passkey_flags, score_lengths, serves_every_length
 from .specs import parse_methods, refuse_duplicates
 
 logger = logging.getLogger("hf_posenc")
@@ -93,13 +93,16 @@ def run_perplexity(
     chunk_size: int,
     output: Path,
     note: str | None = None,
+    derive_lengths: bool = True,
 ) -> dict[str, Any]:
     """Perplexity of every method at every length on the same windows; writes and returns the report.
 
     Method specs (and methods given twice; None: :func:`parse_methods`' default), the output folder (a
     folder that can be written; results of other arguments or data, and files of other runs, are refused),
     the data and every length are checked before the model is loaded. (method, length) pairs already in
-    ``output`` are kept and not recomputed.
+    ``output`` are kept and not recomputed. ``truncate``: a method that does not depend on the input's length
+    scores each document once, at the longest missing length it fits, and reads the shorter ones from that
+    forward (``derive_lengths=False``: one forward per length).
     """
     check_protocol(protocol, stride)
     saved = model_source.saved_patch()
@@ -176,31 +179,31 @@ def run_perplexity(
     for spec in specs:
         if not todo[spec.text]:
             continue
+        shared = derive_lengths and protocol == "truncate" and serves_every_length(model, spec.method)
         with _applied(model, spec, resolved[spec.text]):
-            for n in todo[spec.text]:
-                start = time.perf_counter()
-                scored = score_windows(
+            for group in [todo[spec.text]] if shared else [[n] for n in todo[spec.text]]:
+                scores = score_lengths(
                     model,
                     docs,
-                    plans[n].windows,
+                    {n: plans[n].windows for n in group},
                     accelerator=accelerator,
                     bos_id=bos_id,
                     batch_size=batch_size,
                     chunk_size=chunk_size,
-                    desc=f"{spec.text} @ {n}",
+                    desc=f"{spec.text} @ {','.join(map(str, group))}",
                 )
-                seconds = time.perf_counter() - start
-                results.append(_result(spec.text, resolved[spec.text], n, scored, plans[n], seconds))
+                results += [_result(spec.text, resolved[spec.text], n, scores[n], plans[n]) for n in group]
                 report["results"] = sort_results(results, [spec.text for spec in specs])
                 if accelerator.is_main_process:
                     write_perplexity_results(output, report)
     return report
 
 
-def _result(method: str, params: dict, length: int, scored: list, plan: WindowPlan, seconds: float) -> dict:
-    """One row of results.json: token-weighted NLL and PPL, and what was (not) scored."""
-    tokens = sum(r[2] for r in scored)
-    nll, ppl = perplexity(sum(r[1] for r in scored), tokens)
+def _result(method: str, params: dict, length: int, score: LengthScore, plan: WindowPlan) -> dict:
+    """One row of results.json: token-weighted NLL and PPL, what was (not) scored, and how: ``forwards`` of the
+    ``windows`` had a forward of their own, the others were read from the forwards of ``derived_from``."""
+    tokens = sum(count for _, count in score.windows)
+    nll, ppl = perplexity(sum(value for value, _ in score.windows), tokens)
     if math.isnan(nll):
         logger.warning("%s @ %d: the loss is NaN, a numerical failure (float16 overflow?)", method, length)
     return {
@@ -210,10 +213,12 @@ def _result(method: str, params: dict, length: int, scored: list, plan: WindowPl
         "ppl": ppl,
         "nll": nll,
         "tokens": tokens,
-        "windows": len(scored),
+        "windows": len(score.windows),
         "skipped_documents": plan.skipped_documents,
         "dropped_tokens": plan.dropped_tokens,
-        "seconds": round(seconds, 2),
+        "forwards": score.forwards,
+        "derived_from": score.derived_from,
+        "seconds": round(score.seconds, 2),
     }
 
 

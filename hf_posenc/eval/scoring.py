@@ -1,13 +1,19 @@
 """Scoring on one or many processes: each process takes its contiguous share, results gathered once.
 
-Each process holds the whole model and scores its share of the windows or prompts
+Each process holds the whole model and scores its share of the forwards or prompts
 (``split_between_processes``, uneven shares allowed, no padding); the results are gathered once and
 checked to cover every item exactly once, in order, so 1 and N processes give the same numbers.
+
+Windows of several lengths that start at the same token of a document (the ``truncate`` protocol's) can
+share one forward: in a causal model whose output at a position does not depend on the input's length,
+the losses of the first ``n`` tokens of the longest window are those of the window of ``n`` tokens.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,9 +21,12 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
+from ..architectures import depends_on_length
+from ..registry import get_method
+from ..spec import NONE_METHOD
 from .data import Window
 from .passkey import PasskeyPrompt, ends_the_number
-from .perplexity import DEFAULT_CHUNK_SIZE, greedy_continuation, window_nll
+from .perplexity import DEFAULT_CHUNK_SIZE, cumulative_nll, greedy_continuation
 
 
 def input_shape(window: Window, bos: bool) -> tuple[int, int]:
@@ -51,33 +60,97 @@ def _gathered(records: list[tuple[int, Any]], count: int, what: str) -> list[tup
     return gathered
 
 
-def score_windows(
+@dataclass(frozen=True)
+class Forward:
+    """One model input: ``window``, the window of ``length``, read once; ``serves`` lists ``(length, index)`` of
+    every window it scores (itself included), each a prefix of it: same document, start and first scored token."""
+
+    window: Window
+    length: int
+    serves: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class LengthScore:
+    """One length's windows scored: ``(summed NLL, tokens)`` of each in plan order; how many were read by a
+    forward of their own; those forwards' seconds on this process (a pass's other time, gathering, goes to
+    its longest length); the longest length whose forwards the other windows were read from, or None."""
+
+    windows: list[tuple[float, int]]
+    forwards: int
+    seconds: float
+    derived_from: int | None
+
+
+def serves_every_length(model, method: str) -> bool:
+    """Whether one forward of ``model`` (unpatched here) patched with ``method`` (``"none"``: as it is) scores
+    every shorter window of its input exactly: neither the model nor the method depends on the input's length."""
+    return not depends_on_length(model) and (method == NONE_METHOD or not get_method(method).depends_on_length)
+
+
+def plan_forwards(plans: dict[int, list[Window]]) -> list[Forward]:
+    """The forwards that score every window of ``plans`` (length -> windows), in document order: windows of
+    one document with the same start and first scored token share the forward of the longest of them."""
+    groups: dict[tuple[int, int, int], list[tuple[int, int, Window]]] = {}
+    for length, windows in sorted(plans.items()):
+        for index, window in enumerate(windows):
+            groups.setdefault((window.doc, window.start, window.score_from), []).append((length, index, window))
+    forwards = []
+    for key in sorted(groups):
+        length, _, window = max(groups[key], key=lambda member: (member[2].end, member[0]))
+        forwards.append(Forward(window, length, tuple((n, i) for n, i, _ in groups[key])))
+    return forwards
+
+
+def score_lengths(
     model,
     docs: list[list[int]],
-    windows: list[Window],
+    plans: dict[int, list[Window]],
     *,
     accelerator: Accelerator,
     bos_id: int | None = None,
     batch_size: int = 1,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     desc: str = "",
-) -> list[tuple[int, float, int]]:
-    """``(window index, summed NLL, tokens scored)`` of every window, on every process, in window order.
+) -> dict[int, LengthScore]:
+    """Every window of ``plans`` (length -> windows) scored, on every process, each window's NLL read from the
+    forward :func:`plan_forwards` gives it (pass one length at a time for one forward per window).
 
     Raises:
-        `RuntimeError`: the gathered results do not cover each window exactly once.
+        `RuntimeError`: the gathered results do not cover each forward exactly once.
     """
+    start = time.perf_counter()
     bos = bos_id is not None
-    with accelerator.split_between_processes(list(range(len(windows)))) as mine:
+    forwards = plan_forwards(plans)
+    seconds = dict.fromkeys(plans, 0.0)
+    with accelerator.split_between_processes(list(range(len(forwards)))) as mine:
         records = []
-        bar = tqdm(total=len(mine), desc=desc, unit="window", disable=not accelerator.is_local_main_process)
-        for batch in _batches(mine, windows, bos, batch_size):
-            ids = torch.tensor([window_ids(docs, windows[i], bos_id) for i in batch], device=accelerator.device)
-            nll = window_nll(model, ids, input_shape(windows[batch[0]], bos)[1], chunk_size).tolist()
-            records += [(i, (value, windows[i].scored)) for i, value in zip(batch, nll, strict=True)]
+        bar = tqdm(total=len(mine), desc=desc, unit="forward", disable=not accelerator.is_local_main_process)
+        for batch in _batches(mine, [f.window for f in forwards], bos, batch_size):
+            begin = time.perf_counter()
+            ids = torch.tensor([window_ids(docs, forwards[i].window, bos_id) for i in batch], device=accelerator.device)
+            sums = cumulative_nll(model, ids, input_shape(forwards[batch[0]].window, bos)[1], chunk_size).cpu()
+            for row, i in enumerate(batch):
+                served = [(n, k, plans[n][k]) for n, k in forwards[i].serves]
+                records.append((i, [(n, k, sums[row, w.scored - 1].item(), w.scored) for n, k, w in served]))
+            seconds[forwards[batch[0]].length] += time.perf_counter() - begin
             bar.update(len(batch))
         bar.close()
-    return [(i, nll, scored) for i, (nll, scored) in _gathered(records, len(windows), "windows")]
+    gathered = _gathered(records, len(forwards), "forwards")
+    seconds[max(plans)] += time.perf_counter() - start - sum(seconds.values())
+    return {n: _length_score(n, windows, forwards, gathered, seconds[n]) for n, windows in plans.items()}
+
+
+def _length_score(
+    length: int, windows: list[Window], forwards: list[Forward], gathered: list, seconds: float
+) -> LengthScore:
+    """``length``'s :class:`LengthScore` from the gathered ``(forward index, [(length, index, nll, tokens)])``."""
+    scored = sorted((k, (nll, tokens)) for _, served in gathered for n, k, nll, tokens in served if n == length)
+    if [k for k, _ in scored] != list(range(len(windows))):
+        raise RuntimeError(f"Gathered {len(scored)} results for {len(windows)} windows of length {length}.")
+    sources = [f.length for f in forwards for n, _ in f.serves if n == length]
+    derived = [source for source in sources if source != length]
+    return LengthScore([value for _, value in scored], len(sources) - len(derived), seconds, max(derived, default=None))
 
 
 def map_split(accelerator: Accelerator, count: int, fn: Callable[[int], Any], desc: str) -> list:

@@ -64,6 +64,7 @@ register(
         params=Llama3Params,
         frequencies=llama3_frequencies,
         transformers_rope=llama3_transformers_rope,
+        depends_on_length=False,
         paper="Meta 2024, The Llama 3 Herd of Models (arXiv 2407.21783); reference code in llama-models",
         summary="What Llama 3.1 shipped with (s = 8 from 8k to 128k, after long-context training).",
     )

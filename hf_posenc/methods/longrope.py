@@ -95,6 +95,7 @@ register(
         frequencies=longrope_frequencies,
         transformers_rope=longrope_transformers_rope,
         dynamic=True,
+        depends_on_length=True,
         paper="Ding et al. 2024, LongRoPE (arXiv 2402.13753)",
         summary="Per-pair factors found by search (e.g. Phi-3's); give your own long_factor list.",
     )

@@ -72,6 +72,7 @@ register(
         params=ScaledRopeParams,
         frequencies=ntk_frequencies,
         transformers_rope=ntk_transformers_rope,
+        depends_on_length=False,
         paper="bloc97 2023, NTK-Aware Scaled RoPE (reddit r/LocalLLaMA); YaRN paper §3.1",
         summary="Training-free, good for small s (2-4); a larger base resolves short distances less well.",
     )
@@ -85,6 +86,7 @@ register(
         transformers_rope=dynamic_ntk_transformers_rope,
         dynamic=True,
         unchanged_within_context=True,
+        depends_on_length=True,
         paper="emozilla 2023, Dynamically Scaled RoPE (reddit r/LocalLLaMA); YaRN paper §3.3",
         summary="Training-free; the unpatched model up to L, NTK scaling that grows with the length past it.",
     )

@@ -40,6 +40,7 @@ register(
         frequencies=pi_frequencies,
         transformers_rope=pi_transformers_rope,
         applies_to=frozenset({"rope", "learned"}),
+        depends_on_length=False,
         paper="Chen et al. 2023, Extending Context Window of LLMs via Position Interpolation (arXiv 2306.15595)",
         summary="Needs a short fine-tune (1000 steps in the paper); without one it hurts at every length. "
         "GPT-2: resamples wpe to factor x n_positions rows.",

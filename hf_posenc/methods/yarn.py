@@ -206,6 +206,7 @@ register(
         params=NTKByPartsParams,
         frequencies=ntk_by_parts_frequencies,
         transformers_rope=ntk_by_parts_transformers_rope,
+        depends_on_length=False,
         paper="Peng et al. 2023, YaRN (arXiv 2309.00071) §3.2",
         summary="YaRN without the attention temperature: high frequencies kept, low ones interpolated.",
     )
@@ -216,6 +217,7 @@ register(
         params=YaRNParams,
         frequencies=yarn_frequencies,
         transformers_rope=yarn_transformers_rope,
+        depends_on_length=False,
         paper="Peng et al. 2023, YaRN: Efficient Context Window Extension of LLMs (arXiv 2309.00071) §3.4",
         summary="Best training-free choice at small s; with a short fine-tune the paper reaches 128k.",
     )
@@ -227,6 +229,7 @@ register(
         frequencies=dynamic_yarn_frequencies,
         dynamic=True,
         unchanged_within_context=True,
+        depends_on_length=True,
         paper="Peng et al. 2023, YaRN (arXiv 2309.00071) §3.3",
         summary="Training-free; the unpatched model up to L, YaRN with s = l/L past it.",
     )

@@ -92,15 +92,15 @@ def test_resume_keeps_finished_results_and_survives_a_kill(tiny_dir, tmp_path, m
     assert main(argv + ["--method", "none", "--lengths", "32"]) == 0
     before = _results(out)["results"][0]
 
-    calls, original = [], runner.score_windows
+    calls, original = [], runner.score_lengths
 
     def killed_after_one(*args, desc, **kwargs):
         if len(calls) == 1:
-            raise KeyboardInterrupt  # the run is killed during its second (method, length)
+            raise KeyboardInterrupt  # the run is killed during its second pass
         calls.append(desc)
         return original(*args, desc=desc, **kwargs)
 
-    monkeypatch.setattr(runner, "score_windows", killed_after_one)
+    monkeypatch.setattr(runner, "score_lengths", killed_after_one)
     grid = ["--method", "none", "--method", "pi:factor=2", "--lengths", "32,48"]
     assert main(argv + grid) == 130  # Ctrl-C: one line, the run can be resumed
     assert calls == ["none @ 48"]  # none @ 32 was not recomputed
@@ -109,16 +109,16 @@ def test_resume_keeps_finished_results_and_survives_a_kill(tiny_dir, tmp_path, m
 
     calls.clear()
     monkeypatch.setattr(
-        runner, "score_windows", lambda *a, desc, **k: calls.append(desc) or original(*a, desc=desc, **k)
+        runner, "score_lengths", lambda *a, desc, **k: calls.append(desc) or original(*a, desc=desc, **k)
     )
     assert main(argv + grid) == 0
-    assert calls == ["pi:factor=2 @ 32", "pi:factor=2 @ 48"]
+    assert calls == ["pi:factor=2 @ 32,48"]  # one pass: 32 is read from each document's forward at 48
     results = _results(out)["results"]
-    assert [(r["method"], r["length"]) for r in results] == [
-        ("none", 32),
-        ("none", 48),
-        ("pi:factor=2", 32),
-        ("pi:factor=2", 48),
+    assert [(r["method"], r["length"], r["derived_from"]) for r in results] == [
+        ("none", 32, None),
+        ("none", 48, None),
+        ("pi:factor=2", 32, 48),
+        ("pi:factor=2", 48, None),
     ]
     assert results[0] == before
 
@@ -164,7 +164,7 @@ def test_bad_input_fails_before_any_heavy_work(tiny_dir, tmp_path, capsys, no_mo
 
 
 def test_bad_method_parameter_fails_before_any_forward(tiny_dir, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(runner, "score_windows", lambda *a, **k: pytest.fail("a window was scored"))
+    monkeypatch.setattr(runner, "score_lengths", lambda *a, **k: pytest.fail("a window was scored"))
     out = tmp_path / "out"
     assert main(_args(tiny_dir, out) + ["--method", "none", "--method", "yarn:factor=-3", "--lengths", "32"]) == 2
     assert "factor" in capsys.readouterr().err

@@ -1,5 +1,5 @@
-"""The real offline SmolLM2-135M: our unpatched perplexity equals a plain ``labels=`` loss (short), and the
-passkey verdict equals greedy generation."""
+"""The real offline SmolLM2-135M: our unpatched perplexity equals a plain ``labels=`` loss (short), 2k read
+from a 4k forward equals a 2k forward, and the passkey verdict equals greedy generation."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import pytest
 import torch
 from accelerate import Accelerator
 
+import hf_posenc
 from hf_posenc.eval.data import build_windows
 from hf_posenc.eval.passkey import build_prompt, ends_the_number
 from hf_posenc.eval.perplexity import greedy_continuation, perplexity
-from hf_posenc.eval.scoring import score_windows
+from hf_posenc.eval.scoring import score_lengths
 
 
 @pytest.mark.slow
@@ -22,8 +23,8 @@ def test_unpatched_ppl_equals_labels_loss_on_two_512_token_windows(smollm2, essa
     doc = essay_ids[0, :1100].tolist()
     plan = build_windows([len(doc)], 512, "disjoint", bos=False)
     assert len(plan.windows) == 2 and plan.dropped_tokens == 1100 - 1024
-    scored = score_windows(model, [doc], plan.windows, accelerator=Accelerator(cpu=True), chunk_size=200)
-    _, ours = perplexity(sum(r[1] for r in scored), sum(r[2] for r in scored))
+    scored = score_lengths(model, [doc], {512: plan.windows}, accelerator=Accelerator(cpu=True), chunk_size=200)[512]
+    _, ours = perplexity(sum(r[0] for r in scored.windows), sum(r[1] for r in scored.windows))
     with torch.no_grad():
         losses = [
             model(input_ids=essay_ids[:, k * 512 : (k + 1) * 512], labels=essay_ids[:, k * 512 : (k + 1) * 512]).loss
@@ -31,6 +32,23 @@ def test_unpatched_ppl_equals_labels_loss_on_two_512_token_windows(smollm2, essa
         ]
     assert math.isclose(ours, math.exp(sum(loss.item() for loss in losses) / 2), rel_tol=1e-4)
     assert 15 < ours < 40  # the offline notes measure PPL 23.9 on the first 512 tokens
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("method", "bos"), [("none", False), ("yarn", True)])
+def test_2k_read_from_a_4k_forward_equals_a_2k_forward(smollm2, essay_ids, method, bos):
+    """The truncate protocol's shared forward on the real model, float32: relative 1e-5 (yarn: factor 4)."""
+    model, tokenizer = smollm2
+    doc, bos_id = essay_ids[0, :5000].tolist(), tokenizer.bos_token_id if bos else None
+    plans = {n: build_windows([len(doc)], n, "truncate", bos=bos).windows for n in (2048, 4096)}
+    accelerator = Accelerator(cpu=True)
+    with hf_posenc.patched(model, "yarn", factor=4) if method == "yarn" else torch.no_grad():
+        together = score_lengths(model, [doc], plans, accelerator=accelerator, bos_id=bos_id)
+        alone = score_lengths(model, [doc], {2048: plans[2048]}, accelerator=accelerator, bos_id=bos_id)[2048]
+    assert (together[2048].forwards, together[2048].derived_from, together[4096].forwards) == (0, 4096, 1)
+    ((nll, tokens),) = together[2048].windows
+    assert tokens == alone.windows[0][1] == 2047  # BOS + 2047 tokens, or 2048 tokens and the first unscored
+    assert math.isclose(nll, alone.windows[0][0], rel_tol=1e-5)
 
 
 @pytest.mark.slow

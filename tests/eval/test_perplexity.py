@@ -12,7 +12,7 @@ from conftest import make_tiny
 import hf_posenc
 from hf_posenc.eval.data import build_windows
 from hf_posenc.eval.perplexity import check_head_decomposition, greedy_continuation, perplexity, window_nll
-from hf_posenc.eval.scoring import score_windows
+from hf_posenc.eval.scoring import score_lengths
 from hf_posenc.spec import MethodSpec
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gpt2"]
@@ -107,8 +107,9 @@ def _docs_recipe(model, encodings: torch.Tensor, max_length: int, stride: int) -
 
 def _our_ppl(model, doc: list[int], length: int, protocol: str, stride: int | None = None, batch_size: int = 1):
     plan = build_windows([len(doc)], length, protocol, bos=False, stride=stride)
-    scored = score_windows(model, [doc], plan.windows, accelerator=Accelerator(cpu=True), batch_size=batch_size)
-    return perplexity(sum(r[1] for r in scored), sum(r[2] for r in scored))[1], scored
+    accelerator = Accelerator(cpu=True)
+    scored = score_lengths(model, [doc], {length: plan.windows}, accelerator=accelerator, batch_size=batch_size)[length]
+    return perplexity(sum(r[0] for r in scored.windows), sum(r[1] for r in scored.windows))[1], scored.windows
 
 
 @pytest.mark.parametrize(("length", "stride"), [(32, 8), (48, 16), (40, 40), (64, 23)])
@@ -118,7 +119,7 @@ def test_sliding_equals_transformers_docs_recipe(length, stride):
     ours, scored = _our_ppl(model, doc[0].tolist(), length, "sliding", stride, batch_size=3)
     # the recipe's labels= loss takes log-softmax in float32 even for a float64 model
     assert math.isclose(ours, _docs_recipe(model, doc, length, stride), rel_tol=1e-6)
-    assert sum(r[2] for r in scored) == 202 - (202 // stride if stride == length else 0)
+    assert sum(r[1] for r in scored) == 202 - (202 // stride if stride == length else 0)
 
 
 @pytest.mark.parametrize("protocol", ["disjoint", "truncate"])

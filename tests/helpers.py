@@ -141,3 +141,16 @@ def write_results(
     path = folder / "results.json"
     path.write_text(json.dumps(data))
     return path
+
+
+SPECS = {  # every registered method as a spec, on the tiny Llama (8 frequency pairs)
+    "alibi": "alibi",
+    "dynamic-ntk": "dynamic-ntk:factor=2",
+    "dynamic-yarn": "dynamic-yarn",
+    "llama3": "llama3:factor=2",
+    "longrope": "longrope:factor=2,long_factor=[1,1,1.5,1.5,2,2,2,2],short_factor=[1,1,1,1,1,1,1,1]",
+    "ntk": "ntk:factor=2",
+    "ntk-by-parts": "ntk-by-parts:factor=2",
+    "pi": "pi:factor=2",
+    "yarn": "yarn:factor=2",
+}

@@ -8,6 +8,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 from conftest import make_tiny
+from helpers import SPECS
 
 import hf_posenc
 from hf_posenc.eval.data import build_windows
@@ -158,19 +159,6 @@ def test_head_decomposition_check_rejects_scaled_logits():
     model.forward = scaled
     with pytest.raises(NotImplementedError, match="computes logits differently"):
         check_head_decomposition(model, _ids(16))
-
-
-SPECS = {
-    "alibi": "alibi",
-    "dynamic-ntk": "dynamic-ntk:factor=2",
-    "dynamic-yarn": "dynamic-yarn",
-    "llama3": "llama3:factor=2",
-    "longrope": "longrope:factor=2,long_factor=[1,1,1.5,1.5,2,2,2,2],short_factor=[1,1,1,1,1,1,1,1]",
-    "ntk": "ntk:factor=2",
-    "ntk-by-parts": "ntk-by-parts:factor=2",
-    "pi": "pi:factor=2",
-    "yarn": "yarn:factor=2",
-}
 
 
 def test_every_registered_method_is_covered():

@@ -16,6 +16,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 from conftest import make_tiny
+from helpers import SPECS
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
 import hf_posenc
@@ -29,17 +30,6 @@ from hf_posenc.spec import MethodSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 DYNAMIC = {"dynamic-ntk", "dynamic-yarn", "longrope"}
-SPECS = {  # every registered method, on the tiny Llama (8 frequency pairs)
-    "alibi": "alibi",
-    "dynamic-ntk": "dynamic-ntk:factor=2",
-    "dynamic-yarn": "dynamic-yarn",
-    "llama3": "llama3:factor=2",
-    "longrope": "longrope:factor=2,long_factor=[1,1,1.5,1.5,2,2,2,2],short_factor=[1,1,1,1,1,1,1,1]",
-    "ntk": "ntk:factor=2",
-    "ntk-by-parts": "ntk-by-parts:factor=2",
-    "pi": "pi:factor=2",
-    "yarn": "yarn:factor=2",
-}
 DOC_LENGTHS = [150, 90, 20, 171]  # the 20-token document is too short for 40, the 90-token one for 100
 
 

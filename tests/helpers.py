@@ -9,6 +9,8 @@ import textwrap
 import pytest
 import torch
 
+import hf_posenc
+
 
 def gpu(test):
     """``@pytest.mark.gpu``, skipped without CUDA."""
@@ -71,6 +73,15 @@ def snapshot(model) -> dict:
         "classes": [type(m) for m in model.modules()],
         "instance_attrs": [sorted(m.__dict__) for m in model.modules()],
     }
+
+
+def assert_refused(model, method: str, params: dict, error: type[Exception], match: str) -> None:
+    """``patch`` raises ``error`` matching ``match`` and leaves ``model`` exactly as it was, unpatched."""
+    before = snapshot(model)
+    with pytest.raises(error, match=match):
+        hf_posenc.patch(model, method, **params)
+    assert hf_posenc.get_patch(model) is None
+    assert_same(before, snapshot(model))
 
 
 def assert_same(before: dict, after: dict) -> None:

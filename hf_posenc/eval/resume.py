@@ -12,15 +12,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import re
 import tempfile
 from array import array
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..files import remove_temporaries
 from ..report_files import RUN_DETAILS, RUN_FIELDS, fields_problem, read_report
 
+_CHECK_PREFIX = ".hf-posenc-check-"  # the folders check_output makes and removes
 _ADVICE = "move it away or choose another `output` folder"
 
 
@@ -32,7 +33,7 @@ def check_output(folder: Path, files: Sequence[str]) -> None:
     if not existing.is_dir():
         raise ValueError(f"Cannot write results to {folder}: {existing} is a file. Choose another `output`.")
     try:
-        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".hf-posenc-check-"))
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=_CHECK_PREFIX))
     except OSError as error:
         place = "" if existing == folder else f" (cannot create a folder in {existing})"
         raise ValueError(
@@ -107,14 +108,13 @@ def _counts(details: dict[str, Any]) -> str:
 
 
 def remove_stale_temporaries(folder: Path, files: Sequence[str]) -> None:
-    """Remove the temporary files a killed run left beside ``files`` in ``folder`` (``.name.<hex>.suffix``,
-    as :func:`hf_posenc.files.atomic_write` names them), and its empty check folders."""
+    """Remove what a killed run left in ``folder``: the temporary files of ``files``' atomic writes
+    (:func:`hf_posenc.files.remove_temporaries`) and its empty check folders (:func:`check_output`)."""
     if not folder.is_dir():
         return
-    names = [re.compile(rf"\.{re.escape(Path(f).stem)}\.[0-9a-f]{{32}}{re.escape(Path(f).suffix)}") for f in files]
-    for path in folder.iterdir():
-        if path.is_file() and any(name.fullmatch(path.name) for name in names):
-            path.unlink(missing_ok=True)
-        elif path.is_dir() and path.name.startswith(".hf-posenc-check-"):
+    for name in files:
+        remove_temporaries(folder / name)
+    for path in folder.glob(f"{_CHECK_PREFIX}*"):
+        if path.is_dir():
             with contextlib.suppress(OSError):  # not empty: not one of ours
                 path.rmdir()

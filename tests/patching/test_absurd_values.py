@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import make_tiny
-from helpers import assert_same, snapshot
+from helpers import assert_refused, assert_same, snapshot
 
 import hf_posenc
 
@@ -22,12 +22,7 @@ ABSURD = [
 
 @pytest.mark.parametrize(("case", "method", "params", "match"), ABSURD, ids=[case[0] for case in ABSURD])
 def test_absurd_values_are_refused_and_change_nothing(case, method, params, match):
-    model = make_tiny("llama")
-    before = snapshot(model)
-    with pytest.raises(ValueError, match=match):
-        hf_posenc.patch(model, method, **params)
-    assert hf_posenc.get_patch(model) is None
-    assert_same(before, snapshot(model))
+    assert_refused(make_tiny("llama"), method, params, ValueError, match)
 
 
 @pytest.mark.parametrize("theta", [0.0, -10000.0, 1.0])

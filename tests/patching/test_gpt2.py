@@ -13,6 +13,7 @@ from conftest import make_tiny
 from helpers import (
     PLAIN_LOAD,
     assert_left_padded_batch_generates_as_each_alone,
+    assert_refused,
     assert_same,
     generate,
     paper_slopes,
@@ -186,9 +187,4 @@ BAD = [
 
 @pytest.mark.parametrize(("case", "method", "params", "error", "match"), BAD, ids=[case[0] for case in BAD])
 def test_bad_input_raises_and_changes_nothing(case, method, params, error, match):
-    model = make_tiny("gpt2")
-    before = snapshot(model)
-    with pytest.raises(error, match=match):
-        hf_posenc.patch(model, method, **params)
-    assert hf_posenc.get_patch(model) is None
-    assert_same(before, snapshot(model))
+    assert_refused(make_tiny("gpt2"), method, params, error, match)

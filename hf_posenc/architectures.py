@@ -8,12 +8,15 @@ The planners (:mod:`hf_posenc.patching`) share these lookups and nothing else.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 from .registry import Method, methods_for
+
+logger = logging.getLogger("hf_posenc")
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,26 @@ def positions_of_config(config: Any) -> Positions:
     """How a model built from ``config`` encodes position, before it is built: the table, else RoPE (the
     only kind hf_posenc patches in families it does not list)."""
     return ARCHITECTURES.get(getattr(config, "model_type", None), ROPE)
+
+
+def trained_context(config: Any, params: dict[str, Any]) -> int:
+    """``L``: popped from ``params`` when given there, else recorded by the config
+    (``original_max_position_embeddings``), else guessed from ``max_position_embeddings`` with a log line."""
+    given = params.pop("original_max_position_embeddings", None)
+    if given is not None:
+        return given
+    recorded = config.rope_parameters.get("original_max_position_embeddings") or getattr(
+        config, "original_max_position_embeddings", None
+    )
+    if recorded:
+        return recorded
+    context = config.max_position_embeddings
+    logger.warning(
+        "hf_posenc: original_max_position_embeddings not given; using the config's max_position_embeddings "
+        "= %d as the trained context L. Pass original_max_position_embeddings=... if that is not right.",
+        context,
+    )
+    return context
 
 
 def depends_on_length(model: nn.Module) -> bool:

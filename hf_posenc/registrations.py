@@ -4,7 +4,9 @@
   of methods transformers cannot express (:func:`hf_posenc.patching.rope_types.own_rope_init`);
   ``hf_posenc_alibi`` gets no init function on purpose: plain transformers must refuse such a config.
 * attention: each ALiBi backend's attention function and mask function, under ``hf_posenc_alibi_<backend>``,
-  with ``AttentionInterface`` and ``AttentionMaskInterface``.
+  with ``AttentionInterface`` and ``AttentionMaskInterface``; likewise the Self-Extend / DCA backends
+  (``hf_posenc_extension_<backend>``) and log-n's wrappers of the standard implementations
+  (``hf_posenc_logn_<implementation>``, with that implementation's own mask function).
 
 The names are namespaced and the additions harmless to models that do not use them. Nothing else in
 transformers changes: no class and no module attribute.
@@ -25,10 +27,18 @@ from __future__ import annotations
 import logging
 
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from .attention import FUNCTIONS, IMPLEMENTATIONS
+from .attention import (
+    EXTENSION_FUNCTIONS,
+    EXTENSION_IMPLEMENTATIONS,
+    FUNCTIONS,
+    IMPLEMENTATIONS,
+    TEMPERATURE_FUNCTIONS,
+    TEMPERATURE_IMPLEMENTATIONS,
+    extension_mask,
+)
 from .patching.rope_types import OWN_DYNAMIC_ROPE_TYPE, OWN_ROPE_TYPE, OWN_ROPE_TYPES, own_rope_init
 
 ROPE_VALIDATION_LOGGER = "transformers.modeling_rope_utils"
@@ -50,6 +60,12 @@ ROPE_INIT_FUNCTIONS.setdefault(OWN_DYNAMIC_ROPE_TYPE, own_rope_init)
 for _backend, (_attention, _mask) in FUNCTIONS.items():
     AttentionInterface.register(IMPLEMENTATIONS[_backend], _attention)
     AttentionMaskInterface.register(IMPLEMENTATIONS[_backend], _mask)
+for _backend, _attention in EXTENSION_FUNCTIONS.items():
+    AttentionInterface.register(EXTENSION_IMPLEMENTATIONS[_backend], _attention)
+    AttentionMaskInterface.register(EXTENSION_IMPLEMENTATIONS[_backend], extension_mask)
+for _base, _attention in TEMPERATURE_FUNCTIONS.items():  # log-n alone: the base's own masks
+    AttentionInterface.register(TEMPERATURE_IMPLEMENTATIONS[_base], _attention)
+    AttentionMaskInterface.register(TEMPERATURE_IMPLEMENTATIONS[_base], ALL_MASK_ATTENTION_FUNCTIONS[_base])
 _rope_logger = logging.getLogger(ROPE_VALIDATION_LOGGER)
 if not any(isinstance(existing, _OwnRopeTypesFilter) for existing in _rope_logger.filters):
     _rope_logger.addFilter(_OwnRopeTypesFilter())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,10 @@ class Method:
         unchanged_within_context (`bool`): for ``seq_len <= original_max_position_embeddings`` the
             method is the unpatched model exactly (dynamic NTK, dynamic YaRN).
         applies_to (`frozenset[str]`): position kinds it patches (``"rope"``, ``"learned"``).
+        role (`str`): what it changes, which says what it combines with (:func:`combine`): ``"rope"`` (the
+            rotary frequencies), ``"remap"`` (the positions attention sees: Self-Extend, DCA), ``"temperature"``
+            (a per-position query scale: log-n), ``"replace"`` (the whole encoding: ALiBi; combines with nothing).
+        parts (`tuple[Method, ...]`): the methods a combination (``"yarn+logn"``) is made of; empty otherwise.
         paper (`str`): reference, shown in errors, the README and model cards.
         summary (`str`): one line on when to use it.
     """
@@ -48,11 +53,15 @@ class Method:
     depends_on_length: bool = True
     unchanged_within_context: bool = False
     applies_to: frozenset[str] = frozenset({"rope"})
+    role: str = "rope"
+    parts: tuple[Method, ...] = ()
     aliases: tuple[str, ...] = ()
     paper: str = ""
     summary: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"Method {self.name!r}: role {self.role!r} is not one of {', '.join(ROLES)}.")
         if self.dynamic and not self.depends_on_length:
             raise ValueError(f"Method {self.name!r} is dynamic, so its output depends on the input's length.")
 
@@ -78,6 +87,8 @@ def params_to_dict(params: Any) -> dict[str, Any]:
     return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
 
 
+ROLES = ("rope", "remap", "temperature", "replace", "combination")
+COMBINES = ("rope", "remap", "temperature")  # the roles a combination may hold, one method each, in this order
 _METHODS: dict[str, Method] = {}
 _ALIASES: dict[str, str] = {}
 
@@ -96,6 +107,8 @@ def get_method(name: str) -> Method:
     """The registered method called ``name`` (or an alias of it)."""
     if not isinstance(name, str):
         raise TypeError(f"A method name must be a string, got {type(name).__name__}: {name!r}.")
+    if "+" in name:
+        return combine(*(get_method(part) for part in name.split("+")))
     key = name.strip().lower().replace("_", "-")
     key = _ALIASES.get(key, key)
     if key not in _METHODS:
@@ -111,3 +124,87 @@ def available_methods() -> list[str]:
 def methods_for(kind: str) -> list[str]:
     """Names of the methods that patch position encodings of ``kind`` (``"rope"``, ``"learned"``)."""
     return sorted(name for name, method in _METHODS.items() if kind in method.applies_to)
+
+
+def combine(*methods: Method) -> Method:
+    """The combination of ``methods`` (``get_method("yarn+logn")``): at most one of each role in
+    :data:`COMBINES` (a RoPE scaling, a remap, a temperature), named in that order whatever order they were
+    given in, so ``"logn+yarn"`` is ``"yarn+logn"``. Its parameters are all of the parts' (a name two parts
+    share, such as the trained context, is one parameter for both); a part's own checks apply.
+    """
+    if len(methods) < 2:
+        raise ValueError("A combination names at least two methods, e.g. 'yarn+logn'.")
+    roles = [method.role for method in methods]
+    refused = [method.name for method in methods if method.role not in COMBINES]
+    if refused:
+        raise ValueError(
+            f"Method(s) {', '.join(map(repr, refused))} combine with nothing; a combination is at most one RoPE "
+            f"scaling ({', '.join(_names_of('rope'))}), one remap ({', '.join(_names_of('remap'))}) and one "
+            f"temperature ({', '.join(_names_of('temperature'))})."
+        )
+    twice = sorted({role for role in roles if roles.count(role) > 1})
+    if twice:
+        names = [method.name for method in methods if method.role in twice]
+        raise ValueError(f"{' and '.join(map(repr, names))} both change the {twice[0]}; a combination has one of each.")
+    return _combination(tuple(sorted(methods, key=lambda method: COMBINES.index(method.role))))
+
+
+def _names_of(role: str) -> list[str]:
+    return sorted(name for name, method in _METHODS.items() if method.role == role)
+
+
+@functools.cache
+def _combination(parts: tuple[Method, ...]) -> Method:
+    return Method(
+        name="+".join(part.name for part in parts),
+        params=_combined_params(parts),
+        dynamic=any(part.dynamic for part in parts),
+        depends_on_length=any(part.depends_on_length for part in parts),
+        applies_to=frozenset.intersection(*(part.applies_to for part in parts)),
+        role="combination",
+        parts=parts,
+        paper="; ".join(part.paper for part in parts),
+        summary=" + ".join(part.summary for part in parts),
+    )
+
+
+def _combined_params(parts: tuple[Method, ...]) -> type:
+    """A frozen dataclass with every part's parameters; building it builds (so checks) each part's, which
+    ``part_params`` then returns, and each value is the part's own after its checks (``4`` -> ``4.0``)."""
+    fields: dict[str, tuple[Any, dataclasses.Field]] = {}
+    for part in parts:
+        for item in dataclasses.fields(part.params):
+            if item.name in fields and _default(fields[item.name][1]) != _default(item):
+                raise ValueError(f"Methods of {[p.name for p in parts]} disagree on the default of {item.name!r}.")
+            fields.setdefault(item.name, (item.type, item))
+
+    def __post_init__(self) -> None:
+        built = []
+        for part in parts:
+            names = [item.name for item in dataclasses.fields(part.params)]
+            built.append(part.make_params(**{name: getattr(self, name) for name in names}))
+        for params in reversed(built):  # the first part holding a name gives its value
+            for name, value in vars(params).items():
+                if name in fields:
+                    object.__setattr__(self, name, value)
+        object.__setattr__(self, "part_params", tuple(built))
+
+    return dataclasses.make_dataclass(
+        "".join(part.params.__name__.removesuffix("Params") for part in parts) + "Params",
+        [(name, kind, _copy_field(item)) for name, (kind, item) in fields.items()],
+        namespace={"__post_init__": __post_init__},
+        frozen=True,
+        kw_only=True,
+    )
+
+
+def _default(item: dataclasses.Field) -> Any:
+    return item.default if item.default_factory is dataclasses.MISSING else item.default_factory()
+
+
+def _copy_field(item: dataclasses.Field) -> dataclasses.Field:
+    if item.default is not dataclasses.MISSING:
+        return field(default=item.default)
+    if item.default_factory is not dataclasses.MISSING:
+        return field(default_factory=item.default_factory)
+    return field()

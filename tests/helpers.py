@@ -60,7 +60,10 @@ def assert_left_padded_batch_generates_as_each_alone(model, long: torch.Tensor, 
 def method_params(method: str, pairs: int) -> dict:
     return {
         "alibi": {},
+        "dca": {},
         "dynamic-yarn": {},
+        "logn": {},
+        "self-extend": {},
         "longrope": {"factor": 4, "long_factor": [1.0 + i / 4 for i in range(pairs)]},
     }.get(method, {"factor": 4})
 
@@ -156,12 +159,15 @@ def write_results(
 
 SPECS = {  # every registered method as a spec, on the tiny Llama (8 frequency pairs)
     "alibi": "alibi",
+    "dca": "dca:chunk_size=48,local_size=4",
     "dynamic-ntk": "dynamic-ntk:factor=2",
     "dynamic-yarn": "dynamic-yarn",
     "llama3": "llama3:factor=2",
+    "logn": "logn",
     "longrope": "longrope:factor=2,long_factor=[1,1,1.5,1.5,2,2,2,2],short_factor=[1,1,1,1,1,1,1,1]",
     "ntk": "ntk:factor=2",
     "ntk-by-parts": "ntk-by-parts:factor=2",
     "pi": "pi:factor=2",
+    "self-extend": "self-extend:group_size=4,window=16",
     "yarn": "yarn:factor=2",
 }

@@ -15,7 +15,12 @@ import hf_posenc
 from hf_posenc._version import __version__
 
 PACKAGE = Path(hf_posenc.__file__).parent
-PLANNERS = {"hf_posenc.patching.rope", "hf_posenc.patching.attention", "hf_posenc.patching.learned"}
+PLANNERS = {
+    "hf_posenc.patching.rope",
+    "hf_posenc.patching.attention",
+    "hf_posenc.patching.extension",
+    "hf_posenc.patching.learned",
+}
 
 
 def _module_name(path: Path) -> str:

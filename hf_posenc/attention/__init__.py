@@ -1,4 +1,5 @@
-"""ALiBi attention backends: one attention function and one mask function per backend.
+"""Attention backends: one attention function and one mask function per backend, for ALiBi and for the
+remap and temperature methods (:mod:`~hf_posenc.attention.extension`).
 
 :mod:`hf_posenc.registrations` registers them with transformers' attention and mask interfaces under
 the names below (namespaced, additive: models that do not select them are unaffected). A patched model
@@ -8,6 +9,13 @@ matching mask function makes padding and the KV cache reach it.
 
 from __future__ import annotations
 
+from .extension import (
+    extension_blocked_attention,
+    extension_eager_attention,
+    extension_flex_attention,
+    extension_mask,  # noqa: F401  (registered by hf_posenc.registrations)
+    temperature_attention,
+)
 from .functions import alibi_cudnn_attention, alibi_eager_attention, alibi_flex_attention, alibi_sdpa_attention
 from .masks import alibi_distance_mask, alibi_flex_mask, alibi_prefill_mask
 
@@ -25,3 +33,20 @@ FUNCTIONS = {
     "flex": (alibi_flex_attention, alibi_flex_mask),
     "cudnn": (alibi_cudnn_attention, alibi_prefill_mask),
 }
+
+# Self-Extend and DCA (with log-n where combined): backend -> implementation name, and its functions.
+EXTENSION_IMPLEMENTATIONS = {
+    "eager": "hf_posenc_extension_eager",
+    "blocked": "hf_posenc_extension_blocked",
+    "flex": "hf_posenc_extension_flex",
+}
+EXTENSION_BACKEND_OF = {name: backend for backend, name in EXTENSION_IMPLEMENTATIONS.items()}
+EXTENSION_FUNCTIONS = {
+    "eager": extension_eager_attention,
+    "blocked": extension_blocked_attention,
+    "flex": extension_flex_attention,
+}
+# log-n alone wraps the model's own implementation: its name -> the wrapper's name.
+TEMPERATURE_BASES = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
+TEMPERATURE_IMPLEMENTATIONS = {base: f"hf_posenc_logn_{base}" for base in TEMPERATURE_BASES}
+TEMPERATURE_FUNCTIONS = {base: temperature_attention(base) for base in TEMPERATURE_BASES}

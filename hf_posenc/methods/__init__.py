@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ..registry import Method, get_method, params_to_dict
-from . import alibi, llama3, longrope, ntk, pi, yarn  # noqa: F401  (registration)
+from . import alibi, dca, llama3, longrope, ntk, pi, self_extend, temperature, yarn  # noqa: F401  (registration)
 from ._common import frequency_problem
 from .alibi import alibi_slopes  # noqa: F401  (public: hf_posenc.alibi_slopes)
 

@@ -84,6 +84,7 @@ register(
         name="alibi",
         params=AlibiParams,
         applies_to=frozenset({"rope", "learned"}),
+        role="replace",
         depends_on_length=False,
         paper="Press, Smith, Lewis 2022, Train Short, Test Long: Attention with Linear Biases (arXiv 2108.12409)",
         summary="Replaces RoPE or learned positions by linear attention biases; a RoPE- or wpe-trained model "

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..record import PatchRecord
 from ..registry import get_method
-from .dispatch import planner_for
+from .dispatch import plan_method
 from .plan import PatchInfo, Plan
 
 logger = logging.getLogger("hf_posenc")
@@ -81,7 +81,7 @@ def plan_patch(model: nn.Module, method_name: str, params: dict[str, Any]) -> Pl
             "load it with hf_posenc.from_pretrained(...) to get a model that can be unpatched."
         )
     method = get_method(method_name)
-    return planner_for(model, method).plan(model, method, dict(params))
+    return plan_method(model, method, dict(params))
 
 
 def _snapshot(module: nn.Module) -> dict[str, Any]:

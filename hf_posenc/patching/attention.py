@@ -34,13 +34,13 @@ from ..attention.functions import fused_problem
 from ..methods.alibi import alibi_slopes, are_paper_slopes
 from ..record import CONFIG_KEY, PatchRecord
 from ..registry import Method, params_to_dict
+from .changes import ATTENTION, masks_in_forward
 from .plan import ModuleChange, PatchInfo, Plan, Planner
 from .rope_types import ALIBI_ROPE_TYPE, OWN_ROPE_TYPE
 
 logger = logging.getLogger("hf_posenc")
 
 ALIBI_GPT2_ACTIVATION = "hf_posenc_alibi"
-ATTENTION = "_attn_implementation_internal"  # the config attribute behind config._attn_implementation
 
 
 # Standard implementations -> the ALiBi backend that replaces each, and back: the base model is built with
@@ -115,18 +115,6 @@ def _check_implementation(module: nn.Module, args: tuple) -> None:
         )
 
 
-def _masks_in_forward(model: nn.Module) -> None:
-    """``generate()`` with a compileable (static) cache builds the attention masks before calling the model,
-    and then needs tensors (it calls ``.contiguous()``; the forward passes on only 4D tensors and block
-    masks as prepared). The flex and cudnn masks are neither, so for this model generate() passes the 2D
-    mask on and the forward builds the ALiBi backend's masks itself, as it does with a dynamic cache."""
-    model.create_masks_for_generate = _keep_2d_mask
-
-
-def _keep_2d_mask(*, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:
-    return attention_mask
-
-
 def _no_rotation(module: nn.Module) -> None:
     module.inv_freq = torch.zeros_like(module.inv_freq)
     module.original_inv_freq = module.inv_freq.clone()
@@ -168,7 +156,7 @@ def _alibi_changes(
         CONFIG_KEY: PatchRecord(method.name, recorded, False, base).to_dict(),
     }
     slopes = [(module, functools.partial(_alibi_attention, resolved.slopes)) for module in attention_modules(model)]
-    return info, updates, [(model, _masks_in_forward), *slopes]
+    return info, updates, [(model, masks_in_forward), *slopes]
 
 
 def _plan_alibi_rope(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:

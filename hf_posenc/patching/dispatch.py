@@ -1,19 +1,22 @@
-"""Which planner serves a method on a model: the one table of planners."""
+"""Which planner serves a method on a model: the one table of planners, and combinations of methods."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from torch import nn
 
-from ..architectures import positions_of, positions_of_config, unsupported
-from ..registry import Method
+from ..architectures import positions_of, positions_of_config, trained_context, unsupported
+from ..record import CONFIG_KEY, PatchRecord
+from ..registry import Method, combine
 from .attention import PLANNER as ATTENTION_LEVEL
+from .extension import PLANNER as EXTENSION
 from .learned import PLANNER as LEARNED_TABLE
-from .plan import Planner
+from .plan import PatchInfo, Plan, Planner
 from .rope import PLANNER as ROPE_SCALING
 
-PLANNERS: tuple[Planner, ...] = (ROPE_SCALING, ATTENTION_LEVEL, LEARNED_TABLE)
+PLANNERS: tuple[Planner, ...] = (ROPE_SCALING, ATTENTION_LEVEL, EXTENSION, LEARNED_TABLE)
 
 
 def _serving(kind: str, method: Method) -> Planner | None:
@@ -35,3 +38,59 @@ def planner_for_config(config: Any, method: Method) -> Planner | None:
     """The planner of ``method`` on a model built from ``config``, before it is built (None: none serves it;
     patching the built model then says why)."""
     return _serving(positions_of_config(config).kind, method)
+
+
+def plan_method(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
+    """The plan of ``method`` on ``model``. A combination with a RoPE scaling (``"yarn+logn"``) is planned by
+    the RoPE planner for that part and by the extension planner for the rest, each on the parameters it
+    takes (the trained context, resolved once, goes to both), and the two plans become one."""
+    rope = next((part for part in method.parts if part.role == "rope"), None)
+    if rope is None:
+        return planner_for(model, method).plan(model, method, params)
+    rest = [part for part in method.parts if part is not rope]
+    others = rest[0] if len(rest) == 1 else combine(*rest)
+    if rope.dynamic and any(part.role == "remap" for part in rest):
+        raise ValueError(
+            f"{rope.name!r} changes the frequencies with the length, and a remap re-rotates cached keys with the "
+            "current ones; combine Self-Extend or DCA with a static scaling (pi, ntk, yarn, llama3)."
+        )
+    method.make_params(**params)  # every name checked against the whole combination first
+    given = dict(params)
+    context = trained_context(model.config, given)
+    plans = []
+    for part in (rope, others):
+        part_params = {**_taken_by(part, given), "original_max_position_embeddings": context}
+        plans.append(planner_for(model, part).plan(model, part, part_params))
+    return _merged(model.config, method, plans)
+
+
+def _taken_by(method: Method, params: dict[str, Any]) -> dict[str, Any]:
+    names = {item.name for item in dataclasses.fields(method.params)}
+    return {key: value for key, value in params.items() if key in names}
+
+
+def _merged(config: Any, method: Method, plans: list[Plan]) -> Plan:
+    """One plan doing what ``plans`` do, in order. A dict attribute both change (``rope_parameters``) gets the
+    later plan's changed entries over the earlier plan's value; one record names the combination, with every
+    part's parameters and the base value of every attribute any part changes."""
+    updates: dict[str, Any] = {}
+    for plan in plans:
+        for key, value in plan.updates.items():
+            if key == CONFIG_KEY:
+                continue
+            before = getattr(config, key, None)
+            if isinstance(value, dict) and isinstance(updates.get(key), dict) and isinstance(before, dict):
+                value = {**updates[key], **{k: v for k, v in value.items() if before.get(k) != v}}
+            updates[key] = value
+    records = [PatchRecord.from_config(plan.updates) for plan in plans]
+    base = {key: value for record in reversed(records) for key, value in record.base.items()}
+    params = {key: value for record in records for key, value in record.params.items()}
+    updates = {**updates, CONFIG_KEY: PatchRecord(method.name, params, False, base).to_dict()}
+    info = PatchInfo(
+        method.name,
+        {key: value for plan in plans for key, value in plan.info.params.items()},
+        native=False,
+        rope_type=updates["rope_parameters"]["rope_type"],
+    )
+    reports = [plan.report for plan in plans if plan.report is not None]
+    return Plan(info, updates, [change for plan in plans for change in plan.changes], reports[-1] if reports else None)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..architectures import rope_modules, rotary_dim
+from ..architectures import rope_modules, rotary_dim, trained_context
 from ..methods import compute_frequencies
 from ..registry import Method, get_method, params_to_dict
 from .plan import PatchInfo, Plan, Planner
@@ -28,26 +28,6 @@ from .rope_types import (
 logger = logging.getLogger("hf_posenc")
 
 NATIVE_RTOL = 1e-5  # transformers' float32 math against ours in float64
-
-
-def _trained_context(config: Any, params: dict[str, Any]) -> int:
-    """``L``: given, else recorded by the config (``original_max_position_embeddings``), else guessed
-    from ``max_position_embeddings`` with a log line."""
-    given = params.pop("original_max_position_embeddings", None)
-    if given is not None:
-        return given
-    recorded = config.rope_parameters.get("original_max_position_embeddings") or getattr(
-        config, "original_max_position_embeddings", None
-    )
-    if recorded:
-        return recorded
-    context = config.max_position_embeddings
-    logger.warning(
-        "hf_posenc: original_max_position_embeddings not given; using the config's max_position_embeddings "
-        "= %d as the trained context L. Pass original_max_position_embeddings=... if that is not right.",
-        context,
-    )
-    return context
 
 
 def _probe_lengths(method: Method, context: int) -> list[int | None]:
@@ -95,7 +75,7 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
     config = model.config
     method.make_params(**params)  # bad parameters fail before the trained context is guessed (and logged)
     params = dict(params)
-    resolved = method.make_params(original_max_position_embeddings=_trained_context(config, params), **params)
+    resolved = method.make_params(original_max_position_embeddings=trained_context(config, params), **params)
     head_dim, base = rotary_dim(config), config.rope_parameters["rope_theta"]
 
     source = FrequencySource(method.name, resolved, head_dim, base)
@@ -121,8 +101,8 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
         updates = rope_config_updates(method, resolved, config, rope_parameters)
     _check_config_accepts(_updated_copy(config, updates), method)
     info = PatchInfo(method.name, params_to_dict(resolved), native, rope_parameters["rope_type"])
-    if native:
-        source = dataclasses.replace(source, transformers_rotary=(config, type(modules[0])))
+    if native:  # transformers' function on this patch's config (a copy: a combination marks the live one)
+        source = dataclasses.replace(source, transformers_rotary=(_updated_copy(config, updates), type(modules[0])))
     # What the patched modules report as rope_type: transformers' dynamic decorator skips both kinds,
     # and its weight init rebuilds them exactly (a native static type, or ours from the config record).
     rope_type = info.rope_type if native and not method.dynamic else OWN_ROPE_TYPE
@@ -134,17 +114,16 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
 class FrequencySource:
     """``(seq_len, device) -> (inv_freq float32, attention factor)`` for a patched model's rotary modules.
 
-    Native patches use transformers' own function on the patched config (read when called, after the
-    config updates), so the patched model is bit for bit what ``from_pretrained`` builds from the saved
-    config; the others use our math. Plain data, no closures: ``copy.deepcopy(model)`` and pickling give
-    a copy that reads its own config.
+    Native patches use transformers' own function on the patched config (a copy made when planning), so the
+    patched model is bit for bit what ``from_pretrained`` builds from the saved config; the others use our
+    math. Plain data, no closures: ``copy.deepcopy(model)`` and pickling copy it along.
     """
 
     method: str
     params: Any
     head_dim: int
     base: float
-    transformers_rotary: tuple[Any, type] | None = None  # (the patched config, the rotary module's class)
+    transformers_rotary: tuple[Any, type] | None = None  # (a copy of the patched config, the rotary class)
 
     def formula(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
         """Our math in float64 (:mod:`hf_posenc.methods`)."""

@@ -10,6 +10,7 @@ for those types.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -23,7 +24,10 @@ from ..registry import Method, get_method, params_to_dict
 OWN_ROPE_TYPE = "hf_posenc"
 OWN_DYNAMIC_ROPE_TYPE = "hf_posenc_dynamic"  # contains "dynamic": transformers recomputes it per length
 ALIBI_ROPE_TYPE = "hf_posenc_alibi"  # no rotation; no init function, so plain transformers refuses the config
-OWN_ROPE_TYPES = (OWN_ROPE_TYPE, OWN_DYNAMIC_ROPE_TYPE, ALIBI_ROPE_TYPE)
+# Self-Extend, DCA, log-n and their combinations: the rotation is the base's (or the combined RoPE scaling's, whose
+# parameters stay beside it), the change is in attention; no init function either, so plain transformers refuses.
+EXTENSION_ROPE_TYPE = "hf_posenc_extension"
+OWN_ROPE_TYPES = (OWN_ROPE_TYPE, OWN_DYNAMIC_ROPE_TYPE, ALIBI_ROPE_TYPE, EXTENSION_ROPE_TYPE)
 _OWN_KEYS = ("rope_type", "rope_theta", "partial_rotary_factor", "method")
 
 
@@ -89,13 +93,17 @@ def own_rope_init(config: Any, device: Any = None, seq_len: Any = None, layer_ty
     Reads the patch record when the config has one (a patched model whose rotary modules transformers
     re-initializes), else the method written into ``rope_parameters`` (a saved config loaded by plain
     transformers after ``import hf_posenc``). A patch without rotation (ALiBi) gives zero frequencies: the
-    identity rotation it installed. An unknown method or a bad parameter raises here.
+    identity rotation it installed; a combination (``"yarn+logn"``) its RoPE scaling's frequencies. An unknown
+    method or a bad parameter raises here.
     """
     record = PatchRecord.from_config(config, missing_ok=True)
-    if record and get_method(record.method).frequencies is None:
-        return torch.zeros(rotary_dim(config) // 2, device=device), 1.0
     if record:
-        method, params = record.method, record.params
+        method = get_method(record.method)
+        method = next((part for part in method.parts if part.frequencies is not None), method)  # a combination's
+        if method.frequencies is None:
+            return torch.zeros(rotary_dim(config) // 2, device=device), 1.0
+        names = {item.name for item in dataclasses.fields(method.params)}
+        method, params = method.name, {key: value for key, value in record.params.items() if key in names}
         base = record.base["rope_parameters"]["rope_theta"]
     else:
         rope = config.rope_parameters

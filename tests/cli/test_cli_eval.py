@@ -152,7 +152,7 @@ def test_output_of_other_arguments_is_refused_and_untouched(tiny_dir, tmp_path, 
         (["--text-column", "body"], "has no column 'body'; its columns are ['text']"),
         (["--lengths", "1k"], "Length 1024 is longer than every document (the longest has 300 tokens)"),
         (["--method", "yarn:factor"], "Cannot parse 'factor' in method specification 'yarn:factor'"),
-        (["--method", "rope-magic"], "Unknown method 'rope-magic'. Available methods: alibi, dynamic-ntk"),
+        (["--method", "rope-magic"], "Unknown method 'rope-magic'. Available methods: alibi, dca, dynamic-ntk"),
     ],
 )
 def test_bad_input_fails_before_any_heavy_work(tiny_dir, tmp_path, capsys, no_model_load, extra, message):

@@ -21,14 +21,14 @@ EXPECTED = ("is already patched with", "is not patched by hf_posenc")  # what lo
 @pytest.fixture
 def slow_planning(monkeypatch):
     """Planning takes a while, so that threads overlap between the "already patched?" check and the record."""
-    real = apply.planner_for
+    real = apply.plan_method
 
-    def slow(model, method):
-        planner = real(model, method)
+    def slow(model, method, params):
+        plan = real(model, method, params)
         time.sleep(0.005)
-        return planner
+        return plan
 
-    monkeypatch.setattr(apply, "planner_for", slow)
+    monkeypatch.setattr(apply, "plan_method", slow)
 
 
 def _churn(model, method: str, rounds: int, start: threading.Barrier, errors: list[BaseException]) -> None:
@@ -98,15 +98,15 @@ def test_one_models_patch_in_progress_does_not_block_another(monkeypatch):
     """The lock is per model: while ``first`` is being planned (held mid-patch), ``second`` patches and unpatches."""
     first, second = make_tiny("llama"), make_tiny("llama", seed=1)
     planning, release = threading.Event(), threading.Event()
-    real = apply.planner_for
+    real = apply.plan_method
 
-    def held(model, method):
+    def held(model, method, params):
         if model is first:
             planning.set()
             assert release.wait(timeout=60)
-        return real(model, method)
+        return real(model, method, params)
 
-    monkeypatch.setattr(apply, "planner_for", held)
+    monkeypatch.setattr(apply, "plan_method", held)
     thread = threading.Thread(target=hf_posenc.patch, args=(first, "yarn"), kwargs={"factor": 2})
     thread.start()
     try:

@@ -137,7 +137,7 @@ def test_sdpa_and_eager_agree_when_patched(ids):
 
 
 BAD = [
-    ("unknown method", "rope-magic", {"factor": 2}, ValueError, "Unknown method 'rope-magic'. Available methods: alibi, dynamic-ntk"),
+    ("unknown method", "rope-magic", {"factor": 2}, ValueError, "Unknown method 'rope-magic'. Available methods: alibi, dca, dynamic-ntk"),
     ("factor zero", "yarn", {"factor": 0}, ValueError, "factor must be >= 1"),
     ("factor nan", "pi", {"factor": float("nan")}, ValueError, "finite"),
     ("factor string", "ntk", {"factor": "x"}, TypeError, "factor must be a number, got str: 'x'. Valid"),
@@ -343,7 +343,8 @@ def test_transformers_weight_init_rebuilds_the_patched_frequencies(method):
 )
 def test_the_resolved_parameters_patch_the_same_model(family, method):
     """The eval runner patches once to resolve a method on the model, then again from ``get_patch(...).params``:
-    both give the same report, config (ALiBi records the backend it chose instead of 'auto') and logits."""
+    both give the same report, config (methods with a backend record the one chosen instead of 'auto') and
+    logits."""
     model = make_tiny(family, seed=3)
     ids = torch.randint(0, 97, (1, 96), generator=torch.Generator().manual_seed(0))  # past L = 64
     with hf_posenc.patched(model, method, **method_params(method, 8)):
@@ -351,7 +352,7 @@ def test_the_resolved_parameters_patch_the_same_model(family, method):
     with hf_posenc.patched(model, method, **first.params):
         assert hf_posenc.get_patch(model) == first
         again = model.config.to_dict()
-        if method == "alibi":
+        if "backend" in first.params:  # the record keeps the backend asked for ("auto"), get_patch the one chosen
             config["hf_posenc"]["params"]["backend"] = first.params["backend"]
         assert again == config
         assert torch.equal(model(ids).logits, logits)

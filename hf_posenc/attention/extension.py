@@ -1,0 +1,340 @@
+"""Attention for the remap methods (Self-Extend, DCA) and temperature scaling, with transformers'
+attention-function signature.
+
+The model hands over q and k rotated at their true positions. A remap's segment ``g`` wants the query at
+``P_g(i)`` and the key at ``K_g(j)`` (:mod:`hf_posenc.methods.remap`); RoPE's ``R(a) R(b) = R(a + b)``
+gets there by rotating q by ``P_g(i) - i`` and k by ``K_g(j) - j`` with the model's own (possibly scaled)
+frequencies, so cached keys are re-rotated on the fly, never stored twice. Temperature scaling multiplies
+each query by its position's factor first. Backends, all with one softmax over every segment's logits:
+
+* ``eager``: the reference; float32 ``n x n`` logits of every segment, merged by segment, one softmax.
+* ``blocked``: query blocks against the key range each segment can reach there; memory ``O(block * n)``.
+* ``flex``: ``flex_attention`` per segment with a block mask, outputs merged by their log-sum-exp;
+  compiled on CUDA (memory linear in ``n``), uncompiled elsewhere (a small-size check).
+
+Positions are token positions counted over the attention mask's non-padding tokens, as ``generate()``
+assigns ``position_ids``; :func:`extension_mask` derives them, and the first layer checks that the
+rotary embedding was given the same ones.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from transformers.masking_utils import causal_mask_function, prepare_padding_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from ..methods.remap import RemapParams
+from ..methods.temperature import TemperatureParams
+from . import masks
+
+BLOCK = 1024  # query rows per block of the blocked backend
+
+
+@dataclass(eq=False)
+class ExtensionState:
+    """What a patched attention module carries: the remap and temperature parameters (either may be None),
+    the model's rotary module (read at call time: its frequencies are the ones q and k were rotated with) and
+    how many leading dimensions of a head it rotates."""
+
+    remap: RemapParams | None
+    temperature: TemperatureParams | None
+    rotary: nn.Module
+    rotary_dim: int
+
+
+@dataclass(eq=False)
+class PositionMask:
+    """What the extension backends get as ``attention_mask``: positions, not an ``n x n`` tensor.
+
+    A query attends to a key when the key is not padding and its position is at most the query's; positions
+    count non-padding tokens (both sorted along the sequence). All layers share one, so flex's block masks,
+    built on first use, serve every layer.
+    """
+
+    query_positions: torch.Tensor  # (B, q) int64
+    key_positions: torch.Tensor  # (B, kv) int64
+    key_valid: torch.Tensor | None  # (B, kv) bool, None without padding
+    block_masks: dict[int, BlockMask] = field(default_factory=dict)
+
+    def allowed(self, queries: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
+        """``(B, 1, q, kv)`` bool for the given query rows and key columns."""
+        allowed = self.key_positions[:, None, None, keys] <= self.query_positions[:, None, queries, None]
+        if self.key_valid is not None:
+            allowed = allowed & self.key_valid[:, None, None, keys]
+        return allowed
+
+
+def extension_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int | torch.Tensor = 0,
+    kv_offset: int = 0,
+    mask_function: Any = causal_mask_function,
+    attention_mask: torch.Tensor | None = None,
+    device: torch.device | str = "cpu",
+    **kwargs: Any,
+) -> PositionMask:
+    """Mask function of every extension backend (transformers' mask-interface signature)."""
+    if mask_function is not causal_mask_function:
+        raise ValueError(
+            "Self-Extend, DCA and log-n scaling support plain causal attention; this call asks for another mask "
+            "(a sliding window, packed sequences in position_ids, or an added mask function)."
+        )
+    queries = torch.arange(q_length, device=device) + q_offset
+    keys = torch.arange(kv_length, device=device) + kv_offset
+    if attention_mask is None or bool(attention_mask.all()):
+        # Without padding a position is its cache index (a mask shorter than the cache covers what is written).
+        valid = None if attention_mask is None else _padding(attention_mask, kv_length, kv_offset, device)[:, keys]
+        valid = None if valid is None or bool(valid.all()) else valid
+        return PositionMask(queries.expand(batch_size, -1), keys.expand(batch_size, -1), valid)
+    padding = _padding(attention_mask, kv_length, kv_offset, device)
+    counts = padding.long().cumsum(-1) - 1  # position of each token = non-padding tokens before it
+    return PositionMask(counts[:, queries], counts[:, keys], padding[:, keys])
+
+
+def _padding(attention_mask: torch.Tensor, kv_length: int, kv_offset: int, device: Any) -> torch.Tensor:
+    return prepare_padding_mask(attention_mask.to(device=device, dtype=torch.bool), kv_length, kv_offset)
+
+
+def rerotate(states: torch.Tensor, shift: torch.Tensor, inv_freq: torch.Tensor, rotary_dim: int) -> torch.Tensor:
+    """``(B, H, n, D)`` states rotated (transformers' half-split layout) by a further ``shift`` positions
+    ``(B, n)``; angles in float64, the result in float32."""
+    angles = shift.to(torch.float64)[:, None, :, None] * inv_freq.to(torch.float64)  # (B, 1, n, d/2)
+    cos, sin = torch.cat((angles, angles), -1).cos().float(), torch.cat((angles, angles), -1).sin().float()
+    rotated, rest = states[..., :rotary_dim].float(), states[..., rotary_dim:].float()
+    half = rotary_dim // 2
+    turned = torch.cat((-rotated[..., half:], rotated[..., :half]), -1)
+    return torch.cat((rotated * cos + turned * sin, rest), -1)
+
+
+def _state(module: nn.Module) -> ExtensionState:
+    state = getattr(module, "hf_posenc_extension", None)
+    if state is None:
+        raise RuntimeError(
+            f"{type(module).__name__} carries no hf_posenc extension: the hf_posenc_extension_* and hf_posenc_logn_* "
+            "attention implementations serve models patched with hf_posenc.patch, not ones switched to them by hand."
+        )
+    return state
+
+
+def _checked(module: nn.Module, mask: Any, kwargs: dict[str, Any]) -> PositionMask:
+    """The mask, and on the first layer a check that the rotary embedding used these positions."""
+    if not isinstance(mask, PositionMask):
+        raise TypeError(
+            f"The hf_posenc extension attention got an attention mask of type {type(mask).__name__}; pass a 2D "
+            "(batch, length) attention_mask, not a prepared 4D mask."
+        )
+    position_ids = kwargs.get("position_ids")
+    if getattr(module, "layer_idx", 0) == 0 and position_ids is not None:
+        expected = mask.query_positions
+        valid = expected >= 0
+        if not bool(((position_ids.expand_as(expected) == expected) | ~valid).all()):
+            raise ValueError(
+                "position_ids must count the non-padding tokens (attention_mask.cumsum(-1) - 1, as generate() "
+                "assigns them): Self-Extend, DCA and log-n read positions from the attention mask."
+            )
+    return mask
+
+
+def _scaled_queries(state: ExtensionState, query: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    if state.temperature is None:
+        return query
+    return query * state.temperature.scale(positions)[:, None, :, None].to(query.dtype)
+
+
+def _segment_states(
+    state: ExtensionState, segment: int, query: torch.Tensor, key: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k as segment ``segment`` sees them (float32)."""
+    remap = state.remap
+    if remap.TRUE_DISTANCES[segment]:
+        return query.float(), key.float()
+    inv_freq = state.rotary.inv_freq
+    query = rerotate(query, remap.query_position(segment, qpos) - qpos, inv_freq, state.rotary_dim)
+    key = rerotate(key, remap.key_position(segment, kpos) - kpos, inv_freq, state.rotary_dim)
+    return query, key
+
+
+def _grouped_scores(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``(B, H, q, D) x (B, H_kv, k, D) -> (B, H, q, k)`` float32 logits, each key head serving its query
+    heads without copies."""
+    batch, heads, length, dim = query.shape
+    kv_heads = key.shape[1]
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads * length, dim)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)) * scaling
+    return scores.reshape(batch, heads, length, key.shape[2])
+
+
+def _grouped_output(weights: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``(B, H, q, k) x (B, H_kv, k, D) -> (B, q, H, D)``."""
+    batch, heads, length, keys = weights.shape
+    kv_heads = value.shape[1]
+    grouped = weights.reshape(batch, kv_heads, heads // kv_heads * length, keys)
+    output = torch.matmul(grouped.to(value.dtype), value).reshape(batch, heads, length, value.shape[-1])
+    return output.transpose(1, 2).contiguous()
+
+
+def _softmax(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last axis; a row with no allowed key (a padding query) gets weights 0, not NaN."""
+    empty = torch.isneginf(scores).all(-1, keepdim=True)
+    return torch.softmax(scores.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
+
+
+def _no_dropout(module: nn.Module, dropout: float) -> None:
+    if dropout and module.training:
+        raise ValueError("The hf_posenc extension attention has no attention dropout; set it to 0 to train.")
+
+
+def extension_eager_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: PositionMask,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: every segment's logits in float32, merged pair by pair, one softmax."""
+    state, mask = _state(module), _checked(module, attention_mask, kwargs)
+    _no_dropout(module, dropout)
+    qpos, kpos = mask.query_positions, mask.key_positions
+    query = _scaled_queries(state, query, qpos)
+    segment_of = state.remap.segment_of(qpos[:, None, :, None], kpos[:, None, None, :])  # (B, 1, q, kv)
+    scores = None
+    for segment in range(len(state.remap.SEGMENTS)):
+        here = _grouped_scores(*_segment_states(state, segment, query, key, qpos, kpos), scaling)
+        scores = here if scores is None else torch.where(segment_of == segment, here, scores)
+    weights = _softmax(scores.masked_fill(~mask.allowed(), -torch.inf))
+    return _grouped_output(weights, value), weights
+
+
+def _key_range(positions: torch.Tensor, lo: int, hi: int) -> tuple[int, int]:
+    """Indices ``[start, stop)`` covering, in every row, the keys whose positions lie in ``lo .. hi``."""
+    bounds = torch.tensor([lo, hi], device=positions.device)
+    start = torch.searchsorted(positions, bounds[:1].expand(positions.shape[0], 1).contiguous())
+    stop = torch.searchsorted(positions, bounds[1:].expand(positions.shape[0], 1).contiguous(), right=True)
+    return int(start.min()), int(stop.max())
+
+
+def extension_blocked_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: PositionMask,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Query blocks of :data:`BLOCK` rows; each segment's logits only over the keys it can reach there."""
+    state, mask = _state(module), _checked(module, attention_mask, kwargs)
+    _no_dropout(module, dropout)
+    qpos, kpos = mask.query_positions, mask.key_positions.contiguous()
+    query = _scaled_queries(state, query, qpos)
+    outputs = []
+    for start in range(0, query.shape[2], BLOCK):
+        rows = slice(start, start + BLOCK)
+        first, last = int(qpos[:, rows].min()), int(qpos[:, rows].max())
+        scores, values = [], []
+        for segment in range(len(state.remap.SEGMENTS)):
+            begin, end = _key_range(kpos, *state.remap.key_span(segment, first, last))
+            if begin >= end:
+                continue
+            cols = slice(begin, end)
+            q_here, k_here = qpos[:, rows], kpos[:, cols]
+            block_query, block_key = _segment_states(state, segment, query[:, :, rows], key[:, :, cols], q_here, k_here)
+            here = state.remap.segment_of(q_here[:, None, :, None], k_here[:, None, None, :]) == segment
+            allowed = mask.allowed(rows, cols) & here
+            scores.append(_grouped_scores(block_query, block_key, scaling).masked_fill(~allowed, -torch.inf))
+            values.append(value[:, :, cols])
+        if not scores:  # padding queries before any token: nothing to attend to
+            rows_here = query[:, :, rows].shape[2]
+            outputs.append(value.new_zeros(query.shape[0], rows_here, query.shape[1], value.shape[-1]))
+            continue
+        weights = _softmax(torch.cat(scores, -1))
+        outputs.append(_grouped_output(weights, torch.cat(values, 2)))
+    return torch.cat(outputs, 1), None
+
+
+@functools.cache
+def _compiled_flex_attention():
+    return torch.compile(flex_attention, dynamic=True)
+
+
+def _segment_block_mask(state: ExtensionState, mask: PositionMask, segment: int, device: torch.device) -> BlockMask:
+    """Flex's block mask for one segment: allowed pairs that fall in it (cached on the mask: built once per call
+    of the model, for every layer)."""
+    if segment not in mask.block_masks:
+        remap, qpos, kpos, valid = state.remap, mask.query_positions, mask.key_positions, mask.key_valid
+
+        def mask_mod(batch, head, q_idx, kv_idx):
+            i, j = qpos[batch, q_idx], kpos[batch, kv_idx]
+            keep = (j <= i) & (remap.segment_of(i, j) == segment)
+            return keep if valid is None else keep & valid[batch, kv_idx]
+
+        build = masks._compiled_create_block_mask() if masks.compiles_flex(device) else create_block_mask
+        shape = dict(B=qpos.shape[0], H=None, Q_LEN=qpos.shape[1], KV_LEN=kpos.shape[1], device=device)
+        mask.block_masks[segment] = build(mask_mod=mask_mod, **shape)
+    return mask.block_masks[segment]
+
+
+def extension_flex_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: PositionMask,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """One ``flex_attention`` call per segment (block masks skip the pairs it does not hold), the outputs
+    weighted by ``exp(lse_g - lse)``: exactly one softmax over all segments' logits."""
+    state, mask = _state(module), _checked(module, attention_mask, kwargs)
+    _no_dropout(module, dropout)
+    qpos, kpos = mask.query_positions, mask.key_positions
+    query = _scaled_queries(state, query, qpos)
+    attend = _compiled_flex_attention() if masks.compiles_flex(query.device) else flex_attention
+    outputs, lses = [], []
+    for segment in range(len(state.remap.SEGMENTS)):
+        seg_query, seg_key = _segment_states(state, segment, query, key, qpos, kpos)
+        output, lse = attend(
+            seg_query.to(query.dtype),
+            seg_key.to(key.dtype),
+            value,
+            block_mask=_segment_block_mask(state, mask, segment, query.device),
+            scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1],
+            return_lse=True,
+        )
+        outputs.append(output.float())
+        lses.append(lse.float())
+    lse = torch.stack(lses)  # (segments, B, H, q)
+    total = torch.logsumexp(lse, 0)
+    weights = torch.exp(lse - total).nan_to_num(0.0)  # a row with no key in any segment: 0
+    output = (weights[..., None] * torch.stack(outputs)).sum(0).to(value.dtype)
+    return output.transpose(1, 2).contiguous(), None  # (B, q, H, D)
+
+
+def temperature_attention(base: str) -> Any:
+    """The attention function of ``hf_posenc_logn_<base>``: each query scaled by log-n's factor at its position
+    (``position_ids``), then the model's own ``base`` implementation, unchanged."""
+
+    def attention(module: nn.Module, query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        state, position_ids = _state(module), kwargs.get("position_ids")
+        if position_ids is None:
+            raise ValueError("log-n scaling needs the query positions; this model did not pass position_ids on.")
+        own_eager = sys.modules[type(module).__module__].eager_attention_forward
+        function = own_eager if base == "eager" else ALL_ATTENTION_FUNCTIONS[base]
+        return function(module, _scaled_queries(state, query, position_ids), *args, **kwargs)
+
+    return attention

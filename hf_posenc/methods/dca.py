@@ -1,0 +1,104 @@
+"""Dual Chunk Attention (An et al. 2024, "Training-Free Long-Context Scaling of Large Language Models",
+arXiv 2402.17463, §3; HKUNLP/ChunkLlama; vLLM's ``dual_chunk_attention_config``).
+
+Chunk length ``s = chunk_size - local_size``; every key sits at ``j mod s``. A query ``i`` is put at
+
+* ``i mod s`` for keys of its own chunk (intra-chunk: the true relative positions),
+* ``min(i mod s + s, chunk_size)`` for keys of the previous chunk (successive-chunk: the first
+  ``local_size`` queries of a chunk see its predecessor at true distances),
+* ``min(2s - 1, chunk_size)`` for keys of every earlier chunk (inter-chunk),
+
+chunks counted by ``floor(position / s)``, with one softmax over all keys. Every relative position stays
+at most ``chunk_size``, so any length runs; the authors' defaults are ``chunk_size = 3L/4`` and
+``local_size = L/16`` for a model trained on ``L`` positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..registry import Method, register
+from ._common import positive_int
+from .remap import RemapParams
+
+
+@dataclass(frozen=True, kw_only=True)
+class DCAParams(RemapParams):
+    """Args:
+    chunk_size (`int`, *optional*): the largest relative position used, at most ``L``; defaults to ``3L/4``.
+    local_size (`int`, *optional*): below ``chunk_size``; chunks are ``chunk_size - local_size`` long. Defaults
+        to ``L/16``.
+    """
+
+    SEGMENTS: ClassVar[tuple[str, ...]] = ("intra", "successive", "inter")
+    TRUE_DISTANCES: ClassVar[tuple[bool, ...]] = (True, False, False)
+
+    chunk_size: int | None = None
+    local_size: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("chunk_size", "local_size"):
+            if getattr(self, name) is not None:
+                self._set(name, positive_int(name, getattr(self, name)))
+        context = self.original_max_position_embeddings
+        if context is not None:
+            if self.chunk_size is None:
+                self._set("chunk_size", 3 * context // 4)
+            if self.local_size is None:
+                self._set("local_size", max(1, context // 16))
+            if self.chunk_size > context:
+                raise ValueError(
+                    f"chunk_size must be at most the trained context L={context} (it is the largest relative position "
+                    f"DCA uses), got {self.chunk_size}."
+                )
+        if self.chunk_size is not None and self.local_size is not None and self.local_size >= self.chunk_size:
+            raise ValueError(
+                f"local_size must be below chunk_size={self.chunk_size} (chunks are chunk_size - local_size long), "
+                f"got {self.local_size}."
+            )
+
+    @property
+    def chunk_length(self) -> int:
+        """``s = chunk_size - local_size``."""
+        return self.chunk_size - self.local_size
+
+    def segment_of(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        s = self.chunk_length
+        apart = torch.div(i, s, rounding_mode="floor") - torch.div(j, s, rounding_mode="floor")
+        return apart.clamp(0, 2)
+
+    def query_position(self, segment: int, i: torch.Tensor) -> torch.Tensor:
+        s = self.chunk_length
+        if segment == 0:
+            return torch.remainder(i, s)
+        if segment == 1:
+            return (torch.remainder(i, s) + s).clamp(max=self.chunk_size)
+        return torch.full_like(i, min(2 * s - 1, self.chunk_size))
+
+    def key_position(self, segment: int, j: torch.Tensor) -> torch.Tensor:
+        return torch.remainder(j, self.chunk_length)
+
+    def key_span(self, segment: int, first: int, last: int) -> tuple[int, int]:
+        s = self.chunk_length
+        if segment == 0:
+            return first // s * s, last
+        if segment == 1:
+            return (first // s - 1) * s, last // s * s - 1
+        return 0, (last // s - 1) * s - 1
+
+
+register(
+    Method(
+        name="dca",
+        aliases=("dual-chunk-attention", "chunkllama"),
+        params=DCAParams,
+        role="remap",
+        depends_on_length=False,
+        paper="An et al. 2024, Training-Free Long-Context Scaling of Large Language Models (arXiv 2402.17463)",
+        summary="Training-free: chunked positions, every relative position at most chunk_size; any length runs.",
+    )
+)

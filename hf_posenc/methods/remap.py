@@ -1,0 +1,73 @@
+"""What Self-Extend and Dual Chunk Attention share: attention over *segments*, each a set of (query, key)
+pairs whose logits use remapped positions.
+
+Query ``i`` and key ``j <= i`` (token positions) fall in exactly one segment ``g = segment_of(i, j)``; their
+logit is ``q(P_g(i)) . k(K_g(j))``, the query rotated to ``P_g(i)`` and the key to ``K_g(j)``, and one
+softmax runs over all of a query's keys whatever their segments. RoPE's ``R(a) R(b) = R(a + b)`` lets the
+attention backends (:mod:`hf_posenc.attention.extension`) reach those positions by re-rotating the q and k
+the model rotated at ``i`` and ``j``. Everything here is pure integer arithmetic on position tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ._common import RopeParams
+
+BACKENDS = ("auto", "eager", "blocked", "flex")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemapParams(RopeParams):
+    """Args:
+    backend (`str`, defaults to ``"auto"``): ``"eager"`` (the reference: every segment's ``n x n`` logits in
+        float32, one softmax), ``"blocked"`` (query blocks, each against the key range its segments reach:
+        memory linear in the length), ``"flex"`` (``flex_attention`` per segment with block masks, merged by
+        log-sum-exp; compiled on CUDA, memory linear), or ``"auto"``: flex on CUDA, blocked elsewhere.
+    original_max_position_embeddings (`int`, *optional*): the trained context ``L``; ``patch`` reads it from
+        the config when omitted.
+    """
+
+    SEGMENTS: ClassVar[tuple[str, ...]] = ()
+    # Segments whose remapped logits equal the true-position ones (a per-pair shift common to query and key):
+    # the backends use the model's q and k there as they are.
+    TRUE_DISTANCES: ClassVar[tuple[bool, ...]] = ()
+
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.backend not in BACKENDS:
+            raise ValueError(f"Unknown backend {self.backend!r}. Available backends: {', '.join(BACKENDS)}.")
+
+    def segment_of(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """The segment index of each pair (broadcast; meaningful for ``j <= i``)."""
+        raise NotImplementedError
+
+    def query_position(self, segment: int, i: torch.Tensor) -> torch.Tensor:
+        """``P_g(i)``: where a query at position ``i`` is put in segment ``segment``."""
+        raise NotImplementedError
+
+    def key_position(self, segment: int, j: torch.Tensor) -> torch.Tensor:
+        """``K_g(j)``: where a key at position ``j`` is put in segment ``segment``."""
+        raise NotImplementedError
+
+    def key_span(self, segment: int, first: int, last: int) -> tuple[int, int]:
+        """``(lo, hi)``: every key position that queries at ``first .. last`` can see in ``segment`` lies in
+        ``lo .. hi`` (inclusive; empty when ``lo > hi``). Lets the blocked backend skip the rest."""
+        raise NotImplementedError
+
+
+def remap_distance(params: RemapParams, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """The relative position ``P_g(i) - K_g(j)`` each pair's logit sees (``-1`` where ``j > i``): what the
+    tests check against the papers' definitions and what must stay below the trained context."""
+    segment = params.segment_of(i, j)
+    distance = torch.full(torch.broadcast_shapes(i.shape, j.shape), -1, dtype=torch.int64)
+    for index in range(len(params.SEGMENTS)):
+        here = segment == index
+        seen = params.query_position(index, i).expand_as(distance) - params.key_position(index, j).expand_as(distance)
+        distance = torch.where(here, seen, distance)
+    return torch.where(j <= i, distance, -1)

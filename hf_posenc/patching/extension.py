@@ -1,0 +1,167 @@
+"""Planner: attention-level extension methods on RoPE decoders: the remaps (Self-Extend, DCA), temperature
+(log-n) scaling, and a remap with log-n (``"self-extend+logn"``).
+
+The rotary modules stay as they are (or as a combined RoPE scaling leaves them); each attention module gets an
+:class:`~hf_posenc.attention.extension.ExtensionState` and the model an attention implementation of hf_posenc's:
+a remap's backend (``hf_posenc_extension_<backend>``), or for log-n alone the wrapper of the implementation it
+had (``hf_posenc_logn_sdpa`` ...). The saved config gets ``rope_type "hf_posenc_extension"`` in
+``rope_parameters`` (the rest of it kept), which plain transformers refuses (``KeyError``) rather than loading
+the model without the method; DCA alone on Qwen2 also writes vLLM's ``dual_chunk_attention_config``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any
+
+from torch import nn
+
+from ..architectures import (
+    PLAIN_ATTENTION_ROPE_MODEL_TYPES,
+    STATIC_ROPE_TYPES,
+    attention_modules,
+    rope_modules,
+    rotary_dim,
+    rotary_modules,
+    trained_context,
+)
+from ..attention import (
+    EXTENSION_BACKEND_OF,
+    EXTENSION_IMPLEMENTATIONS,
+    TEMPERATURE_IMPLEMENTATIONS,
+)
+from ..attention.extension import ExtensionState
+from ..record import CONFIG_KEY, PatchRecord
+from ..registry import Method, params_to_dict
+from .changes import ATTENTION, masks_in_forward
+from .plan import PatchInfo, Plan, Planner
+from .rope_types import EXTENSION_ROPE_TYPE
+
+logger = logging.getLogger("hf_posenc")
+
+ROLES = ("remap", "temperature")
+VLLM_DCA_KEY = "dual_chunk_attention_config"  # what vLLM reads for Qwen2 (Qwen2.5-1M ships it)
+VLLM_DCA_MODEL_TYPES = ("qwen2",)
+
+
+def _check_model(model: nn.Module, remaps: bool) -> None:
+    """The families whose attention these methods are shown on, with plain causal attention; a remap also needs
+    frequencies that do not change with the length (cached keys are re-rotated with the current ones)."""
+    config = model.config
+    if config.model_type not in PLAIN_ATTENTION_ROPE_MODEL_TYPES:
+        raise ValueError(
+            f"Self-Extend, DCA and log-n change attention in {', '.join(PLAIN_ATTENTION_ROPE_MODEL_TYPES)} models; "
+            f"{type(model).__name__} (model_type {config.model_type!r}) is not one of them: its attention may add "
+            "terms or not go through transformers' attention interface."
+        )
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True):
+        raise ValueError(
+            f"This {config.model_type} model uses sliding-window attention (sliding_window={window}); Self-Extend, "
+            "DCA and log-n support full causal attention only."
+        )
+    if remaps:
+        types = {config.rope_parameters.get("rope_type")} | {module.rope_type for _, module in rotary_modules(model)}
+        if not types <= STATIC_ROPE_TYPES:
+            raise ValueError(
+                f"Self-Extend and DCA re-rotate cached keys with the model's frequencies, so they need frequencies "
+                f"that do not change with the length; this model's rope_type is {sorted(types)}. Combine them with "
+                "a static scaling (pi, ntk, yarn, llama3) or none."
+            )
+
+
+def _implementation(model: nn.Module, remap: Any) -> str:
+    """The attention implementation the patch selects: the remap's backend (``auto``: flex on CUDA, blocked
+    elsewhere), or log-n's wrapper of the model's own."""
+    if remap is not None:
+        backend = remap.backend
+        if backend == "auto":
+            backend = "flex" if next(model.parameters()).is_cuda else "blocked"
+        return EXTENSION_IMPLEMENTATIONS[backend]
+    current = model.config._attn_implementation
+    if current not in TEMPERATURE_IMPLEMENTATIONS:
+        raise ValueError(
+            f"log-n scaling wraps the model's attention implementation, and {current!r} is not one it wraps; use "
+            f"one of {', '.join(TEMPERATURE_IMPLEMENTATIONS)} (model.set_attn_implementation(...)) first."
+        )
+    return TEMPERATURE_IMPLEMENTATIONS[current]
+
+
+def _vllm_keys(model: nn.Module, method: Method, resolved: Any) -> dict[str, Any]:
+    """vLLM's own spelling of DCA, for a model it serves that way, so a pushed config runs there as is."""
+    if method.name != "dca" or model.config.model_type not in VLLM_DCA_MODEL_TYPES:
+        return {}
+    keys = ("chunk_size", "local_size", "original_max_position_embeddings")
+    return {VLLM_DCA_KEY: {key: getattr(resolved, key) for key in keys}}
+
+
+def plan_extension(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
+    """Validate a remap, log-n, or both on ``model`` and plan them, without changing the model."""
+    parts = method.parts or (method,)
+    remap_method = next((part for part in parts if part.role == "remap"), None)
+    _check_model(model, remap_method is not None)
+    config, params = model.config, dict(params)
+    method.make_params(**params)  # bad parameters fail before the trained context is guessed (and logged)
+    resolved = method.make_params(original_max_position_embeddings=trained_context(config, params), **params)
+    by_role = dict(zip((part.role for part in parts), getattr(resolved, "part_params", (resolved,)), strict=True))
+    remap, temperature = by_role.get("remap"), by_role.get("temperature")
+    implementation = _implementation(model, remap)
+    rotary = rope_modules(model, scaled_ok=True)[0]
+
+    updates: dict[str, Any] = {
+        "rope_parameters": {**config.rope_parameters, "rope_type": EXTENSION_ROPE_TYPE},
+        ATTENTION: implementation,
+        **_vllm_keys(model, method, resolved),
+    }
+    if getattr(remap, "max_position_embeddings", None) is not None:
+        updates["max_position_embeddings"] = remap.max_position_embeddings
+    base = {key: getattr(config, key, None) for key in updates if key != ATTENTION}
+    updates = {**updates, CONFIG_KEY: PatchRecord(method.name, params_to_dict(resolved), False, base).to_dict()}
+
+    chosen = params_to_dict(resolved)
+    if remap is not None:
+        chosen["backend"] = EXTENSION_BACKEND_OF[implementation]
+    info = PatchInfo(method.name, chosen, native=False, rope_type=EXTENSION_ROPE_TYPE)
+    state = ExtensionState(remap, temperature, rotary, rotary_dim(config))
+    install = functools.partial(_install, state)
+    changes = [(module, install) for module in attention_modules(model)]
+    if remap is not None:
+        changes.insert(0, (model, masks_in_forward))
+    return Plan(info, updates, changes, _backend_now)
+
+
+def _install(state: ExtensionState, module: nn.Module) -> None:
+    """The module's extension state, and a check before each call that an hf_posenc implementation is still
+    selected (``set_attn_implementation("sdpa")`` would silently drop the method)."""
+    module.hf_posenc_extension = state
+    module.register_forward_pre_hook(_check_implementation)
+
+
+def _check_implementation(module: nn.Module, args: tuple) -> None:
+    selected = module.config._attn_implementation
+    if selected not in (*EXTENSION_IMPLEMENTATIONS.values(), *TEMPERATURE_IMPLEMENTATIONS.values()):
+        raise RuntimeError(
+            f"This model is patched with {PatchRecord.from_config(module.config).method!r}, but its attention "
+            f"implementation is "
+            f"now {selected!r}, which does not apply it (set_attn_implementation?). Select one of "
+            f"{', '.join(EXTENSION_IMPLEMENTATIONS.values())} (remaps) or hf_posenc_logn_<implementation> (log-n), "
+            "or call hf_posenc.unpatch(model) first."
+        )
+
+
+def _backend_now(model: nn.Module, info: PatchInfo) -> PatchInfo:
+    """What ``get_patch`` reports: a remap's backend running now."""
+    backend = EXTENSION_BACKEND_OF.get(model.config._attn_implementation)
+    if backend is None or "backend" not in info.params:
+        return info
+    return dataclasses.replace(info, params={**info.params, "backend": backend})
+
+
+def serves_extension(method: Method) -> bool:
+    """Remaps, temperatures, and combinations of nothing else."""
+    return all(part.role in ROLES for part in (method.parts or (method,)))
+
+
+PLANNER = Planner(positions=frozenset({"rope"}), serves=serves_extension, plan=plan_extension)

@@ -193,6 +193,14 @@ def _ppl_by_length(rows: list[dict[str, Any]], spec: str, path: Path) -> dict[in
     return by_length
 
 
+ROLE_TAGS = {  # Hub tags of what a method changes (registry roles)
+    "rope": "rope-scaling",
+    "replace": "alibi",
+    "remap": "attention-remap",
+    "temperature": "attention-temperature",
+}
+
+
 def render_card(
     config: Any,
     *,
@@ -216,13 +224,14 @@ def render_card(
     """
     record = PatchRecord.from_config(config)
     eval_results = eval_table.eval_results() if eval_table else []
-    paper = get_method(record.method).paper
+    method = get_method(record.method)
+    paper = method.paper
     arxiv = ARXIV_ID.search(paper)
     card_data = ModelCardData(
         base_model=base_model,
         library_name="transformers",
         pipeline_tag="text-generation",
-        tags=["hf-posenc", "alibi" if record.method == "alibi" else "rope-scaling", "long-context", record.method],
+        tags=["hf-posenc", *(ROLE_TAGS[part.role] for part in method.parts or [method]), "long-context", record.method],
         model_name=repo_id if eval_results else None,
         eval_results=eval_results or None,
         **(license_info or {}),

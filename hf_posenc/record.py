@@ -25,7 +25,7 @@ class PatchRecord:
         method (`str`): canonical method name.
         params (`dict`): the method's parameters as resolved on the model (ALiBi: the backend asked for).
         native (`bool`): the config says the method in transformers' own vocabulary.
-        base (`dict`): config attribute -> its value before the patch.
+        base (`dict`): config attribute -> its value before the patch (None for one the patch added).
         baked (`bool`): the change is in the weights (GPT-2 ``pi``'s resampled table), so the config as
             saved is the model: nothing to redo when loading.
         version (`str`, *optional*): the hf_posenc version that wrote it (None where a record does not say).
@@ -90,6 +90,9 @@ class PatchRecord:
         """A copy of ``config`` with the base values put back and the record removed: the unpatched model's."""
         base = copy.deepcopy(config)
         for key, value in self.base.items():
-            setattr(base, key, copy.deepcopy(value))
+            if value is None and not hasattr(type(base), key):  # an attribute the patch added (vLLM's DCA keys)
+                base.__dict__.pop(key, None)
+            else:
+                setattr(base, key, copy.deepcopy(value))
         delattr(base, CONFIG_KEY)
         return base

@@ -12,10 +12,10 @@ from __future__ import annotations
 from .extension import (
     extension_blocked_attention,
     extension_eager_attention,
-    extension_flex_attention,
     extension_mask,  # noqa: F401  (registered by hf_posenc.registrations)
     temperature_attention,
 )
+from .extension_flex import extension_flex_attention
 from .functions import alibi_cudnn_attention, alibi_eager_attention, alibi_flex_attention, alibi_sdpa_attention
 from .masks import alibi_distance_mask, alibi_flex_mask, alibi_prefill_mask
 

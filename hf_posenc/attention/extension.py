@@ -9,8 +9,8 @@ each query by its position's factor first. Backends, all with one softmax over e
 
 * ``eager``: the reference; float32 ``n x n`` logits of every segment, merged by segment, one softmax.
 * ``blocked``: query blocks against the key range each segment can reach there; memory ``O(block * n)``.
-* ``flex``: ``flex_attention`` per segment with a block mask, outputs merged by their log-sum-exp;
-  compiled on CUDA (memory linear in ``n``), uncompiled elsewhere (a small-size check).
+* ``flex`` (:mod:`~hf_posenc.attention.extension_flex`): ``flex_attention`` with block masks that skip
+  the pairs a segment does not hold; memory linear in ``n``.
 
 Positions are token positions counted over the attention mask's non-padding tokens, as ``generate()``
 assigns ``position_ids``; :func:`extension_mask` derives them, and the first layer checks that the
@@ -19,20 +19,18 @@ rotary embedding was given the same ones.
 
 from __future__ import annotations
 
-import functools
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask
 from transformers.masking_utils import causal_mask_function, prepare_padding_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..methods.remap import RemapParams
 from ..methods.temperature import TemperatureParams
-from . import masks
 
 BLOCK = 1024  # query rows per block of the blocked backend
 
@@ -61,7 +59,7 @@ class PositionMask:
     query_positions: torch.Tensor  # (B, q) int64
     key_positions: torch.Tensor  # (B, kv) int64
     key_valid: torch.Tensor | None  # (B, kv) bool, None without padding
-    block_masks: dict[int, BlockMask] = field(default_factory=dict)
+    block_masks: dict[Any, BlockMask] = field(default_factory=dict)  # flex's, built on first use
 
     def allowed(self, queries: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
         """``(B, 1, q, kv)`` bool for the given query rows and key columns."""
@@ -115,7 +113,7 @@ def rerotate(states: torch.Tensor, shift: torch.Tensor, inv_freq: torch.Tensor, 
     return torch.cat((rotated * cos + turned * sin, rest), -1)
 
 
-def _state(module: nn.Module) -> ExtensionState:
+def extension_state(module: nn.Module) -> ExtensionState:
     state = getattr(module, "hf_posenc_extension", None)
     if state is None:
         raise RuntimeError(
@@ -125,7 +123,7 @@ def _state(module: nn.Module) -> ExtensionState:
     return state
 
 
-def _checked(module: nn.Module, mask: Any, kwargs: dict[str, Any]) -> PositionMask:
+def checked_mask(module: nn.Module, mask: Any, kwargs: dict[str, Any]) -> PositionMask:
     """The mask, and on the first layer a check that the rotary embedding used these positions."""
     if not isinstance(mask, PositionMask):
         raise TypeError(
@@ -144,13 +142,13 @@ def _checked(module: nn.Module, mask: Any, kwargs: dict[str, Any]) -> PositionMa
     return mask
 
 
-def _scaled_queries(state: ExtensionState, query: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def scaled_queries(state: ExtensionState, query: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     if state.temperature is None:
         return query
     return query * state.temperature.scale(positions)[:, None, :, None].to(query.dtype)
 
 
-def _segment_states(
+def segment_states(
     state: ExtensionState, segment: int, query: torch.Tensor, key: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k as segment ``segment`` sees them (float32)."""
@@ -188,7 +186,7 @@ def _softmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
 
 
-def _no_dropout(module: nn.Module, dropout: float) -> None:
+def no_dropout(module: nn.Module, dropout: float) -> None:
     if dropout and module.training:
         raise ValueError("The hf_posenc extension attention has no attention dropout; set it to 0 to train.")
 
@@ -204,14 +202,14 @@ def extension_eager_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference: every segment's logits in float32, merged pair by pair, one softmax."""
-    state, mask = _state(module), _checked(module, attention_mask, kwargs)
-    _no_dropout(module, dropout)
+    state, mask = extension_state(module), checked_mask(module, attention_mask, kwargs)
+    no_dropout(module, dropout)
     qpos, kpos = mask.query_positions, mask.key_positions
-    query = _scaled_queries(state, query, qpos)
+    query = scaled_queries(state, query, qpos)
     segment_of = state.remap.segment_of(qpos[:, None, :, None], kpos[:, None, None, :])  # (B, 1, q, kv)
     scores = None
     for segment in range(len(state.remap.SEGMENTS)):
-        here = _grouped_scores(*_segment_states(state, segment, query, key, qpos, kpos), scaling)
+        here = _grouped_scores(*segment_states(state, segment, query, key, qpos, kpos), scaling)
         scores = here if scores is None else torch.where(segment_of == segment, here, scores)
     weights = _softmax(scores.masked_fill(~mask.allowed(), -torch.inf))
     return _grouped_output(weights, value), weights
@@ -236,10 +234,10 @@ def extension_blocked_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Query blocks of :data:`BLOCK` rows; each segment's logits only over the keys it can reach there."""
-    state, mask = _state(module), _checked(module, attention_mask, kwargs)
-    _no_dropout(module, dropout)
+    state, mask = extension_state(module), checked_mask(module, attention_mask, kwargs)
+    no_dropout(module, dropout)
     qpos, kpos = mask.query_positions, mask.key_positions.contiguous()
-    query = _scaled_queries(state, query, qpos)
+    query = scaled_queries(state, query, qpos)
     outputs = []
     for start in range(0, query.shape[2], BLOCK):
         rows = slice(start, start + BLOCK)
@@ -251,7 +249,7 @@ def extension_blocked_attention(
                 continue
             cols = slice(begin, end)
             q_here, k_here = qpos[:, rows], kpos[:, cols]
-            block_query, block_key = _segment_states(state, segment, query[:, :, rows], key[:, :, cols], q_here, k_here)
+            block_query, block_key = segment_states(state, segment, query[:, :, rows], key[:, :, cols], q_here, k_here)
             here = state.remap.segment_of(q_here[:, None, :, None], k_here[:, None, None, :]) == segment
             allowed = mask.allowed(rows, cols) & here
             scores.append(_grouped_scores(block_query, block_key, scaling).masked_fill(~allowed, -torch.inf))
@@ -265,76 +263,18 @@ def extension_blocked_attention(
     return torch.cat(outputs, 1), None
 
 
-@functools.cache
-def _compiled_flex_attention():
-    return torch.compile(flex_attention, dynamic=True)
-
-
-def _segment_block_mask(state: ExtensionState, mask: PositionMask, segment: int, device: torch.device) -> BlockMask:
-    """Flex's block mask for one segment: allowed pairs that fall in it (cached on the mask: built once per call
-    of the model, for every layer)."""
-    if segment not in mask.block_masks:
-        remap, qpos, kpos, valid = state.remap, mask.query_positions, mask.key_positions, mask.key_valid
-
-        def mask_mod(batch, head, q_idx, kv_idx):
-            i, j = qpos[batch, q_idx], kpos[batch, kv_idx]
-            keep = (j <= i) & (remap.segment_of(i, j) == segment)
-            return keep if valid is None else keep & valid[batch, kv_idx]
-
-        build = masks._compiled_create_block_mask() if masks.compiles_flex(device) else create_block_mask
-        shape = dict(B=qpos.shape[0], H=None, Q_LEN=qpos.shape[1], KV_LEN=kpos.shape[1], device=device)
-        mask.block_masks[segment] = build(mask_mod=mask_mod, **shape)
-    return mask.block_masks[segment]
-
-
-def extension_flex_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: PositionMask,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """One ``flex_attention`` call per segment (block masks skip the pairs it does not hold), the outputs
-    weighted by ``exp(lse_g - lse)``: exactly one softmax over all segments' logits."""
-    state, mask = _state(module), _checked(module, attention_mask, kwargs)
-    _no_dropout(module, dropout)
-    qpos, kpos = mask.query_positions, mask.key_positions
-    query = _scaled_queries(state, query, qpos)
-    attend = _compiled_flex_attention() if masks.compiles_flex(query.device) else flex_attention
-    outputs, lses = [], []
-    for segment in range(len(state.remap.SEGMENTS)):
-        seg_query, seg_key = _segment_states(state, segment, query, key, qpos, kpos)
-        output, lse = attend(
-            seg_query.to(query.dtype),
-            seg_key.to(key.dtype),
-            value,
-            block_mask=_segment_block_mask(state, mask, segment, query.device),
-            scale=scaling,
-            enable_gqa=query.shape[1] != key.shape[1],
-            return_lse=True,
-        )
-        outputs.append(output.float())
-        lses.append(lse.float())
-    lse = torch.stack(lses)  # (segments, B, H, q)
-    total = torch.logsumexp(lse, 0)
-    weights = torch.exp(lse - total).nan_to_num(0.0)  # a row with no key in any segment: 0
-    output = (weights[..., None] * torch.stack(outputs)).sum(0).to(value.dtype)
-    return output.transpose(1, 2).contiguous(), None  # (B, q, H, D)
-
-
 def temperature_attention(base: str) -> Any:
     """The attention function of ``hf_posenc_logn_<base>``: each query scaled by log-n's factor at its position
     (``position_ids``), then the model's own ``base`` implementation, unchanged."""
 
     def attention(module: nn.Module, query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        state, position_ids = _state(module), kwargs.get("position_ids")
+        state, position_ids = extension_state(module), kwargs.get("position_ids")
         if position_ids is None:
             raise ValueError("log-n scaling needs the query positions; this model did not pass position_ids on.")
-        own_eager = sys.modules[type(module).__module__].eager_attention_forward
-        function = own_eager if base == "eager" else ALL_ATTENTION_FUNCTIONS[base]
-        return function(module, _scaled_queries(state, query, position_ids), *args, **kwargs)
+        if base == "eager":  # each model has its own eager function, beside its attention class
+            function = sys.modules[type(module).__module__].eager_attention_forward
+        else:
+            function = ALL_ATTENTION_FUNCTIONS[base]
+        return function(module, scaled_queries(state, query, position_ids), *args, **kwargs)
 
     return attention

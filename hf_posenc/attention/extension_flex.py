@@ -1,0 +1,142 @@
+"""The flex backend of the remap methods: ``flex_attention`` with block masks, memory linear in the length.
+
+Each segment needs its own q and k (re-rotated to its positions), and flex computes ``q . k`` itself, so the
+segments cannot share one plain call. Two exact ways to one softmax over all of them:
+
+* CUDA: one call per segment whose block mask holds only that segment's pairs, ``return_lse=True``, the outputs
+  weighted by ``exp(lse_g - lse)``; each call skips the blocks its segment does not reach.
+* CPU (where flex cannot return the log-sum-exp when compiled): one call on the segments laid side by side:
+  queries ``[q_0 | q_1 | ...]`` along the head dimension, keys ``S`` copies along the sequence, copy ``g``
+  holding ``k_g`` in its own slice of the head dimension and zeros elsewhere, so ``q . k`` of copy ``g`` is
+  ``q_g . k_g``; the block mask keeps, for each pair, the copy of its segment.
+
+Compiled on CUDA and, on a CPU, for inputs of :data:`CPU_COMPILE_FROM` query x key pairs and more (compiling
+takes seconds; below that the uncompiled reference of flex, which materialises the scores, is cheaper).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+
+from .extension import (
+    ExtensionState,
+    PositionMask,
+    checked_mask,
+    extension_state,
+    no_dropout,
+    scaled_queries,
+    segment_states,
+)
+
+CPU_COMPILE_FROM = 4096 * 4096
+
+
+@functools.cache
+def _compiled(function: Any, dynamic: bool) -> Any:
+    """Dynamic shapes on CUDA (one compilation for every length); static on a CPU, where inductor's C++ code for
+    flex with dynamic shapes does not compile (torch 2.13): a compilation per length there."""
+    return torch.compile(function, dynamic=dynamic)
+
+
+def _compiles(device: torch.device, pairs: int) -> bool:
+    return device.type == "cuda" or pairs >= CPU_COMPILE_FROM
+
+
+def _on_cuda(mask: PositionMask) -> bool:
+    return mask.query_positions.is_cuda
+
+
+def _block_mask(mask: PositionMask, key: Any, mask_mod: Any, kv_length: int, compiled: bool) -> BlockMask:
+    """The block mask of ``mask_mod``, built once per call of the model (all layers share the mask)."""
+    if key not in mask.block_masks:
+        build = _compiled(create_block_mask, _on_cuda(mask)) if compiled else create_block_mask
+        shape = dict(B=mask.query_positions.shape[0], H=None, Q_LEN=mask.query_positions.shape[1], KV_LEN=kv_length)
+        mask.block_masks[key] = build(mask_mod=mask_mod, device=mask.query_positions.device, **shape)
+    return mask.block_masks[key]
+
+
+def _pair_rule(state: ExtensionState, mask: PositionMask) -> Any:
+    """``rule(batch, i_index, j_index, segment)``: whether the pair attends, in that segment."""
+    remap, qpos, kpos, valid = state.remap, mask.query_positions, mask.key_positions, mask.key_valid
+
+    def rule(batch, q_idx, kv_idx, segment):
+        i, j = qpos[batch, q_idx], kpos[batch, kv_idx]
+        keep = (j <= i) & (remap.segment_of(i, j) == segment)
+        return keep if valid is None else keep & valid[batch, kv_idx]
+
+    return rule
+
+
+def _per_segment(state: ExtensionState, mask: PositionMask, query, key, value, scaling: float, compiled: bool):
+    rule, kv_length = _pair_rule(state, mask), key.shape[2]
+    attend = _compiled(flex_attention, query.is_cuda) if compiled else flex_attention
+    outputs, lses = [], []
+    for segment in range(len(state.remap.SEGMENTS)):
+
+        def mask_mod(batch, head, q_idx, kv_idx, segment=segment):
+            return rule(batch, q_idx, kv_idx, segment)
+
+        seg_query, seg_key = segment_states(state, segment, query, key, mask.query_positions, mask.key_positions)
+        output, lse = attend(
+            seg_query.to(query.dtype),
+            seg_key.to(key.dtype),
+            value,
+            block_mask=_block_mask(mask, ("segment", segment), mask_mod, kv_length, compiled),
+            scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1],
+            return_lse=True,
+        )
+        outputs.append(output.float())
+        lses.append(lse.float())
+    lse = torch.stack(lses)  # (segments, B, H, q)
+    weights = torch.exp(lse - torch.logsumexp(lse, 0)).nan_to_num(0.0)  # a row with no key at all: 0
+    return (weights[..., None] * torch.stack(outputs)).sum(0).to(value.dtype)  # (B, H, q, D)
+
+
+def _side_by_side(state: ExtensionState, mask: PositionMask, query, key, value, scaling: float, compiled: bool):
+    rule, kv_length, dim = _pair_rule(state, mask), key.shape[2], key.shape[3]
+    segments = len(state.remap.SEGMENTS)
+    queries, keys = [], key.new_zeros(key.shape[0], key.shape[1], segments * kv_length, segments * dim)
+    for segment in range(segments):
+        seg_query, seg_key = segment_states(state, segment, query, key, mask.query_positions, mask.key_positions)
+        queries.append(seg_query.to(query.dtype))
+        keys[:, :, segment * kv_length : (segment + 1) * kv_length, segment * dim : (segment + 1) * dim] = seg_key
+
+    def mask_mod(batch, head, q_idx, kv_idx):
+        return rule(batch, q_idx, kv_idx % kv_length, kv_idx // kv_length)
+
+    attend = _compiled(flex_attention, query.is_cuda) if compiled else flex_attention
+    output = attend(
+        torch.cat(queries, -1),  # (B, H, q, S * D)
+        keys,  # (B, H_kv, S * kv, S * D)
+        value.repeat(1, 1, segments, 1),  # (B, H_kv, S * kv, D)
+        block_mask=_block_mask(mask, ("side by side", segments), mask_mod, segments * kv_length, compiled),
+        scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+    return output  # a query with no key at all (a padding row) gets 0
+
+
+def extension_flex_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: PositionMask,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Self-Extend / DCA with ``flex_attention`` (see the module docstring for the two strategies)."""
+    state, mask = extension_state(module), checked_mask(module, attention_mask, kwargs)
+    no_dropout(module, dropout)
+    query = scaled_queries(state, query, mask.query_positions)
+    compiled = _compiles(query.device, query.shape[2] * key.shape[2])
+    strategy = _per_segment if query.device.type == "cuda" else _side_by_side
+    output = strategy(state, mask, query, key, value, scaling, compiled)
+    return output.transpose(1, 2).contiguous(), None  # (B, q, H, D)

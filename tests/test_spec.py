@@ -80,7 +80,7 @@ def test_the_identity_on_a_model_uses_what_the_model_resolved():
     ("text", "message"),
     [
         ("none:factor=2", "`method` 'none:factor=2': 'none' is the unpatched model and takes no parameters"),
-        ("rope-magic", "Unknown method 'rope-magic'. Available methods: alibi, dynamic-ntk"),
+        ("rope-magic", "Unknown method 'rope-magic'. Available methods: alibi, dca, dynamic-ntk"),
         ("yarn:fctor=4", "`method` 'yarn:fctor=4': Unknown parameter\\(s\\) 'fctor' for method 'yarn'"),
         ("yarn:factor=0.5", "`method` 'yarn:factor=0.5': factor must be >= 1"),
         ("pi", "`method` 'pi': Method 'pi': .*factor"),

@@ -36,8 +36,18 @@ def planner_for(model: nn.Module, method: Method) -> Planner:
 
 def planner_for_config(config: Any, method: Method) -> Planner | None:
     """The planner of ``method`` on a model built from ``config``, before it is built (None: none serves it;
-    patching the built model then says why)."""
+    patching the built model then says why). For a combination with a RoPE scaling, the rest's planner: the one
+    whose loading needs apply (a remap's backend)."""
+    rope = next((part for part in method.parts if part.role == "rope"), None)
+    if rope is not None:
+        method = _without(method, rope)
     return _serving(positions_of_config(config).kind, method)
+
+
+def _without(method: Method, part: Method) -> Method:
+    """A combination without ``part``: the one method left, or the combination of those left."""
+    rest = [other for other in method.parts if other is not part]
+    return rest[0] if len(rest) == 1 else combine(*rest)
 
 
 def plan_method(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
@@ -47,9 +57,8 @@ def plan_method(model: nn.Module, method: Method, params: dict[str, Any]) -> Pla
     rope = next((part for part in method.parts if part.role == "rope"), None)
     if rope is None:
         return planner_for(model, method).plan(model, method, params)
-    rest = [part for part in method.parts if part is not rope]
-    others = rest[0] if len(rest) == 1 else combine(*rest)
-    if rope.dynamic and any(part.role == "remap" for part in rest):
+    others = _without(method, rope)
+    if rope.dynamic and any(part.role == "remap" for part in others.parts or [others]):
         raise ValueError(
             f"{rope.name!r} changes the frequencies with the length, and a remap re-rotates cached keys with the "
             "current ones; combine Self-Extend or DCA with a static scaling (pi, ntk, yarn, llama3)."

@@ -125,30 +125,49 @@ def plan_extension(model: nn.Module, method: Method, params: dict[str, Any]) -> 
         chosen["backend"] = EXTENSION_BACKEND_OF[implementation]
     info = PatchInfo(method.name, chosen, native=False, rope_type=EXTENSION_ROPE_TYPE)
     state = ExtensionState(remap, temperature, rotary, rotary_dim(config))
-    install = functools.partial(_install, state)
+    serving = EXTENSION_IMPLEMENTATIONS if remap is not None else TEMPERATURE_IMPLEMENTATIONS
+    install = functools.partial(_install, state, tuple(serving.values()))
     changes = [(module, install) for module in attention_modules(model)]
     if remap is not None:
         changes.insert(0, (model, masks_in_forward))
     return Plan(info, updates, changes, _backend_now)
 
 
-def _install(state: ExtensionState, module: nn.Module) -> None:
-    """The module's extension state, and a check before each call that an hf_posenc implementation is still
-    selected (``set_attn_implementation("sdpa")`` would silently drop the method)."""
+def _install(state: ExtensionState, serving: tuple[str, ...], module: nn.Module) -> None:
+    """The module's extension state, and a check before each call that an implementation applying this patch is
+    still selected (``set_attn_implementation("sdpa")`` would silently drop the method)."""
     module.hf_posenc_extension = state
-    module.register_forward_pre_hook(_check_implementation)
+    module.register_forward_pre_hook(functools.partial(_check_implementation, serving))
 
 
-def _check_implementation(module: nn.Module, args: tuple) -> None:
+def _check_implementation(serving: tuple[str, ...], module: nn.Module, args: tuple) -> None:
     selected = module.config._attn_implementation
-    if selected not in (*EXTENSION_IMPLEMENTATIONS.values(), *TEMPERATURE_IMPLEMENTATIONS.values()):
+    if selected not in serving:
+        method = PatchRecord.from_config(module.config).method
         raise RuntimeError(
-            f"This model is patched with {PatchRecord.from_config(module.config).method!r}, but its attention "
-            f"implementation is "
-            f"now {selected!r}, which does not apply it (set_attn_implementation?). Select one of "
-            f"{', '.join(EXTENSION_IMPLEMENTATIONS.values())} (remaps) or hf_posenc_logn_<implementation> (log-n), "
-            "or call hf_posenc.unpatch(model) first."
+            f"This model is patched with {method!r}, but its attention implementation is now {selected!r}, which "
+            f"does not apply it (set_attn_implementation?). Select one of {', '.join(serving)}, or call "
+            "hf_posenc.unpatch(model) first."
         )
+
+
+def extension_loading(params: dict[str, Any], kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Loading a saved model patched with these methods: an ``attn_implementation`` asked for picks a remap's
+    backend (``"hf_posenc_extension_flex"``, or ``"eager"`` / ``"flex_attention"`` for those backends), and the
+    base model's implementation (what ``unpatch`` gives back): eager for the eager backend, SDPA otherwise. For
+    log-n alone it is the implementation wrapped (``"hf_posenc_logn_sdpa"`` or ``"sdpa"``: SDPA)."""
+    asked = kwargs.get("attn_implementation")
+    if asked is None:
+        return params, kwargs
+    if "backend" not in params:  # log-n alone: the base model runs the implementation it wraps
+        base = next((name for name, wrapper in TEMPERATURE_IMPLEMENTATIONS.items() if wrapper == asked), asked)
+        return params, {**kwargs, "attn_implementation": base}
+    backend = EXTENSION_BACKEND_OF.get(asked) or _STANDARD.get(asked, params["backend"])
+    base = "eager" if backend == "eager" else "sdpa"
+    return {**params, "backend": backend}, {**kwargs, "attn_implementation": base}
+
+
+_STANDARD = {"eager": "eager", "flex_attention": "flex"}  # standard names with a remap backend of their kind
 
 
 def _backend_now(model: nn.Module, info: PatchInfo) -> PatchInfo:
@@ -164,4 +183,6 @@ def serves_extension(method: Method) -> bool:
     return all(part.role in ROLES for part in (method.parts or (method,)))
 
 
-PLANNER = Planner(positions=frozenset({"rope"}), serves=serves_extension, plan=plan_extension)
+PLANNER = Planner(
+    positions=frozenset({"rope"}), serves=serves_extension, plan=plan_extension, loading=extension_loading
+)

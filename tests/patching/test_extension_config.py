@@ -1,0 +1,363 @@
+"""Self-Extend, DCA and log-n (alone and combined): save / load round trips, what plain transformers and vLLM read
+in the saved config, the attention implementation staying one that applies the method, bad input, and exact
+unpatch. The KV cache and padding are in test_extension_cache.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import make_tiny
+from helpers import PLAIN_LOAD, assert_refused, assert_same, snapshot
+from transformers import AutoModelForCausalLM
+
+import hf_posenc
+
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine two threads spin-wait on each
+    other: one thread runs this file ~50x faster there."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+L = 64
+SE = {"group_size": 4, "window": 16}
+DCA = {"chunk_size": 48, "local_size": 4}
+VLLM_KEY = "dual_chunk_attention_config"
+
+# (family, method, params): every method and combination, over the four families.
+METHODS = {
+    "self-extend": ("llama", "self-extend", SE),
+    "dca-qwen2": ("qwen2", "dca", DCA),
+    "dca-defaults": ("llama", "dca", {}),
+    "logn": ("mistral", "logn", {}),
+    "logn-llama4": ("llama", "logn", {"variant": "llama4", "attn_scale": 0.5, "floor_scale": 16}),
+    "self-extend+logn": ("qwen3", "self-extend+logn", {**SE, "backend": "eager"}),
+    "yarn+logn": ("llama", "yarn+logn", {"factor": 2}),
+    "dca+logn": ("qwen2", "dca+logn", DCA),
+    "dynamic-ntk+logn": ("llama", "dynamic-ntk+logn", {"factor": 2}),
+    "yarn+self-extend+logn": ("mistral", "yarn+self-extend+logn", {"factor": 2, **SE}),
+}
+
+
+def tiny(family: str, implementation: str = "eager"):
+    """Weights 2.5x the default scale: sharper attention, so every method moves the logits well past noise."""
+    return make_tiny(family, attn_implementation=implementation, initializer_range=0.05)
+
+
+def patched(case: str, implementation: str = "eager"):
+    family, method, params = METHODS[case]
+    return hf_posenc.patch(tiny(family, implementation), method, original_max_position_embeddings=L, **params)
+
+
+def logits(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids).logits
+
+
+IDS = torch.randint(1, 97, (1, 100), generator=torch.Generator().manual_seed(0))  # past L and DCA's chunk at 88
+
+
+# Save and load.
+
+
+@pytest.mark.parametrize("case", sorted(METHODS))
+def test_save_and_load_round_trip_then_unpatch_gives_the_base(tmp_path, case):
+    """from_pretrained gives the same patch and the same logits (bit for bit where the backend is the same; a remap
+    loaded with attn_implementation="eager" runs its eager reference); unpatching the loaded model gives the
+    unpatched model's logits bit for bit and its config values back."""
+    family, method, _ = METHODS[case]
+    base = tiny(family)
+    reference = logits(base, IDS)
+    model = patched(case)
+    expected = logits(model, IDS)
+    assert (expected - reference).abs().max() > 1e-2  # the method changes the model here
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["rope_parameters"]["rope_type"] == "hf_posenc_extension"
+    assert saved["hf_posenc"]["method"] == method
+
+    # "eager" builds the base with eager attention and, for a remap, selects its eager backend (the reference)
+    loaded = hf_posenc.from_pretrained(str(tmp_path), attn_implementation="eager").eval()
+    info, loaded_info = hf_posenc.get_patch(model), hf_posenc.get_patch(loaded)
+    if "backend" in info.params:
+        assert loaded_info.params == {**info.params, "backend": "eager"}
+        torch.testing.assert_close(logits(loaded, IDS), expected, rtol=0, atol=1e-5)
+    else:
+        assert loaded_info == info
+        assert loaded.config._attn_implementation == model.config._attn_implementation
+        torch.testing.assert_close(logits(loaded, IDS), expected, rtol=0, atol=0)
+
+    hf_posenc.unpatch(loaded)
+    assert hf_posenc.get_patch(loaded) is None
+    for key in ("rope_parameters", "max_position_embeddings", "_attn_implementation"):
+        assert getattr(loaded.config, key) == getattr(base.config, key), key
+    assert getattr(loaded.config, VLLM_KEY, None) is None and not hasattr(loaded.config, "hf_posenc")
+    torch.testing.assert_close(logits(loaded, IDS), reference, rtol=0, atol=0)
+
+
+def test_plain_transformers_refuses_every_saved_method(tmp_path):
+    """Without hf_posenc, transformers raises KeyError naming the rope type instead of building the model
+    without the method (which would run the plain model under a patched model's name)."""
+    folders = []
+    for case in sorted(METHODS):
+        patched(case).save_pretrained(tmp_path / case)
+        folders.append(str(tmp_path / case))
+    torch.save(IDS, tmp_path / "ids.pt")
+    result = subprocess.run(
+        [sys.executable, "-c", PLAIN_LOAD, str(tmp_path / "ids.pt"), *folders],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    for folder in folders:
+        assert outcome[folder].startswith("KeyError") and "hf_posenc_extension" in outcome[folder], folder
+        with pytest.raises(KeyError, match="hf_posenc_extension"):  # with hf_posenc imported too
+            AutoModelForCausalLM.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("case", ["dca-qwen2", "self-extend", "logn"])
+def test_unpatched_after_loading_saves_the_base_config(tmp_path, case):
+    """A model loaded with hf_posenc and unpatched saves the very config.json the base model saves: no key of the
+    patch left behind (not even set to null)."""
+    family = METHODS[case][0]
+    tiny(family).save_pretrained(tmp_path / "base")
+    patched(case).save_pretrained(tmp_path / "patched")
+    loaded = hf_posenc.from_pretrained(str(tmp_path / "patched"), attn_implementation="eager")
+    hf_posenc.unpatch(loaded).save_pretrained(tmp_path / "again")
+    base = json.loads((tmp_path / "base" / "config.json").read_text())
+    again = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert again == base, sorted(set(base) ^ set(again))
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        (DCA, {"chunk_size": 48, "local_size": 4, "original_max_position_embeddings": 64}),
+        ({}, {"chunk_size": 48, "local_size": 4, "original_max_position_embeddings": 64}),  # 3L/4, L/16
+        ({"chunk_size": 30, "local_size": 6, "original_max_position_embeddings": 32}, None),  # as given
+    ],
+)
+def test_dca_on_qwen2_writes_what_vllm_reads(tmp_path, params, expected):
+    """vLLM reads Qwen2's DCA from ``dual_chunk_attention_config``: the resolved chunk_size, local_size and
+    trained context; unpatch removes the key again."""
+    model = make_tiny("qwen2")
+    hf_posenc.patch(model, "dca", **params)
+    expected = expected or params
+    assert getattr(model.config, VLLM_KEY) == expected
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())[VLLM_KEY] == expected
+    hf_posenc.unpatch(model)
+    assert VLLM_KEY not in model.config.__dict__ and VLLM_KEY not in model.config.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("family", "method", "params"),
+    [
+        ("llama", "dca", DCA),
+        ("qwen3", "dca", DCA),
+        ("qwen2", "dca+logn", DCA),
+        ("qwen2", "self-extend", SE),
+        ("qwen2", "logn", {}),
+    ],
+)
+def test_no_vllm_dca_key_where_vllm_would_run_something_else(tmp_path, family, method, params):
+    """Only DCA alone on Qwen2 gets vLLM's key: DCA with log-n would run there without log-n, other families and
+    methods do not read it."""
+    hf_posenc.patch(make_tiny(family), method, **params).save_pretrained(tmp_path)
+    assert VLLM_KEY not in json.loads((tmp_path / "config.json").read_text())
+
+
+def test_max_position_embeddings_is_self_extends_reach_or_the_one_asked():
+    """Self-Extend writes its reach (L - W) * G + W, or the smaller max_position_embeddings asked for; DCA and
+    log-n keep L."""
+    assert hf_posenc.patch(make_tiny("llama"), "self-extend", **SE).config.max_position_embeddings == 208
+    asked = hf_posenc.patch(make_tiny("llama"), "self-extend", **SE, max_position_embeddings=150)
+    assert asked.config.max_position_embeddings == 150
+    assert hf_posenc.get_patch(asked).params["max_position_embeddings"] == 150
+    assert hf_posenc.patch(make_tiny("llama"), "dca", **DCA).config.max_position_embeddings == 64
+    assert hf_posenc.patch(make_tiny("llama"), "logn").config.max_position_embeddings == 64
+
+
+@pytest.mark.parametrize(
+    ("asked", "backend"), [("hf_posenc_extension_eager", "eager"), ("hf_posenc_extension_flex", "flex")]
+)
+def test_attn_implementation_at_load_naming_an_extension_backend(tmp_path, asked, backend):
+    """As with ALiBi, an extension implementation named at load selects that backend; the model runs, and unpatch
+    leaves a standard implementation that runs without the patch (not the extension one, which needs it)."""
+    model = patched("self-extend")  # blocked ("auto" on CPU)
+    model.save_pretrained(tmp_path)
+    loaded = hf_posenc.from_pretrained(str(tmp_path), attn_implementation=asked).eval()
+    assert hf_posenc.get_patch(loaded).params["backend"] == backend
+    assert loaded.config._attn_implementation == asked
+    torch.testing.assert_close(logits(loaded, IDS), logits(model, IDS), rtol=1e-5, atol=1e-5)
+    hf_posenc.unpatch(loaded)
+    assert loaded.config._attn_implementation in ("eager", "sdpa")
+    logits(loaded, IDS)
+
+
+# The attention implementation must stay one that applies the method.
+
+
+@pytest.mark.parametrize(
+    ("case", "switched_to"),
+    [
+        ("self-extend", "sdpa"),
+        ("self-extend", "eager"),
+        ("dca-qwen2", "sdpa"),
+        ("logn", "sdpa"),
+        ("logn", "eager"),
+        ("yarn+logn", "sdpa"),
+        ("self-extend+logn", "sdpa"),
+        ("self-extend", "hf_posenc_alibi_eager"),
+        ("self-extend", "hf_posenc_logn_eager"),  # log-n's wrapper runs the model's attention: no remap
+        ("dca+logn", "hf_posenc_logn_sdpa"),
+        ("logn", "hf_posenc_extension_blocked"),  # a remap backend on a model without a remap
+    ],
+)
+def test_leaving_the_implementations_that_apply_the_method_is_an_error(case, switched_to):
+    """set_attn_implementation to one that does not apply the patch: a RuntimeError at the next forward naming
+    the method, not a model silently without it (or a bare AttributeError)."""
+    model = patched(case)
+    model.set_attn_implementation(switched_to)
+    with pytest.raises(RuntimeError, match=rf"patched with '{re.escape(METHODS[case][1])}'.*does not apply it"):
+        logits(model, IDS)
+
+
+def test_switching_between_implementations_that_apply_the_method():
+    """A remap's backends are interchangeable through transformers, and so are log-n's wrappers of standard
+    implementations: the same logits, and get_patch reports the remap backend running now."""
+    model = patched("self-extend+logn")  # eager
+    expected = logits(model, IDS)
+    for backend in ("blocked", "flex", "eager"):
+        model.set_attn_implementation(f"hf_posenc_extension_{backend}")
+        assert hf_posenc.get_patch(model).params["backend"] == backend
+        torch.testing.assert_close(logits(model, IDS), expected, rtol=1e-5, atol=1e-5)
+    model = patched("logn")
+    expected = logits(model, IDS)
+    model.set_attn_implementation("hf_posenc_logn_sdpa")
+    torch.testing.assert_close(logits(model, IDS), expected, rtol=1e-5, atol=1e-5)
+
+
+# Bad input: a clear error, the model unchanged.
+
+
+def _with_implementation(model, implementation: str):
+    model.set_attn_implementation(implementation)
+    return model
+
+
+BAD = [
+    ("window not a multiple of group_size", "llama", "self-extend", {"group_size": 4, "window": 18}, ValueError, r"window must be a multiple of group_size=4, got window=18"),
+    ("window = L", "llama", "self-extend", {"group_size": 4, "window": 64}, ValueError, r"window must be below the trained context L=64, got 64"),
+    ("window > L", "qwen3", "self-extend", {"group_size": 8, "window": 72}, ValueError, r"window must be below the trained context L=64, got 72"),
+    ("default window holds no group", "llama", "self-extend", {"group_size": 32}, ValueError, r"default window L / 4 = 16 holds no whole group of group_size=32"),
+    ("reach shorter than asked", "llama", "self-extend", {**SE, "max_position_embeddings": 209}, ValueError, r"reaches \(L - W\) \* G \+ W = 208 tokens, fewer than max_position_embeddings=209"),
+    ("reach on the L given", "llama", "self-extend", {**SE, "original_max_position_embeddings": 32, "max_position_embeddings": 100}, ValueError, r"on L=32 reaches .* = 80 tokens"),
+    ("group_size 0", "llama", "self-extend", {"group_size": 0}, ValueError, r"group_size"),
+    ("unknown remap backend", "llama", "self-extend", {"backend": "sdpa"}, ValueError, r"Unknown backend 'sdpa'. Available backends: auto, eager, blocked, flex"),
+    ("chunk_size > L", "llama", "dca", {"chunk_size": 65}, ValueError, r"chunk_size must be at most the trained context L=64.*got 65"),
+    ("local_size = chunk_size", "qwen2", "dca", {"chunk_size": 48, "local_size": 48}, ValueError, r"local_size must be below chunk_size=48"),
+    ("local_size > default chunk_size", "llama", "dca", {"local_size": 50}, ValueError, r"local_size must be below chunk_size=48"),
+    ("unknown logn variant", "llama", "logn", {"variant": "mistral"}, ValueError, r"Unknown log-n variant 'mistral'. Available variants: qwen, llama4"),
+    ("attn_scale with qwen", "llama", "logn", {"variant": "qwen", "attn_scale": 0.2}, ValueError, r"attn_scale belong to variant='llama4'"),
+    ("floor_scale with qwen", "llama", "logn", {"floor_scale": 8}, ValueError, r"floor_scale belong to variant='llama4'"),
+    ("backend for logn", "llama", "logn", {"backend": "eager"}, TypeError, r"Unknown parameter\(s\) 'backend' for method 'logn'"),
+    ("factor for self-extend", "llama", "self-extend", {"factor": 2}, TypeError, r"Unknown parameter\(s\) 'factor' for method 'self-extend'"),
+    ("combination parameter of no part", "llama", "self-extend+logn", {"factor": 2}, TypeError, r"Unknown parameter\(s\) 'factor'"),
+    ("bad part parameter in a combination", "llama", "yarn+logn", {"factor": 2, "variant": "nope"}, ValueError, r"Unknown log-n variant 'nope'"),
+    ("two remaps", "llama", "self-extend+dca", {}, ValueError, r"'self-extend' and 'dca' both change the remap"),
+    ("alibi combined", "llama", "alibi+logn", {}, ValueError, r"'alibi' combine with nothing"),
+    ("dynamic scaling with a remap", "llama", "dynamic-ntk+self-extend", {"factor": 2}, ValueError, r"'dynamic-ntk' changes the frequencies with the length"),
+    ("dynamic-yarn with dca", "qwen2", "dynamic-yarn+dca", {}, ValueError, r"'dynamic-yarn' changes the frequencies with the length"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "family", "method", "params", "error", "match"), BAD, ids=[case[0] for case in BAD])
+def test_bad_parameters_are_refused_and_change_nothing(case, family, method, params, error, match):
+    assert_refused(make_tiny(family), method, params, error, match)
+
+
+BAD_MODELS = [
+    ("mistral with a sliding window", lambda: make_tiny("mistral", sliding_window=16), "logn", ValueError, r"uses sliding-window attention \(sliding_window=16\)"),
+    ("qwen2 with a sliding window", lambda: make_tiny("qwen2", sliding_window=16, use_sliding_window=True), "dca", ValueError, r"uses sliding-window attention"),
+    ("dynamic rope under a remap", lambda: make_tiny("llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}), "self-extend", ValueError, r"need frequencies that do not change with the length.*\['dynamic'\]"),
+    ("log-n over an implementation it does not wrap", lambda: _with_implementation(make_tiny("llama"), "hf_posenc_alibi_eager"), "logn", ValueError, r"'hf_posenc_alibi_eager' is not one it wraps; use one of eager, sdpa"),
+    ("gpt2", lambda: make_tiny("gpt2"), "self-extend", ValueError, r"method 'self-extend' needs rotary embeddings"),
+    ("gpt2 logn", lambda: make_tiny("gpt2"), "logn", ValueError, r"method 'logn' needs rotary embeddings"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "build", "method", "error", "match"), BAD_MODELS, ids=[case[0] for case in BAD_MODELS]
+)
+def test_models_the_methods_do_not_serve_are_refused_and_unchanged(case, build, method, error, match):
+    assert_refused(build(), method, {}, error, match)
+
+
+def test_qwen2_with_sliding_window_switched_off_is_served():
+    """Qwen2 configs carry a sliding_window that only use_sliding_window=True turns on: no refusal for it."""
+    model = make_tiny("qwen2", sliding_window=16, use_sliding_window=False)
+    hf_posenc.patch(model, "dca", **DCA)
+    assert hf_posenc.get_patch(model).method == "dca"
+
+
+# Unpatch: test_patching.py's bit-for-bit test runs over the RoPE scalings only (methods with frequencies).
+
+
+def _pre_hooks(model) -> list[int]:
+    return [len(module._forward_pre_hooks) for module in model.modules()]
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("case", sorted(METHODS))
+def test_unpatch_restores_everything_bit_for_bit(case, implementation):
+    """Config, tensors, module attributes, hooks and the attention implementation as before; the same logits,
+    bit for bit; and a forward on sdpa afterwards (no check of the patch left behind)."""
+    family, method, params = METHODS[case]
+    model = tiny(family, implementation)
+    reference = logits(model, IDS)
+    before, hooks = snapshot(model), _pre_hooks(model)
+    hf_posenc.patch(model, method, original_max_position_embeddings=L, **params)
+    assert (logits(model, IDS) - reference).abs().max() > 1e-2
+    assert hf_posenc.unpatch(model) is model
+    assert hf_posenc.get_patch(model) is None
+    assert_same(before, snapshot(model))
+    assert _pre_hooks(model) == hooks and "create_masks_for_generate" not in model.__dict__
+    assert model.config._attn_implementation == implementation
+    assert torch.equal(logits(model, IDS), reference)
+    model.set_attn_implementation("sdpa" if implementation == "eager" else "eager")
+    logits(model, IDS)
+
+
+def test_unpatch_after_switching_backend_gives_the_implementation_before_the_patch():
+    model = tiny("llama", "sdpa")
+    before = snapshot(model)
+    hf_posenc.patch(model, "dca", **DCA)
+    model.set_attn_implementation("hf_posenc_extension_eager")
+    hf_posenc.unpatch(model)
+    assert model.config._attn_implementation == "sdpa"
+    assert_same(before, snapshot(model))
+
+
+def test_patch_again_after_unpatch_gives_the_same_model():
+    """patch, unpatch, patch: the second patch is the first (no state of the first one left over)."""
+    model = patched("self-extend+logn")
+    first, config = logits(model, IDS), model.config.to_dict()
+    hf_posenc.unpatch(model)
+    family, method, params = METHODS["self-extend+logn"]
+    hf_posenc.patch(model, method, original_max_position_embeddings=L, **params)
+    assert model.config.to_dict() == config
+    assert torch.equal(logits(model, IDS), first)

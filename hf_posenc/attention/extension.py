@@ -59,6 +59,7 @@ class PositionMask:
     query_positions: torch.Tensor  # (B, q) int64
     key_positions: torch.Tensor  # (B, kv) int64
     key_valid: torch.Tensor | None  # (B, kv) bool, None without padding
+    query_valid: torch.Tensor | None = None  # (B, q) bool, None without padding
     block_masks: dict[Any, BlockMask] = field(default_factory=dict)  # flex's, built on first use
 
     def allowed(self, queries: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
@@ -95,7 +96,7 @@ def extension_mask(
         return PositionMask(queries.expand(batch_size, -1), keys.expand(batch_size, -1), valid)
     padding = _padding(attention_mask, kv_length, kv_offset, device)
     counts = padding.long().cumsum(-1) - 1  # position of each token = non-padding tokens before it
-    return PositionMask(counts[:, queries], counts[:, keys], padding[:, keys])
+    return PositionMask(counts[:, queries], counts[:, keys], padding[:, keys], padding[:, queries])
 
 
 def _padding(attention_mask: torch.Tensor, kv_length: int, kv_offset: int, device: Any) -> torch.Tensor:
@@ -124,7 +125,8 @@ def extension_state(module: nn.Module) -> ExtensionState:
 
 
 def checked_mask(module: nn.Module, mask: Any, kwargs: dict[str, Any]) -> PositionMask:
-    """The mask, and on the first layer a check that the rotary embedding used these positions."""
+    """The mask, and on the first layer a check that the rotary embedding used these positions at every real
+    (non-padding) query; padding queries are free (``generate()`` gives them 1)."""
     if not isinstance(mask, PositionMask):
         raise TypeError(
             f"The hf_posenc extension attention got an attention mask of type {type(mask).__name__}; pass a 2D "
@@ -133,8 +135,8 @@ def checked_mask(module: nn.Module, mask: Any, kwargs: dict[str, Any]) -> Positi
     position_ids = kwargs.get("position_ids")
     if getattr(module, "layer_idx", 0) == 0 and position_ids is not None:
         expected = mask.query_positions
-        valid = expected >= 0
-        if not bool(((position_ids.expand_as(expected) == expected) | ~valid).all()):
+        real = torch.ones_like(expected, dtype=torch.bool) if mask.query_valid is None else mask.query_valid
+        if not bool(((position_ids.expand_as(expected) == expected) | ~real).all()):
             raise ValueError(
                 "position_ids must count the non-padding tokens (attention_mask.cumsum(-1) - 1, as generate() "
                 "assigns them): Self-Extend, DCA and log-n read positions from the attention mask."

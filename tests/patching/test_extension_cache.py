@@ -212,6 +212,24 @@ def test_left_padded_batch_forward_equals_each_alone(case):
             torch.testing.assert_close(together[row, real], model(alone).logits[0], **TOLERANCE)
 
 
+@pytest.mark.parametrize("case", ["self-extend-blocked", "dca-eager", "self-extend+logn-blocked"])
+def test_right_padded_batch_forward_equals_each_alone(case):
+    """Right padding, with generate()'s position_ids (``cumsum - 1``, padding set to 1): the padding queries'
+    positions are not checked, and the real tokens' logits are each row's own."""
+    model = patched_tiny(case)
+    long, short = tokens(100, seed=6), tokens(71, seed=7)
+    batch = torch.zeros(2, 100, dtype=torch.long)
+    batch[0], batch[1, :71] = long[0], short[0]
+    mask = torch.zeros_like(batch)
+    mask[0], mask[1, :71] = 1, 1
+    position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    with torch.no_grad():
+        together = model(batch, attention_mask=mask, position_ids=position_ids).logits
+        for row, alone in enumerate([long, short]):
+            real = mask[row].bool()
+            torch.testing.assert_close(together[row, real], model(alone).logits[0], **TOLERANCE)
+
+
 @pytest.mark.parametrize(
     ("case", "cache"),
     [("self-extend-blocked", "dynamic"), ("dca-eager", "dynamic"), ("logn-sdpa", "dynamic"), ("yarn+logn", "dynamic")]

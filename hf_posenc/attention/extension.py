@@ -107,7 +107,8 @@ def rerotate(states: torch.Tensor, shift: torch.Tensor, inv_freq: torch.Tensor, 
     """``(B, H, n, D)`` states rotated (transformers' half-split layout) by a further ``shift`` positions
     ``(B, n)``; angles in float64, the result in float32."""
     angles = shift.to(torch.float64)[:, None, :, None] * inv_freq.to(torch.float64)  # (B, 1, n, d/2)
-    cos, sin = torch.cat((angles, angles), -1).cos().float(), torch.cat((angles, angles), -1).sin().float()
+    angles = torch.cat((angles, angles), -1)
+    cos, sin = angles.cos().float(), angles.sin().float()
     rotated, rest = states[..., :rotary_dim].float(), states[..., rotary_dim:].float()
     half = rotary_dim // 2
     turned = torch.cat((-rotated[..., half:], rotated[..., :half]), -1)
@@ -153,10 +154,11 @@ def scaled_queries(state: ExtensionState, query: torch.Tensor, positions: torch.
 def segment_states(
     state: ExtensionState, segment: int, query: torch.Tensor, key: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k as segment ``segment`` sees them (float32)."""
+    """q and k as segment ``segment`` sees them: as given where its distances are the true ones, else re-rotated
+    (float32)."""
     remap = state.remap
     if remap.TRUE_DISTANCES[segment]:
-        return query.float(), key.float()
+        return query, key
     inv_freq = state.rotary.inv_freq
     query = rerotate(query, remap.query_position(segment, qpos) - qpos, inv_freq, state.rotary_dim)
     key = rerotate(key, remap.key_position(segment, kpos) - kpos, inv_freq, state.rotary_dim)
@@ -168,8 +170,8 @@ def _grouped_scores(query: torch.Tensor, key: torch.Tensor, scaling: float) -> t
     heads without copies."""
     batch, heads, length, dim = query.shape
     kv_heads = key.shape[1]
-    grouped = query.reshape(batch, kv_heads, heads // kv_heads * length, dim)
-    scores = torch.matmul(grouped, key.transpose(-1, -2)) * scaling
+    grouped = query.float().reshape(batch, kv_heads, heads // kv_heads * length, dim)
+    scores = torch.matmul(grouped, key.float().transpose(-1, -2)) * scaling
     return scores.reshape(batch, heads, length, key.shape[2])
 
 

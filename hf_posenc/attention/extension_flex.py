@@ -23,6 +23,11 @@ import torch
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+try:  # torch >= 2.9: return_lse is deprecated there
+    from torch.nn.attention.flex_attention import AuxRequest
+except ImportError:  # pragma: no cover - older torch
+    AuxRequest = None
+
 from .extension import (
     ExtensionState,
     PositionMask,
@@ -61,15 +66,24 @@ def _block_mask(mask: PositionMask, key: Any, mask_mod: Any, kv_length: int, com
 
 
 def _pair_rule(state: ExtensionState, mask: PositionMask) -> Any:
-    """``rule(batch, i_index, j_index, segment)``: whether the pair attends, in that segment."""
-    remap, qpos, kpos, valid = state.remap, mask.query_positions, mask.key_positions, mask.key_valid
+    """``rule(batch, i_index, j_index, segment)``: whether the pair attends, in that segment. Everything it reads
+    is a tensor (no Python branch on the call's values), so compiled flex traces it once for all calls."""
+    remap, qpos, kpos = state.remap, mask.query_positions, mask.key_positions
+    valid = mask.key_valid if mask.key_valid is not None else torch.ones_like(kpos, dtype=torch.bool)
 
     def rule(batch, q_idx, kv_idx, segment):
         i, j = qpos[batch, q_idx], kpos[batch, kv_idx]
-        keep = (j <= i) & (remap.segment_of(i, j) == segment)
-        return keep if valid is None else keep & valid[batch, kv_idx]
+        return (j <= i) & (remap.segment_of(i, j) == segment) & valid[batch, kv_idx]
 
     return rule
+
+
+def _with_lse(attend: Any, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``flex_attention`` returning its output and log-sum-exp (``return_aux`` where this torch has it)."""
+    if AuxRequest is None:
+        return attend(*args, return_lse=True, **kwargs)
+    output, aux = attend(*args, return_aux=AuxRequest(lse=True), **kwargs)
+    return output, aux.lse
 
 
 def _per_segment(state: ExtensionState, mask: PositionMask, query, key, value, scaling: float, compiled: bool):
@@ -77,19 +91,20 @@ def _per_segment(state: ExtensionState, mask: PositionMask, query, key, value, s
     attend = _compiled(flex_attention, query.is_cuda) if compiled else flex_attention
     outputs, lses = [], []
     for segment in range(len(state.remap.SEGMENTS)):
+        index = torch.tensor(segment, device=query.device)  # a tensor: one trace for every segment
 
-        def mask_mod(batch, head, q_idx, kv_idx, segment=segment):
-            return rule(batch, q_idx, kv_idx, segment)
+        def mask_mod(batch, head, q_idx, kv_idx, index=index):
+            return rule(batch, q_idx, kv_idx, index)
 
         seg_query, seg_key = segment_states(state, segment, query, key, mask.query_positions, mask.key_positions)
-        output, lse = attend(
+        output, lse = _with_lse(
+            attend,
             seg_query.to(query.dtype),
             seg_key.to(key.dtype),
             value,
             block_mask=_block_mask(mask, ("segment", segment), mask_mod, kv_length, compiled),
             scale=scaling,
             enable_gqa=query.shape[1] != key.shape[1],
-            return_lse=True,
         )
         outputs.append(output.float())
         lses.append(lse.float())

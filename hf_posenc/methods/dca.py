@@ -28,9 +28,11 @@ from .remap import RemapParams
 @dataclass(frozen=True, kw_only=True)
 class DCAParams(RemapParams):
     """Args:
-    chunk_size (`int`, *optional*): the largest relative position used, at most ``L``; defaults to ``3L/4``.
+    chunk_size (`int`, *optional*): the largest relative position used, at most ``L`` (``L`` itself, as Qwen2.5-1M
+        ships, puts the farthest keys one position past the trained ``0 .. L-1``); defaults to ``3L/4``, or to
+        the config's ``dual_chunk_attention_config`` where it has one.
     local_size (`int`, *optional*): below ``chunk_size``; chunks are ``chunk_size - local_size`` long. Defaults
-        to ``L/16``.
+        to ``L/16``, or to the config's ``dual_chunk_attention_config`` where it has one.
     """
 
     SEGMENTS: ClassVar[tuple[str, ...]] = ("intra", "successive", "inter")
@@ -58,7 +60,7 @@ class DCAParams(RemapParams):
         if self.chunk_size is not None and self.local_size is not None and self.local_size >= self.chunk_size:
             raise ValueError(
                 f"local_size must be below chunk_size={self.chunk_size} (chunks are chunk_size - local_size long), "
-                f"got {self.local_size}."
+                f"got local_size={self.local_size} (the default is L/16)."
             )
 
     @property

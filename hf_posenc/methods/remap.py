@@ -25,8 +25,9 @@ class RemapParams(RopeParams):
     """Args:
     backend (`str`, defaults to ``"auto"``): ``"eager"`` (the reference: every segment's ``n x n`` logits in
         float32, one softmax), ``"blocked"`` (query blocks, each against the key range its segments reach:
-        memory linear in the length), ``"flex"`` (``flex_attention`` per segment with block masks, merged by
-        log-sum-exp; compiled on CUDA, memory linear), or ``"auto"``: flex on CUDA, blocked elsewhere.
+        memory linear in the length), ``"flex"`` (``flex_attention`` with block masks, memory linear: per segment
+        merged by log-sum-exp on CUDA, segments side by side in one call on a CPU), or ``"auto"``: flex on CUDA,
+        blocked elsewhere, decided when patching (a model moved to CUDA afterwards keeps blocked).
     original_max_position_embeddings (`int`, *optional*): the trained context ``L``; ``patch`` reads it from
         the config when omitted.
     """

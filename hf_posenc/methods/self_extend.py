@@ -73,6 +73,11 @@ class SelfExtendParams(RemapParams):
         if self.window >= context:
             raise ValueError(f"window must be below the trained context L={context}, got {self.window}.")
         reach = self_extend_reach(context, self.group_size, self.window)
+        if self.max_position_embeddings is not None and self.max_position_embeddings < context:
+            raise ValueError(
+                f"max_position_embeddings (the longest input to serve) must be at least the trained context "
+                f"L={context}, got {self.max_position_embeddings}."
+            )
         if self.max_position_embeddings is None:
             self._set("max_position_embeddings", reach)
         elif self.max_position_embeddings > reach:

@@ -41,9 +41,10 @@ from .rope_types import EXTENSION_ROPE_TYPE
 
 logger = logging.getLogger("hf_posenc")
 
-ROLES = ("remap", "temperature")
+SERVED_ROLES = ("remap", "temperature")
 VLLM_DCA_KEY = "dual_chunk_attention_config"  # what vLLM reads for Qwen2 (Qwen2.5-1M ships it)
 VLLM_DCA_MODEL_TYPES = ("qwen2",)
+_STANDARD = {"eager": "eager", "flex_attention": "flex"}  # standard names with a remap backend of their kind
 
 
 def _check_model(model: nn.Module, remaps: bool) -> None:
@@ -103,6 +104,9 @@ def plan_extension(model: nn.Module, method: Method, params: dict[str, Any]) -> 
     remap_method = next((part for part in parts if part.role == "remap"), None)
     _check_model(model, remap_method is not None)
     config, params = model.config, dict(params)
+    shipped = getattr(config, VLLM_DCA_KEY, None)
+    if remap_method is not None and remap_method.name == "dca" and isinstance(shipped, dict):
+        params = {**{key: shipped[key] for key in ("chunk_size", "local_size") if key in shipped}, **params}
     method.make_params(**params)  # bad parameters fail before the trained context is guessed (and logged)
     resolved = method.make_params(original_max_position_embeddings=trained_context(config, params), **params)
     by_role = dict(zip((part.role for part in parts), getattr(resolved, "part_params", (resolved,)), strict=True))
@@ -167,9 +171,6 @@ def extension_loading(params: dict[str, Any], kwargs: dict[str, Any]) -> tuple[d
     return {**params, "backend": backend}, {**kwargs, "attn_implementation": base}
 
 
-_STANDARD = {"eager": "eager", "flex_attention": "flex"}  # standard names with a remap backend of their kind
-
-
 def _backend_now(model: nn.Module, info: PatchInfo) -> PatchInfo:
     """What ``get_patch`` reports: a remap's backend running now."""
     backend = EXTENSION_BACKEND_OF.get(model.config._attn_implementation)
@@ -180,7 +181,7 @@ def _backend_now(model: nn.Module, info: PatchInfo) -> PatchInfo:
 
 def serves_extension(method: Method) -> bool:
     """Remaps, temperatures, and combinations of nothing else."""
-    return all(part.role in ROLES for part in (method.parts or (method,)))
+    return all(part.role in SERVED_ROLES for part in (method.parts or (method,)))
 
 
 PLANNER = Planner(

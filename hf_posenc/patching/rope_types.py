@@ -18,6 +18,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ..architectures import rotary_dim
 from ..methods import rope_frequencies
+from ..methods._common import rope_inv_freq
 from ..record import CONFIG_KEY, PatchRecord
 from ..registry import Method, get_method, params_to_dict
 
@@ -93,18 +94,20 @@ def own_rope_init(config: Any, device: Any = None, seq_len: Any = None, layer_ty
     Reads the patch record when the config has one (a patched model whose rotary modules transformers
     re-initializes), else the method written into ``rope_parameters`` (a saved config loaded by plain
     transformers after ``import hf_posenc``). A patch without rotation (ALiBi) gives zero frequencies: the
-    identity rotation it installed; a combination (``"yarn+logn"``) its RoPE scaling's frequencies. An unknown
-    method or a bad parameter raises here.
+    identity rotation it installed; a combination (``"yarn+logn"``) its RoPE scaling's frequencies; an
+    attention-level method alone the base's. An unknown method or a bad parameter raises here.
     """
     record = PatchRecord.from_config(config, missing_ok=True)
     if record:
         method = get_method(record.method)
         method = next((part for part in method.parts if part.frequencies is not None), method)  # a combination's
-        if method.frequencies is None:
+        base = record.base["rope_parameters"]["rope_theta"]
+        if method.role == "replace":  # ALiBi: no rotation
             return torch.zeros(rotary_dim(config) // 2, device=device), 1.0
+        if method.frequencies is None:  # Self-Extend, DCA, log-n alone: the base's rotation
+            return rope_inv_freq(rotary_dim(config), base, dtype=torch.float32, device=device), 1.0
         names = {item.name for item in dataclasses.fields(method.params)}
         method, params = method.name, {key: value for key, value in record.params.items() if key in names}
-        base = record.base["rope_parameters"]["rope_theta"]
     else:
         rope = config.rope_parameters
         method, base = rope["method"], rope["rope_theta"]

@@ -163,6 +163,23 @@ def test_dca_on_qwen2_writes_what_vllm_reads(tmp_path, params, expected):
     assert VLLM_KEY not in model.config.__dict__ and VLLM_KEY not in model.config.to_dict()
 
 
+def test_dca_defaults_to_the_configs_own_dual_chunk_attention_config():
+    """A Qwen2 config that ships vLLM's DCA keys (as Qwen2.5-1M does) gives DCA its chunk and local sizes; given
+    parameters still win."""
+    model = make_tiny("qwen2")
+    model.config.dual_chunk_attention_config = {"chunk_size": 40, "local_size": 8}
+    with hf_posenc.patched(model, "dca"):
+        assert (
+            hf_posenc.get_patch(model).params | {"chunk_size": 40, "local_size": 8} == hf_posenc.get_patch(model).params
+        )
+    with hf_posenc.patched(model, "dca", local_size=4):
+        assert (hf_posenc.get_patch(model).params["chunk_size"], hf_posenc.get_patch(model).params["local_size"]) == (
+            40,
+            4,
+        )
+    assert model.config.dual_chunk_attention_config == {"chunk_size": 40, "local_size": 8}
+
+
 @pytest.mark.parametrize(
     ("family", "method", "params"),
     [
@@ -266,6 +283,7 @@ BAD = [
     ("default window holds no group", "llama", "self-extend", {"group_size": 32}, ValueError, r"default window L / 4 = 16 holds no whole group of group_size=32"),
     ("reach shorter than asked", "llama", "self-extend", {**SE, "max_position_embeddings": 209}, ValueError, r"reaches \(L - W\) \* G \+ W = 208 tokens, fewer than max_position_embeddings=209"),
     ("reach on the L given", "llama", "self-extend", {**SE, "original_max_position_embeddings": 32, "max_position_embeddings": 100}, ValueError, r"on L=32 reaches .* = 80 tokens"),
+    ("reach asked below L", "llama", "self-extend", {**SE, "max_position_embeddings": 10}, ValueError, r"must be at least the trained context L=64, got 10"),
     ("group_size 0", "llama", "self-extend", {"group_size": 0}, ValueError, r"group_size"),
     ("unknown remap backend", "llama", "self-extend", {"backend": "sdpa"}, ValueError, r"Unknown backend 'sdpa'. Available backends: auto, eager, blocked, flex"),
     ("chunk_size > L", "llama", "dca", {"chunk_size": 65}, ValueError, r"chunk_size must be at most the trained context L=64.*got 65"),

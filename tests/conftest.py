@@ -50,6 +50,16 @@ def make_tiny(family: str, *, seed: int = 0, attn_implementation: str = "eager",
     return model.eval()
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine two threads spin-wait on each
+    other: one thread runs a module of tiny-model tests many times faster there."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(params=sorted(CONFIGS))
 def tiny_family(request) -> str:
     return request.param

@@ -30,7 +30,8 @@ def paper_slopes(n: int) -> list[float]:
     return power_of_2(closest) + paper_slopes(2 * closest)[0::2][: n - closest]
 
 
-def generate(model, prompt, mask=None, new=40):
+def generate(model, prompt, mask=None, new=40, **kwargs):
+    """Greedy generation of ``new`` tokens (``kwargs``: more of generate's, e.g. cache_implementation)."""
     model.generation_config.eos_token_id = None
     out = model.generate(
         prompt,
@@ -40,6 +41,7 @@ def generate(model, prompt, mask=None, new=40):
         pad_token_id=0,
         output_logits=True,
         return_dict_in_generate=True,
+        **kwargs,
     )
     return out.sequences, torch.stack(out.logits, dim=1)  # (B, P+new), (B, new, V)
 

@@ -190,9 +190,14 @@ def _softmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
 
 
-def no_dropout(module: nn.Module, dropout: float) -> None:
+def prepared(
+    module: nn.Module, query: torch.Tensor, attention_mask: Any, dropout: float, kwargs: dict[str, Any]
+) -> tuple[ExtensionState, PositionMask, torch.Tensor]:
+    """What every remap backend starts with: the module's state, the checked mask, the queries scaled by log-n."""
+    state, mask = extension_state(module), checked_mask(module, attention_mask, kwargs)
     if dropout and module.training:
         raise ValueError("The hf_posenc extension attention has no attention dropout; set it to 0 to train.")
+    return state, mask, scaled_queries(state, query, mask.query_positions)
 
 
 def extension_eager_attention(
@@ -206,10 +211,8 @@ def extension_eager_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference: every segment's logits in float32, merged pair by pair, one softmax."""
-    state, mask = extension_state(module), checked_mask(module, attention_mask, kwargs)
-    no_dropout(module, dropout)
+    state, mask, query = prepared(module, query, attention_mask, dropout, kwargs)
     qpos, kpos = mask.query_positions, mask.key_positions
-    query = scaled_queries(state, query, qpos)
     segment_of = state.remap.segment_of(qpos[:, None, :, None], kpos[:, None, None, :])  # (B, 1, q, kv)
     scores = None
     for segment in range(len(state.remap.SEGMENTS)):
@@ -238,10 +241,8 @@ def extension_blocked_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Query blocks of :data:`BLOCK` rows; each segment's logits only over the keys it can reach there."""
-    state, mask = extension_state(module), checked_mask(module, attention_mask, kwargs)
-    no_dropout(module, dropout)
+    state, mask, query = prepared(module, query, attention_mask, dropout, kwargs)
     qpos, kpos = mask.query_positions, mask.key_positions.contiguous()
-    query = scaled_queries(state, query, qpos)
     outputs = []
     for start in range(0, query.shape[2], BLOCK):
         rows = slice(start, start + BLOCK)

@@ -28,15 +28,7 @@ try:  # torch >= 2.9: return_lse is deprecated there
 except ImportError:  # pragma: no cover - older torch
     AuxRequest = None
 
-from .extension import (
-    ExtensionState,
-    PositionMask,
-    checked_mask,
-    extension_state,
-    no_dropout,
-    scaled_queries,
-    segment_states,
-)
+from .extension import ExtensionState, PositionMask, prepared, segment_states
 
 CPU_COMPILE_FROM = 4096 * 4096
 
@@ -148,9 +140,7 @@ def extension_flex_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Self-Extend / DCA with ``flex_attention`` (see the module docstring for the two strategies)."""
-    state, mask = extension_state(module), checked_mask(module, attention_mask, kwargs)
-    no_dropout(module, dropout)
-    query = scaled_queries(state, query, mask.query_positions)
+    state, mask, query = prepared(module, query, attention_mask, dropout, kwargs)
     compiled = _compiles(query.device, query.shape[2] * key.shape[2])
     strategy = _per_segment if query.device.type == "cuda" else _side_by_side
     output = strategy(state, mask, query, key, value, scaling, compiled)

@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from hf_posenc.attention import extension_flex
-from hf_posenc.attention.extension import ExtensionState, extension_eager_attention, extension_mask
+from hf_posenc.attention.extension import (
+    ExtensionState,
+    extension_eager_attention,
+    extension_mask,
+    scaled_queries,
+)
 from hf_posenc.registry import get_method
 
 HEADS, KV_HEADS, DIM, LENGTH = 4, 2, 16, 80
@@ -45,7 +50,7 @@ def test_flex_strategies_equal_the_eager_reference(strategy, method, padded):
     module = _module(method, temperature=method == "self-extend")
     expected = extension_eager_attention(module, query, key, value, mask, DIM**-0.5)[0]  # (B, q, H, D)
     state = module.hf_posenc_extension
-    scaled = extension_flex.scaled_queries(state, query, mask.query_positions)
+    scaled = scaled_queries(state, query, mask.query_positions)
     with torch.no_grad():
         output = getattr(extension_flex, strategy)(state, mask, scaled, key, value, DIM**-0.5, False).transpose(1, 2)
     torch.testing.assert_close(output[real], expected[real], rtol=1e-5, atol=1e-5)

@@ -12,25 +12,17 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_tiny
+from helpers import generate
 from transformers import DynamicCache, StaticCache
 
 import hf_posenc
 from hf_posenc.attention import extension as extension_attention
 
 pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
     pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
     pytest.mark.filterwarnings("ignore:.*generation flags are not valid.*"),
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine two threads spin-wait on each
-    other: one thread runs this file ~50x faster there."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 L = 64
@@ -71,18 +63,7 @@ def tokens(length: int, seed: int) -> torch.Tensor:
 
 def greedy(model, prompt: torch.Tensor, new: int, mask: torch.Tensor | None = None, **kwargs):
     """Greedy generation of ``new`` tokens: (sequences, logits (B, new, V))."""
-    model.generation_config.eos_token_id = None
-    out = model.generate(
-        prompt,
-        attention_mask=torch.ones_like(prompt) if mask is None else mask,
-        max_new_tokens=new,
-        do_sample=False,
-        pad_token_id=0,
-        output_logits=True,
-        return_dict_in_generate=True,
-        **kwargs,
-    )
-    return out.sequences, torch.stack(out.logits, dim=1)
+    return generate(model, prompt, mask, new, **kwargs)
 
 
 def test_the_cases_change_the_model_past_the_context():

@@ -17,17 +17,10 @@ from transformers import AutoModelForCausalLM
 
 import hf_posenc
 
-pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine two threads spin-wait on each
-    other: one thread runs this file ~50x faster there."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
+]
 
 
 L = 64

@@ -231,7 +231,7 @@ def render_card(
         base_model=base_model,
         library_name="transformers",
         pipeline_tag="text-generation",
-        tags=["hf-posenc", *(ROLE_TAGS[part.role] for part in method.parts or [method]), "long-context", record.method],
+        tags=["hf-posenc", *(ROLE_TAGS[part.role] for part in method.components), "long-context", record.method],
         model_name=repo_id if eval_results else None,
         eval_results=eval_results or None,
         **(license_info or {}),

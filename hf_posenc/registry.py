@@ -65,9 +65,27 @@ class Method:
         if self.dynamic and not self.depends_on_length:
             raise ValueError(f"Method {self.name!r} is dynamic, so its output depends on the input's length.")
 
+    @property
+    def param_names(self) -> list[str]:
+        """The names of its parameters, in the params dataclass's order."""
+        return [item.name for item in dataclasses.fields(self.params)]
+
+    def own(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The entries of ``params`` that are this method's parameters (a combination's, for one part)."""
+        return {key: value for key, value in params.items() if key in self.param_names}
+
+    @property
+    def components(self) -> tuple[Method, ...]:
+        """The methods it is made of: a combination's parts, else itself."""
+        return self.parts or (self,)
+
+    def part(self, role: str) -> Method | None:
+        """The component with ``role`` (``"rope"``, ``"remap"``, ...), or None."""
+        return next((component for component in self.components if component.role == role), None)
+
     def make_params(self, **kwargs: Any) -> Any:
         """Build (and so validate) the parameters; unknown names raise with the valid ones listed."""
-        names = [f.name for f in dataclasses.fields(self.params)]
+        names = self.param_names
         unknown = sorted(set(kwargs) - set(names))
         if unknown:
             raise TypeError(
@@ -181,8 +199,7 @@ def _combined_params(parts: tuple[Method, ...]) -> type:
     def __post_init__(self) -> None:
         built = []
         for part in parts:
-            names = [item.name for item in dataclasses.fields(part.params)]
-            built.append(part.make_params(**{name: getattr(self, name) for name in names}))
+            built.append(part.make_params(**{name: getattr(self, name) for name in part.param_names}))
         for params in reversed(built):  # the first part holding a name gives its value
             for name, value in vars(params).items():
                 if name in fields:

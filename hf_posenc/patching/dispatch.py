@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from torch import nn
@@ -38,8 +37,8 @@ def planner_for_config(config: Any, method: Method) -> Planner | None:
     """The planner of ``method`` on a model built from ``config``, before it is built (None: none serves it;
     patching the built model then says why). For a combination with a RoPE scaling, the rest's planner: the one
     whose loading needs apply (a remap's backend)."""
-    rope = next((part for part in method.parts if part.role == "rope"), None)
-    if rope is not None:
+    rope = method.part("rope")
+    if method.parts and rope is not None:
         method = _without(method, rope)
     return _serving(positions_of_config(config).kind, method)
 
@@ -54,11 +53,11 @@ def plan_method(model: nn.Module, method: Method, params: dict[str, Any]) -> Pla
     """The plan of ``method`` on ``model``. A combination with a RoPE scaling (``"yarn+logn"``) is planned by
     the RoPE planner for that part and by the extension planner for the rest, each on the parameters it
     takes (the trained context, resolved once, goes to both), and the two plans become one."""
-    rope = next((part for part in method.parts if part.role == "rope"), None)
-    if rope is None:
+    rope = method.part("rope")
+    if not method.parts or rope is None:
         return planner_for(model, method).plan(model, method, params)
     others = _without(method, rope)
-    if rope.dynamic and any(part.role == "remap" for part in others.parts or [others]):
+    if rope.dynamic and others.part("remap") is not None:
         raise ValueError(
             f"{rope.name!r} changes the frequencies with the length, and a remap re-rotates cached keys with the "
             "current ones; combine Self-Extend or DCA with a static scaling (pi, ntk, yarn, llama3)."
@@ -68,14 +67,9 @@ def plan_method(model: nn.Module, method: Method, params: dict[str, Any]) -> Pla
     context = trained_context(model.config, given)
     plans = []
     for part in (rope, others):
-        part_params = {**_taken_by(part, given), "original_max_position_embeddings": context}
+        part_params = {**part.own(given), "original_max_position_embeddings": context}
         plans.append(planner_for(model, part).plan(model, part, part_params))
     return _merged(model.config, method, plans)
-
-
-def _taken_by(method: Method, params: dict[str, Any]) -> dict[str, Any]:
-    names = {item.name for item in dataclasses.fields(method.params)}
-    return {key: value for key, value in params.items() if key in names}
 
 
 def _merged(config: Any, method: Method, plans: list[Plan]) -> Plan:

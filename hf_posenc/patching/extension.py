@@ -100,8 +100,8 @@ def _vllm_keys(model: nn.Module, method: Method, resolved: Any) -> dict[str, Any
 
 def plan_extension(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
     """Validate a remap, log-n, or both on ``model`` and plan them, without changing the model."""
-    parts = method.parts or (method,)
-    remap_method = next((part for part in parts if part.role == "remap"), None)
+    parts = method.components
+    remap_method = method.part("remap")
     _check_model(model, remap_method is not None)
     config, params = model.config, dict(params)
     shipped = getattr(config, VLLM_DCA_KEY, None)
@@ -181,7 +181,7 @@ def _backend_now(model: nn.Module, info: PatchInfo) -> PatchInfo:
 
 def serves_extension(method: Method) -> bool:
     """Remaps, temperatures, and combinations of nothing else."""
-    return all(part.role in SERVED_ROLES for part in (method.parts or (method,)))
+    return all(part.role in SERVED_ROLES for part in method.components)
 
 
 PLANNER = Planner(

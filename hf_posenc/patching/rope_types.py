@@ -10,7 +10,6 @@ for those types.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
@@ -100,14 +99,13 @@ def own_rope_init(config: Any, device: Any = None, seq_len: Any = None, layer_ty
     record = PatchRecord.from_config(config, missing_ok=True)
     if record:
         method = get_method(record.method)
-        method = next((part for part in method.parts if part.frequencies is not None), method)  # a combination's
+        method = method.part("rope") or method  # a combination's RoPE scaling
         base = record.base["rope_parameters"]["rope_theta"]
         if method.role == "replace":  # ALiBi: no rotation
             return torch.zeros(rotary_dim(config) // 2, device=device), 1.0
         if method.frequencies is None:  # Self-Extend, DCA, log-n alone: the base's rotation
             return rope_inv_freq(rotary_dim(config), base, dtype=torch.float32, device=device), 1.0
-        names = {item.name for item in dataclasses.fields(method.params)}
-        method, params = method.name, {key: value for key, value in record.params.items() if key in names}
+        method, params = method.name, method.own(record.params)
     else:
         rope = config.rope_parameters
         method, base = rope["method"], rope["rope_theta"]

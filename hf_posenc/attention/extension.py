@@ -61,6 +61,8 @@ class PositionMask:
     key_valid: torch.Tensor | None  # (B, kv) bool, None without padding
     query_valid: torch.Tensor | None = None  # (B, q) bool, None without padding
     block_masks: dict[Any, BlockMask] = field(default_factory=dict)  # flex's, built on first use
+    # (remap, segment) -> the cos/sin turning its queries and keys to their positions: one per call of the model
+    rotations: dict[Any, tuple[tuple[torch.Tensor, torch.Tensor], ...]] = field(default_factory=dict)
 
     def allowed(self, queries: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
         """``(B, 1, q, kv)`` bool for the given query rows and key columns."""
@@ -103,12 +105,17 @@ def _padding(attention_mask: torch.Tensor, kv_length: int, kv_offset: int, devic
     return prepare_padding_mask(attention_mask.to(device=device, dtype=torch.bool), kv_length, kv_offset)
 
 
-def rerotate(states: torch.Tensor, shift: torch.Tensor, inv_freq: torch.Tensor, rotary_dim: int) -> torch.Tensor:
-    """``(B, H, n, D)`` states rotated (transformers' half-split layout) by a further ``shift`` positions
-    ``(B, n)``; angles in float64, the result in float32."""
+def rotation(shift: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)``, float32 ``(B, 1, n, d)`` in transformers' half-split layout, of a rotation by ``shift``
+    positions ``(B, n)``; angles in float64."""
     angles = shift.to(torch.float64)[:, None, :, None] * inv_freq.to(torch.float64)  # (B, 1, n, d/2)
     angles = torch.cat((angles, angles), -1)
-    cos, sin = angles.cos().float(), angles.sin().float()
+    return angles.cos().float(), angles.sin().float()
+
+
+def rotate(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int) -> torch.Tensor:
+    """``(B, H, n, D)`` states turned by :func:`rotation`'s ``cos``, ``sin`` on their first ``rotary_dim``
+    dimensions (float32)."""
     rotated, rest = states[..., :rotary_dim].float(), states[..., rotary_dim:].float()
     half = rotary_dim // 2
     turned = torch.cat((-rotated[..., half:], rotated[..., :half]), -1)
@@ -152,16 +159,29 @@ def scaled_queries(state: ExtensionState, query: torch.Tensor, positions: torch.
 
 
 def segment_states(
-    state: ExtensionState, segment: int, query: torch.Tensor, key: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor
+    state: ExtensionState,
+    mask: PositionMask,
+    segment: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    rows: slice = slice(None),
+    columns: slice = slice(None),
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k as segment ``segment`` sees them: as given where its distances are the true ones, else re-rotated
-    (float32)."""
+    """q and k (the mask's query ``rows`` and key ``columns``) as segment ``segment`` sees them: as given where
+    its distances are the true ones, else re-rotated (float32). The rotations depend on the positions alone, so
+    they are computed once per call of the model and kept on the mask for every layer."""
     remap = state.remap
     if remap.TRUE_DISTANCES[segment]:
         return query, key
-    inv_freq = state.rotary.inv_freq
-    query = rerotate(query, remap.query_position(segment, qpos) - qpos, inv_freq, state.rotary_dim)
-    key = rerotate(key, remap.key_position(segment, kpos) - kpos, inv_freq, state.rotary_dim)
+    if (remap, segment) not in mask.rotations:
+        qpos, kpos, inv_freq = mask.query_positions, mask.key_positions, state.rotary.inv_freq
+        mask.rotations[remap, segment] = (
+            rotation(remap.query_position(segment, qpos) - qpos, inv_freq),
+            rotation(remap.key_position(segment, kpos) - kpos, inv_freq),
+        )
+    (q_cos, q_sin), (k_cos, k_sin) = mask.rotations[remap, segment]
+    query = rotate(query, q_cos[:, :, rows], q_sin[:, :, rows], state.rotary_dim)
+    key = rotate(key, k_cos[:, :, columns], k_sin[:, :, columns], state.rotary_dim)
     return query, key
 
 
@@ -216,7 +236,7 @@ def extension_eager_attention(
     segment_of = state.remap.segment_of(qpos[:, None, :, None], kpos[:, None, None, :])  # (B, 1, q, kv)
     scores = None
     for segment in range(len(state.remap.SEGMENTS)):
-        here = _grouped_scores(*segment_states(state, segment, query, key, qpos, kpos), scaling)
+        here = _grouped_scores(*segment_states(state, mask, segment, query, key), scaling)
         scores = here if scores is None else torch.where(segment_of == segment, here, scores)
     weights = _softmax(scores.masked_fill(~mask.allowed(), -torch.inf))
     return _grouped_output(weights, value), weights
@@ -254,7 +274,9 @@ def extension_blocked_attention(
                 continue
             cols = slice(begin, end)
             q_here, k_here = qpos[:, rows], kpos[:, cols]
-            block_query, block_key = segment_states(state, segment, query[:, :, rows], key[:, :, cols], q_here, k_here)
+            block_query, block_key = segment_states(
+                state, mask, segment, query[:, :, rows], key[:, :, cols], rows, cols
+            )
             here = state.remap.segment_of(q_here[:, None, :, None], k_here[:, None, None, :]) == segment
             allowed = mask.allowed(rows, cols) & here
             scores.append(_grouped_scores(block_query, block_key, scaling).masked_fill(~allowed, -torch.inf))

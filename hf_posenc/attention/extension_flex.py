@@ -88,7 +88,7 @@ def _per_segment(state: ExtensionState, mask: PositionMask, query, key, value, s
         def mask_mod(batch, head, q_idx, kv_idx, index=index):
             return rule(batch, q_idx, kv_idx, index)
 
-        seg_query, seg_key = segment_states(state, segment, query, key, mask.query_positions, mask.key_positions)
+        seg_query, seg_key = segment_states(state, mask, segment, query, key)
         output, lse = _with_lse(
             attend,
             seg_query.to(query.dtype),
@@ -110,7 +110,7 @@ def _side_by_side(state: ExtensionState, mask: PositionMask, query, key, value, 
     segments = len(state.remap.SEGMENTS)
     queries, keys = [], key.new_zeros(key.shape[0], key.shape[1], segments * kv_length, segments * dim)
     for segment in range(segments):
-        seg_query, seg_key = segment_states(state, segment, query, key, mask.query_positions, mask.key_positions)
+        seg_query, seg_key = segment_states(state, mask, segment, query, key)
         queries.append(seg_query.to(query.dtype))
         keys[:, :, segment * kv_length : (segment + 1) * kv_length, segment * dim : (segment + 1) * dim] = seg_key
 

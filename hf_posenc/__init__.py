@@ -3,14 +3,14 @@
 >>> model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-0.5B")
 >>> hf_posenc.patch(model, "yarn", factor=4)
 >>> hf_posenc.unpatch(model)      # the original, bit for bit
->>> hf_posenc.patch(model, "alibi")  # RoPE (or GPT-2's wpe) replaced by ALiBi biases
+>>> hf_posenc.patch(model, "alibi")  # RoPE (or GPT-2's wpe) replaced by ALiBi biases; also "nope", "t5-bias"
 """
 
 from __future__ import annotations
 
 from ._version import __version__
 from .hub import HubError, HubPushError, from_pretrained, push_to_hub
-from .methods import alibi_slopes, rope_frequencies
+from .methods import alibi_slopes, rope_frequencies, sinusoidal_table, t5_buckets
 from .patching import PatchInfo, get_patch, patch, patched, unpatch
 from .registry import available_methods
 
@@ -27,5 +27,7 @@ __all__ = [
     "patched",
     "push_to_hub",
     "rope_frequencies",
+    "sinusoidal_table",
+    "t5_buckets",
     "unpatch",
 ]

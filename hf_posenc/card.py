@@ -195,7 +195,7 @@ def _ppl_by_length(rows: list[dict[str, Any]], spec: str, path: Path) -> dict[in
 
 ROLE_TAGS = {  # Hub tags of what a method changes (registry roles)
     "rope": "rope-scaling",
-    "replace": "alibi",
+    "replace": "position-encoding-replacement",  # ALiBi, NoPE, sinusoidal, the T5 bias (the method is its own tag)
     "remap": "attention-remap",
     "temperature": "attention-temperature",
 }

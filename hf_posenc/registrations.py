@@ -2,11 +2,12 @@
 
 * rope types: ``ROPE_INIT_FUNCTIONS["hf_posenc"]`` and ``["hf_posenc_dynamic"]`` compute the frequencies
   of methods transformers cannot express (:func:`hf_posenc.patching.rope_types.own_rope_init`);
-  ``hf_posenc_alibi`` gets no init function on purpose: plain transformers must refuse such a config.
+  ``hf_posenc_alibi``, ``hf_posenc_nope``, ``hf_posenc_t5_bias`` and ``hf_posenc_extension`` get no init
+  function on purpose: plain transformers must refuse such a config.
 * attention: each ALiBi backend's attention function and mask function, under ``hf_posenc_alibi_<backend>``,
-  with ``AttentionInterface`` and ``AttentionMaskInterface``; likewise the Self-Extend / DCA backends
-  (``hf_posenc_extension_<backend>``) and log-n's wrappers of the standard implementations
-  (``hf_posenc_logn_<implementation>``, with that implementation's own mask function).
+  with ``AttentionInterface`` and ``AttentionMaskInterface``; likewise the T5 bias's (``hf_posenc_t5_<backend>``),
+  the Self-Extend / DCA backends (``hf_posenc_extension_<backend>``) and log-n's wrappers of the standard
+  implementations (``hf_posenc_logn_<implementation>``, with that implementation's own mask function).
 
 The names are namespaced and the additions harmless to models that do not use them. Nothing else in
 transformers changes: no class and no module attribute.
@@ -17,7 +18,7 @@ config (``RotaryEmbeddingConfigMixin.validate_rope``); there is no registry to a
 on the config instance would write it into ``config.json``. So the one way would be to add methods to a
 transformers class, which hf_posenc does not do. Without one, transformers logs "Missing validation
 function" for every config of these types; :class:`_OwnRopeTypesFilter` drops exactly that line for these
-three types (a logging filter, not a change to transformers). hf_posenc validates them itself:
+types (a logging filter, not a change to transformers). hf_posenc validates them itself:
 :func:`~hf_posenc.patching.rope_types.own_rope_init` builds the method's parameters (an unknown method or
 a bad value raises when the model is built) and :class:`~hf_posenc.record.PatchRecord` checks the record.
 """
@@ -35,6 +36,8 @@ from .attention import (
     EXTENSION_IMPLEMENTATIONS,
     FUNCTIONS,
     IMPLEMENTATIONS,
+    T5_FUNCTIONS,
+    T5_IMPLEMENTATIONS,
     TEMPERATURE_FUNCTIONS,
     TEMPERATURE_IMPLEMENTATIONS,
     extension_mask,
@@ -60,6 +63,9 @@ ROPE_INIT_FUNCTIONS.setdefault(OWN_DYNAMIC_ROPE_TYPE, own_rope_init)
 for _backend, (_attention, _mask) in FUNCTIONS.items():
     AttentionInterface.register(IMPLEMENTATIONS[_backend], _attention)
     AttentionMaskInterface.register(IMPLEMENTATIONS[_backend], _mask)
+for _backend, (_attention, _mask) in T5_FUNCTIONS.items():
+    AttentionInterface.register(T5_IMPLEMENTATIONS[_backend], _attention)
+    AttentionMaskInterface.register(T5_IMPLEMENTATIONS[_backend], _mask)
 for _backend, _attention in EXTENSION_FUNCTIONS.items():
     AttentionInterface.register(EXTENSION_IMPLEMENTATIONS[_backend], _attention)
     AttentionMaskInterface.register(EXTENSION_IMPLEMENTATIONS[_backend], extension_mask)

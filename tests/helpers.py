@@ -65,7 +65,10 @@ def method_params(method: str, pairs: int) -> dict:
         "dca": {},
         "dynamic-yarn": {},
         "logn": {},
+        "nope": {},
         "self-extend": {},
+        "sinusoidal": {},
+        "t5-bias": {"num_buckets": 8, "max_distance": 16},
         "longrope": {"factor": 4, "long_factor": [1.0 + i / 4 for i in range(pairs)]},
     }.get(method, {"factor": 4})
 
@@ -159,7 +162,7 @@ def write_results(
     return path
 
 
-SPECS = {  # every registered method as a spec, on the tiny Llama (8 frequency pairs)
+SPECS = {  # every registered method as a spec, on the tiny Llama (8 frequency pairs) or GPT-2 (FAMILY_OF)
     "alibi": "alibi",
     "dca": "dca:chunk_size=48,local_size=4",
     "dynamic-ntk": "dynamic-ntk:factor=2",
@@ -168,8 +171,17 @@ SPECS = {  # every registered method as a spec, on the tiny Llama (8 frequency p
     "logn": "logn",
     "longrope": "longrope:factor=2,long_factor=[1,1,1.5,1.5,2,2,2,2],short_factor=[1,1,1,1,1,1,1,1]",
     "ntk": "ntk:factor=2",
+    "nope": "nope",
     "ntk-by-parts": "ntk-by-parts:factor=2",
     "pi": "pi:factor=2",
     "self-extend": "self-extend:group_size=4,window=16",
+    "sinusoidal": "sinusoidal",
+    "t5-bias": "t5-bias:num_buckets=8,max_distance=16",
     "yarn": "yarn:factor=2",
 }
+FAMILY_OF = {"sinusoidal": "gpt2"}  # methods that patch learned positions only: SPECS on the tiny GPT-2
+
+
+def family_of(method: str) -> str:
+    """The tiny family a method of SPECS is tried on."""
+    return FAMILY_OF.get(method, "llama")

@@ -1,4 +1,4 @@
-"""Attention backends: one attention function and one mask function per backend, for ALiBi and for the
+"""Attention backends: one attention function and one mask function per backend, for ALiBi, the T5 bias and the
 remap and temperature methods (:mod:`~hf_posenc.attention.extension`).
 
 :mod:`hf_posenc.registrations` registers them with transformers' attention and mask interfaces under
@@ -18,6 +18,7 @@ from .extension import (
 from .extension_flex import extension_flex_attention
 from .functions import alibi_cudnn_attention, alibi_eager_attention, alibi_flex_attention, alibi_sdpa_attention
 from .masks import alibi_distance_mask, alibi_flex_mask, alibi_prefill_mask
+from .t5 import t5_eager_attention, t5_flex_attention, t5_sdpa_attention
 
 IMPLEMENTATIONS = {
     "eager": "hf_posenc_alibi_eager",
@@ -32,6 +33,14 @@ FUNCTIONS = {
     "sdpa": (alibi_sdpa_attention, alibi_distance_mask),
     "flex": (alibi_flex_attention, alibi_flex_mask),
     "cudnn": (alibi_cudnn_attention, alibi_prefill_mask),
+}
+# T5 bias: backend -> implementation name, (attention function, mask function); the masks are ALiBi's (positions).
+T5_IMPLEMENTATIONS = {"eager": "hf_posenc_t5_eager", "sdpa": "hf_posenc_t5_sdpa", "flex": "hf_posenc_t5_flex"}
+T5_BACKEND_OF = {name: backend for backend, name in T5_IMPLEMENTATIONS.items()}
+T5_FUNCTIONS = {
+    "eager": (t5_eager_attention, alibi_distance_mask),
+    "sdpa": (t5_sdpa_attention, alibi_distance_mask),
+    "flex": (t5_flex_attention, alibi_flex_mask),
 }
 
 # Self-Extend and DCA (with log-n where combined): backend -> implementation name, and its functions.

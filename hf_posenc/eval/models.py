@@ -12,6 +12,7 @@ from transformers import AutoTokenizer
 from ..architectures import positions_of
 from ..hub_errors import HubError, call_hub
 from ..patching import get_patch
+from ..registry import get_method
 from ..saved import SavedPatch, load_base_model, loading_errors, saved_patch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -83,17 +84,17 @@ def resolve_bos(bos: str, tokenizer) -> int | None:
 
 def check_position_table(model, method: str, longest: int) -> None:
     """Raise ``ValueError`` if ``model`` (patched with the method spec ``method``) looks positions up in a
-    learned table (GPT-2's ``wpe``) with fewer rows than ``longest`` input tokens; RoPE and ALiBi take any
-    length."""
+    learned table (GPT-2's ``wpe``) with fewer rows than ``longest`` input tokens; RoPE and the methods that
+    replace the table (ALiBi, NoPE, sinusoidal, the T5 bias) take any length."""
     patch = get_patch(model)
-    if positions_of(model).kind != "learned" or (patch is not None and patch.method == "alibi"):
+    if positions_of(model).kind != "learned" or (patch is not None and get_method(patch.method).role == "replace"):
         return
     rows = model.config.max_position_embeddings  # GPT-2's n_positions under transformers' common name
     if longest > rows:
         raise ValueError(
             f"`methods` {method!r}: {type(model).__name__} has a learned table of {rows} positions, and the longest "
             f"input here has {longest} tokens. Evaluate it at `lengths` up to {rows} (runs with the same `output` "
-            "add up), or with a method that extends or replaces the table (pi:factor=..., alibi)."
+            "add up), or with a method that extends or replaces the table (pi:factor=..., alibi, sinusoidal)."
         )
 
 

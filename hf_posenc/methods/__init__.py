@@ -7,9 +7,24 @@ from typing import Any
 import torch
 
 from ..registry import Method, get_method, params_to_dict
-from . import alibi, dca, llama3, longrope, ntk, pi, self_extend, temperature, yarn  # noqa: F401  (registration)
+from . import (  # noqa: F401  (registration)
+    alibi,
+    dca,
+    llama3,
+    longrope,
+    nope,
+    ntk,
+    pi,
+    self_extend,
+    sinusoidal,
+    t5_bias,
+    temperature,
+    yarn,
+)
 from ._common import frequency_problem
 from .alibi import alibi_slopes  # noqa: F401  (public: hf_posenc.alibi_slopes)
+from .sinusoidal import sinusoidal_table  # noqa: F401  (public)
+from .t5_bias import t5_buckets  # noqa: F401  (public)
 
 
 def rope_frequencies(

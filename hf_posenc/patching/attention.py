@@ -1,15 +1,16 @@
-"""Planner: attention-level methods. ALiBi (Press et al. 2022) on RoPE decoders and on GPT-2.
+"""Planner: attention biases in place of the model's positions. ALiBi (Press et al. 2022) and the T5 relative
+bias (Raffel et al. 2020) on RoPE decoders and on GPT-2.
 
-RoPE becomes the identity rotation (``inv_freq = 0``: ``cos = 1``, ``sin = 0`` exactly) and GPT-2's
-``wpe`` contributes zeros; the attention implementation becomes one of hf_posenc's ALiBi backends,
-registered with transformers' attention and mask interfaces, so transformers' own dispatch adds the bias.
-Each attention module gets its heads' slopes as an instance attribute.
+The model's own positions contribute nothing (:func:`~hf_posenc.patching.changes.positions_removed`: the
+identity rotation, or GPT-2's ``wpe`` giving zeros); the attention implementation becomes one of hf_posenc's
+backends of the method, registered with transformers' attention and mask interfaces, so transformers' own
+dispatch adds the bias. ALiBi gives each attention module its heads' slopes; the T5 bias registers one trainable
+``nn.Embedding(num_buckets, num_heads)`` on the decoder (``position_bias``: saved with the model), which every
+attention module reads.
 
-The saved config cannot load silently without hf_posenc: RoPE models get ``rope_type
-"hf_posenc_alibi"`` (plain transformers: ``KeyError``), GPT-2 gets ``activation_function
-"hf_posenc_alibi"`` (plain transformers: ``KeyError`` from its activation table). ``config.hf_posenc``
-keeps the base values, which :func:`hf_posenc.from_pretrained` puts back before patching again; when it
-loads, ``attn_implementation`` picks the ALiBi backend (:func:`alibi_loading`).
+The saved config cannot load silently without hf_posenc (the marker of ``positions_removed``); when
+:func:`hf_posenc.from_pretrained` loads it, ``attn_implementation`` picks the method's backend
+(:func:`bias_loading`).
 """
 
 from __future__ import annotations
@@ -17,53 +18,53 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..architectures import (
-    PLAIN_ATTENTION_ROPE_MODEL_TYPES,
-    attention_modules,
-    position_table,
-    positions_of,
-    rope_modules,
-)
-from ..attention import BACKEND_OF, IMPLEMENTATIONS, cudnn
+from ..architectures import attention_modules
+from ..attention import IMPLEMENTATIONS, T5_IMPLEMENTATIONS, cudnn
 from ..attention.functions import fused_problem
 from ..methods.alibi import alibi_slopes, are_paper_slopes
+from ..methods.t5_bias import t5_bias_init
 from ..record import CONFIG_KEY, PatchRecord
 from ..registry import Method, params_to_dict
-from .changes import ATTENTION, masks_in_forward
+from .changes import ATTENTION, check_implementation_before_calls, masks_in_forward, positions_removed
 from .plan import ModuleChange, PatchInfo, Plan, Planner
-from .rope_types import ALIBI_ROPE_TYPE, OWN_ROPE_TYPE
 
 logger = logging.getLogger("hf_posenc")
 
-ALIBI_GPT2_ACTIVATION = "hf_posenc_alibi"
+T5_TABLE = "position_bias"  # the T5 bias table's name on the decoder (state dict: model.position_bias.weight)
 
 
-# Standard implementations -> the ALiBi backend that replaces each, and back: the base model is built with
-# eager or SDPA (GPT-2 has no flex_attention), so a model unpatched after loading gets those.
-_STANDARD = {"eager": "eager", "sdpa": "sdpa", "flex_attention": "flex"}
-_BASE_OF = {"eager": "eager", "sdpa": "sdpa", "flex": "sdpa", "cudnn": "sdpa"}
+@dataclass(frozen=True)
+class BiasMethod:
+    """How one bias method is planned.
+
+    Attributes:
+        implementations (`dict`): backend -> registered attention implementation name.
+        resolve (`Callable`): ``resolve(model, method, requested) -> resolved params`` (backend chosen, defaults
+            filled in); validates against the model.
+        install (`Callable`): ``install(model, resolved, attention modules) -> [(module, change)]``: what each
+            attention module (and the decoder) gets.
+    """
+
+    implementations: dict[str, str]
+    resolve: Callable[[nn.Module, Method, Any], Any]
+    install: Callable[[nn.Module, Any, list[nn.Module]], list[tuple[nn.Module, ModuleChange]]]
+
+    @property
+    def backend_of(self) -> dict[str, str]:
+        return {name: backend for backend, name in self.implementations.items()}
 
 
-def loading_backend(attn_implementation: str) -> tuple[str, str]:
-    """``(ALiBi backend, base model's implementation)`` for ``attn_implementation`` asked for when loading
-    a saved ALiBi model: a standard name (``"sdpa"``) selects the ALiBi backend replacing it, an ALiBi name
-    (``"hf_posenc_alibi_flex"``) that backend; the base model (what ``unpatch`` gives back) gets eager for
-    eager, SDPA otherwise."""
-    backend = _STANDARD.get(attn_implementation) or BACKEND_OF.get(attn_implementation)
-    if backend is None:
-        raise ValueError(
-            f"attn_implementation={attn_implementation!r} has no ALiBi counterpart; this model is patched with "
-            f"ALiBi, so use one of {', '.join(_STANDARD)}, {', '.join(IMPLEMENTATIONS.values())}."
-        )
-    return backend, _BASE_OF[backend]
+# ALiBi --------------------------------------------------------------------------------------------------------
 
 
-def _resolve(model: nn.Module, method: Method, requested: Any) -> Any:
+def _resolve_alibi(model: nn.Module, method: Method, requested: Any) -> Any:
     """The parameters asked for with the backend chosen (:func:`choose_backend`) and the slopes filled in."""
     heads = model.config.num_attention_heads
     if requested.slopes is not None and len(requested.slopes) != heads:
@@ -81,7 +82,7 @@ def _fused_problem(model: nn.Module, slopes: tuple[float, ...]) -> str | None:
 
 
 def choose_backend(model: nn.Module, requested: str, slopes: tuple[float, ...]) -> str:
-    """The backend a patch uses: the requested one; for ``"auto"``, cudnn where it can serve the model on
+    """The ALiBi backend a patch uses: the requested one; for ``"auto"``, cudnn where it can serve the model on
     this GPU, else flex on CUDA and sdpa elsewhere. ``"cudnn"`` that cannot serve it is an error."""
     if requested not in ("auto", "cudnn"):
         return requested
@@ -97,117 +98,128 @@ def choose_backend(model: nn.Module, requested: str, slopes: tuple[float, ...]) 
     return "sdpa"
 
 
-def _alibi_attention(slopes: tuple[float, ...], module: nn.Module) -> None:
-    """The module's slopes, and a check before each call that the ALiBi implementation is still selected:
-    ``set_attn_implementation("sdpa")`` would silently drop the bias, leaving no position information."""
+def _install_alibi(model: nn.Module, resolved: Any, modules: list[nn.Module]) -> list[tuple[nn.Module, ModuleChange]]:
+    return [(module, functools.partial(_alibi_slopes, resolved.slopes)) for module in modules]
+
+
+def _alibi_slopes(slopes: tuple[float, ...], module: nn.Module) -> None:
     module.alibi_slopes = torch.tensor(slopes, dtype=torch.float32)
     module.alibi_paper_slopes = are_paper_slopes(slopes)  # what cuDNN's fused kernel computes
-    module.register_forward_pre_hook(_check_implementation)
 
 
-def _check_implementation(module: nn.Module, args: tuple) -> None:
-    selected = module.config._attn_implementation
-    if selected not in IMPLEMENTATIONS.values():
-        raise RuntimeError(
-            f"This model is patched with ALiBi, but its attention implementation is now {selected!r}, which adds "
-            f"no ALiBi bias (set_attn_implementation?): it would run without any position information. Select "
-            f"one of {', '.join(IMPLEMENTATIONS.values())}, or call hf_posenc.unpatch(model) first."
-        )
+# T5 bias ------------------------------------------------------------------------------------------------------
 
 
-def _no_rotation(module: nn.Module) -> None:
-    module.inv_freq = torch.zeros_like(module.inv_freq)
-    module.original_inv_freq = module.inv_freq.clone()
-    module.attention_scaling = 1.0
-    module.rope_type = OWN_ROPE_TYPE  # transformers' dynamic update skips it; its weight init gives zeros
+def _resolve_t5(model: nn.Module, method: Method, requested: Any) -> Any:
+    """``"auto"``: flex on CUDA (memory linear in the length), sdpa elsewhere."""
+    if requested.backend != "auto":
+        return requested
+    backend = "flex" if next(model.parameters()).is_cuda else "sdpa"
+    return dataclasses.replace(requested, backend=backend)
 
 
-def _no_positions(module: nn.Module) -> None:
-    """GPT-2's ``wpe`` looks every position up as row 0 (any length runs) and returns zeros. Hooks (module-level
-    functions) rather than a new forward, so ``copy.deepcopy(model)`` and pickling keep them bound to the copy."""
-    module.register_forward_pre_hook(_row_zero)
-    module.register_forward_hook(_zeros)
+def _install_t5(model: nn.Module, resolved: Any, modules: list[nn.Module]) -> list[tuple[nn.Module, ModuleChange]]:
+    """One table for all layers (T5 shares it), registered on the decoder, in the model's dtype and device."""
+    init = t5_bias_init(
+        model.config.num_attention_heads,
+        num_buckets=resolved.num_buckets,
+        max_distance=resolved.max_distance,
+        init=resolved.init,
+    )
+    reference = next(model.parameters())
+    table = nn.Embedding(*init.shape, device=reference.device, dtype=reference.dtype)  # (num_buckets, H)
+    with torch.no_grad():
+        table.weight.copy_(init)
+    bucketing = (resolved.num_buckets, resolved.max_distance)
+    share = functools.partial(_share_table, table, bucketing)
+    return [(model.base_model, functools.partial(_register_table, table))] + [(module, share) for module in modules]
 
 
-def _row_zero(module: nn.Module, args: tuple) -> tuple:
-    return tuple(torch.zeros_like(arg) if isinstance(arg, torch.Tensor) else arg for arg in args)
+def _register_table(table: nn.Embedding, decoder: nn.Module) -> None:
+    decoder.add_module(T5_TABLE, table)
 
 
-def _zeros(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-    return torch.zeros_like(output)
+def _share_table(table: nn.Embedding, bucketing: tuple[int, int], module: nn.Module) -> None:
+    """The table as a plain attribute (``__dict__``, not a submodule): registered once, on the decoder."""
+    module.__dict__["t5_position_bias"] = table
+    module.t5_bucketing = bucketing
 
 
-def _alibi_changes(
-    model: nn.Module, method: Method, params: dict[str, Any], config_changes: dict[str, Any], rope_type: str | None
-) -> tuple[PatchInfo, dict[str, Any], list[tuple[nn.Module, ModuleChange]]]:
-    """What ALiBi changes on any model: the config record, the attention implementation, each attention
-    module's slopes; ``config_changes`` are the model's own (what makes its positions contribute nothing)."""
+BIAS_METHODS = {
+    "alibi": BiasMethod(IMPLEMENTATIONS, _resolve_alibi, _install_alibi),
+    "t5-bias": BiasMethod(T5_IMPLEMENTATIONS, _resolve_t5, _install_t5),
+}
+# Standard implementations -> the backend that replaces each, and back: the base model is built with eager or
+# SDPA (GPT-2 has no flex_attention), so a model unpatched after loading gets those.
+_STANDARD = {"eager": "eager", "sdpa": "sdpa", "flex_attention": "flex"}
+_BASE_OF = {"eager": "eager", "sdpa": "sdpa", "flex": "sdpa", "cudnn": "sdpa"}
+
+
+def plan_bias(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
+    """ALiBi or the T5 bias on whichever positions ``model`` has (RoPE or a learned table)."""
+    bias = BIAS_METHODS[method.name]
     requested = method.make_params(**params)
-    resolved = _resolve(model, method, requested)
-    config = model.config
+    config_changes, removal, rope_type = positions_removed(model, method)
+    resolved = bias.resolve(model, method, requested)
     info = PatchInfo(method.name, params_to_dict(resolved), native=False, rope_type=rope_type)
-    base = {key: getattr(config, key) for key in config_changes}
-    # The config records the backend asked for ("auto" by default), not the one chosen here: a model saved
-    # from a GPU with the cudnn extra must load on a machine without either.
+    base = {key: getattr(model.config, key) for key in config_changes}
+    # The config records the backend asked for ("auto" by default), not the one chosen here: a model saved from a
+    # GPU (with the cudnn extra) must load on a machine without either.
     recorded = {**info.params, "backend": requested.backend}
     updates = {
         **config_changes,
-        ATTENTION: IMPLEMENTATIONS[resolved.backend],
+        ATTENTION: bias.implementations[resolved.backend],
         CONFIG_KEY: PatchRecord(method.name, recorded, False, base).to_dict(),
     }
-    slopes = [(module, functools.partial(_alibi_attention, resolved.slopes)) for module in attention_modules(model)]
-    return info, updates, [(model, masks_in_forward), *slopes]
+    modules = attention_modules(model)
+    check = check_implementation_before_calls(tuple(bias.implementations.values()))
+    changes = [*removal, (model, masks_in_forward), *bias.install(model, resolved, modules)]
+    changes += [(module, check) for module in modules]
+    return Plan(info, updates, changes, functools.partial(_backend_now, bias))
 
 
-def _plan_alibi_rope(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
-    """ALiBi on a RoPE decoder (Llama, Mistral, Qwen2/3): no rotation, the bias in attention."""
-    model_type = model.config.model_type
-    if model_type not in PLAIN_ATTENTION_ROPE_MODEL_TYPES:
-        raise ValueError(
-            f"ALiBi replaces RoPE in {', '.join(PLAIN_ATTENTION_ROPE_MODEL_TYPES)} models (and GPT-2's learned "
-            f"positions); {type(model).__name__} (model_type {model_type!r}) is not one of them: its attention may "
-            "add terms or not go through transformers' attention interface, so the bias could be silently wrong."
-        )
-    rotary = rope_modules(model, scaled_ok=True)  # no rotation is left: how it was scaled is moot
-    rope_parameters = {**model.config.rope_parameters, "rope_type": ALIBI_ROPE_TYPE}
-    changes = {"rope_parameters": rope_parameters}
-    info, updates, attention = _alibi_changes(model, method, params, changes, ALIBI_ROPE_TYPE)
-    return Plan(info, updates, [(module, _no_rotation) for module in rotary] + attention, _backend_now)
-
-
-def _plan_alibi_learned(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
-    """ALiBi on GPT-2: ``wpe`` returns zeros (any length runs), the bias in attention."""
-    table = position_table(model)
-    changes = {"activation_function": ALIBI_GPT2_ACTIVATION}
-    info, updates, attention = _alibi_changes(model, method, params, changes, None)
-    return Plan(info, updates, [(table, _no_positions), *attention], _backend_now)
-
-
-def _backend_now(model: nn.Module, info: PatchInfo) -> PatchInfo:
-    """What ``get_patch`` reports: the ALiBi backend running now (``set_attn_implementation`` may have switched
-    to another since the patch)."""
-    backend = BACKEND_OF.get(model.config._attn_implementation)
+def _backend_now(bias: BiasMethod, model: nn.Module, info: PatchInfo) -> PatchInfo:
+    """What ``get_patch`` reports: the backend running now (``set_attn_implementation`` may have switched to another
+    since the patch)."""
+    backend = bias.backend_of.get(model.config._attn_implementation)
     return info if backend is None else dataclasses.replace(info, params={**info.params, "backend": backend})
 
 
-def plan_alibi(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
-    """ALiBi on whichever positions ``model`` has: RoPE or a learned table."""
-    if positions_of(model).kind == "rope":
-        return _plan_alibi_rope(model, method, params)
-    return _plan_alibi_learned(model, method, params)
+def loading_backend(implementations: dict[str, str], attn_implementation: str) -> tuple[str, str]:
+    """``(backend, base model's implementation)`` for ``attn_implementation`` asked for when loading a saved model
+    patched with a bias method: a standard name (``"sdpa"``) selects the backend replacing it, one of the method's
+    names (``"hf_posenc_alibi_flex"``) that backend; the base model (what ``unpatch`` gives back) gets eager for
+    eager, SDPA otherwise."""
+    backend_of = {name: backend for backend, name in implementations.items()}
+    backend = _STANDARD.get(attn_implementation) or backend_of.get(attn_implementation)
+    if backend not in implementations:
+        raise ValueError(
+            f"attn_implementation={attn_implementation!r} has no counterpart for this model's patch; use one of "
+            f"{', '.join(name for name, mapped in _STANDARD.items() if mapped in implementations)}, "
+            f"{', '.join(implementations.values())}."
+        )
+    return backend, _BASE_OF[backend]
 
 
-def alibi_loading(params: dict[str, Any], kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Loading a saved ALiBi model: an ``attn_implementation`` asked for picks the ALiBi backend (and the base
-    model's implementation) instead of the recorded backend."""
+def bias_loading(
+    implementations: dict[str, str], params: dict[str, Any], kwargs: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Loading a saved model patched with a bias method: an ``attn_implementation`` asked for picks the backend
+    (and the base model's implementation) instead of the recorded backend."""
     if kwargs.get("attn_implementation") is None:
         return params, kwargs
-    backend, base_implementation = loading_backend(kwargs["attn_implementation"])
+    backend, base_implementation = loading_backend(implementations, kwargs["attn_implementation"])
     return {**params, "backend": backend}, {**kwargs, "attn_implementation": base_implementation}
 
 
-def is_alibi(method: Method) -> bool:
-    return method.name == "alibi"
+def _planner(name: str) -> Planner:
+    return Planner(
+        positions=frozenset({"rope", "learned"}),
+        serves=lambda method: method.name == name,
+        plan=plan_bias,
+        loading=functools.partial(bias_loading, BIAS_METHODS[name].implementations),
+    )
 
 
-PLANNER = Planner(positions=frozenset({"rope", "learned"}), serves=is_alibi, plan=plan_alibi, loading=alibi_loading)
+ALIBI_PLANNER = _planner("alibi")
+T5_PLANNER = _planner("t5-bias")

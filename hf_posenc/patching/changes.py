@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from torch import nn
+
+from ..architectures import PLAIN_ATTENTION_ROPE_MODEL_TYPES, position_table, positions_of, rope_modules
+from ..record import PatchRecord
+from ..registry import Method
+from .plan import ModuleChange
+from .rope_types import OWN_ROPE_TYPE, replaced_marker
 
 ATTENTION = "_attn_implementation_internal"  # the config attribute behind config._attn_implementation
 
@@ -21,3 +28,73 @@ def masks_in_forward(model: nn.Module) -> None:
 
 def _keep_2d_mask(*, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:
     return attention_mask
+
+
+def positions_removed(
+    model: nn.Module, method: Method
+) -> tuple[dict[str, Any], list[tuple[nn.Module, ModuleChange]], str | None]:
+    """What makes the model's own positions contribute nothing, for a method that replaces them (ALiBi, NoPE,
+    the T5 bias): ``(config updates, module changes, rope_type written)``.
+
+    RoPE decoders: every rotation the identity (:func:`no_rotation`), ``rope_type`` the method's marker. GPT-2:
+    ``wpe`` gives zeros at any position (:func:`no_positions`), ``activation_function`` the marker. No rope init
+    function or activation has that name, so plain transformers refuses the saved config (``KeyError``) rather
+    than load the original encoding; the record keeps the base values, which hf_posenc puts back.
+    """
+    marker = replaced_marker(method)
+    if positions_of(model).kind != "rope":
+        return {"activation_function": marker}, [(position_table(model), no_positions)], None
+    model_type = model.config.model_type
+    if model_type not in PLAIN_ATTENTION_ROPE_MODEL_TYPES:
+        raise ValueError(
+            f"{method.name!r} replaces RoPE in {', '.join(PLAIN_ATTENTION_ROPE_MODEL_TYPES)} models (and GPT-2's "
+            f"learned positions); {type(model).__name__} (model_type {model_type!r}) is not one of them: its attention "
+            "may add terms or not go through transformers' attention interface, so the result could be silently wrong."
+        )
+    rotary = rope_modules(model, scaled_ok=True)  # no rotation is left: how it was scaled is moot
+    rope_parameters = {**model.config.rope_parameters, "rope_type": marker}
+    return {"rope_parameters": rope_parameters}, [(module, no_rotation) for module in rotary], marker
+
+
+def no_rotation(module: nn.Module) -> None:
+    """The identity rotation: ``inv_freq = 0``, so ``cos = 1`` and ``sin = 0`` exactly."""
+    module.inv_freq = torch.zeros_like(module.inv_freq)
+    module.original_inv_freq = module.inv_freq.clone()
+    module.attention_scaling = 1.0
+    module.rope_type = OWN_ROPE_TYPE  # transformers' dynamic update skips it; its weight init gives zeros
+
+
+def no_positions(module: nn.Module) -> None:
+    """GPT-2's ``wpe`` looks every position up as row 0 (any length runs) and returns zeros. Hooks (module-level
+    functions) rather than a new forward, so ``copy.deepcopy(model)`` and pickling keep them bound to the copy."""
+    module.register_forward_pre_hook(_row_zero)
+    module.register_forward_hook(_zeros)
+
+
+def _row_zero(module: nn.Module, args: tuple) -> tuple:
+    return tuple(torch.zeros_like(arg) if isinstance(arg, torch.Tensor) else arg for arg in args)
+
+
+def _zeros(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(output)
+
+
+def check_implementation_before_calls(serving: tuple[str, ...]) -> ModuleChange:
+    """A change adding a check before each call of an attention module that one of the ``serving`` implementations
+    is still selected: ``set_attn_implementation("sdpa")`` would silently drop the method."""
+    return functools.partial(_add_check, serving)
+
+
+def _add_check(serving: tuple[str, ...], module: nn.Module) -> None:
+    module.register_forward_pre_hook(functools.partial(_check_implementation, serving))
+
+
+def _check_implementation(serving: tuple[str, ...], module: nn.Module, args: tuple) -> None:
+    selected = module.config._attn_implementation
+    if selected not in serving:
+        method = PatchRecord.from_config(module.config).method
+        raise RuntimeError(
+            f"This model is patched with {method!r}, but its attention implementation is now {selected!r}, which "
+            f"does not apply it (set_attn_implementation?). Select one of {', '.join(serving)}, or call "
+            "hf_posenc.unpatch(model) first."
+        )

@@ -9,13 +9,14 @@ from torch import nn
 from ..architectures import positions_of, positions_of_config, trained_context, unsupported
 from ..record import CONFIG_KEY, PatchRecord
 from ..registry import Method, combine
-from .attention import PLANNER as ATTENTION_LEVEL
+from .attention import ALIBI_PLANNER, T5_PLANNER
+from .encodings import PLANNER as ENCODINGS
 from .extension import PLANNER as EXTENSION
 from .learned import PLANNER as LEARNED_TABLE
 from .plan import PatchInfo, Plan, Planner
 from .rope import PLANNER as ROPE_SCALING
 
-PLANNERS: tuple[Planner, ...] = (ROPE_SCALING, ATTENTION_LEVEL, EXTENSION, LEARNED_TABLE)
+PLANNERS: tuple[Planner, ...] = (ROPE_SCALING, ALIBI_PLANNER, T5_PLANNER, ENCODINGS, EXTENSION, LEARNED_TABLE)
 
 
 def _serving(kind: str, method: Method) -> Planner | None:

@@ -35,7 +35,7 @@ from ..attention import (
 from ..attention.extension import ExtensionState
 from ..record import CONFIG_KEY, PatchRecord
 from ..registry import Method, params_to_dict
-from .changes import ATTENTION, masks_in_forward
+from .changes import ATTENTION, check_implementation_before_calls, masks_in_forward
 from .plan import PatchInfo, Plan, Planner
 from .rope_types import EXTENSION_ROPE_TYPE
 
@@ -130,29 +130,15 @@ def plan_extension(model: nn.Module, method: Method, params: dict[str, Any]) -> 
     info = PatchInfo(method.name, chosen, native=False, rope_type=EXTENSION_ROPE_TYPE)
     state = ExtensionState(remap, temperature, rotary, rotary_dim(config))
     serving = EXTENSION_IMPLEMENTATIONS if remap is not None else TEMPERATURE_IMPLEMENTATIONS
-    install = functools.partial(_install, state, tuple(serving.values()))
-    changes = [(module, install) for module in attention_modules(model)]
+    install, check = functools.partial(_install, state), check_implementation_before_calls(tuple(serving.values()))
+    changes = [(module, change) for module in attention_modules(model) for change in (install, check)]
     if remap is not None:
         changes.insert(0, (model, masks_in_forward))
     return Plan(info, updates, changes, _backend_now)
 
 
-def _install(state: ExtensionState, serving: tuple[str, ...], module: nn.Module) -> None:
-    """The module's extension state, and a check before each call that an implementation applying this patch is
-    still selected (``set_attn_implementation("sdpa")`` would silently drop the method)."""
+def _install(state: ExtensionState, module: nn.Module) -> None:
     module.hf_posenc_extension = state
-    module.register_forward_pre_hook(functools.partial(_check_implementation, serving))
-
-
-def _check_implementation(serving: tuple[str, ...], module: nn.Module, args: tuple) -> None:
-    selected = module.config._attn_implementation
-    if selected not in serving:
-        method = PatchRecord.from_config(module.config).method
-        raise RuntimeError(
-            f"This model is patched with {method!r}, but its attention implementation is now {selected!r}, which "
-            f"does not apply it (set_attn_implementation?). Select one of {', '.join(serving)}, or call "
-            "hf_posenc.unpatch(model) first."
-        )
 
 
 def extension_loading(params: dict[str, Any], kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

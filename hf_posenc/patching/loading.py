@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import copy
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cached_file
 
 from ..record import PatchRecord
 from ..registry import get_method
@@ -29,6 +34,8 @@ def load_patched_model(pretrained_model_name_or_path: str, **kwargs: Any) -> Pre
     Where the saved values the patch sets (``rope_parameters``, ``max_position_embeddings``, ...) are not what
     the record gives (one of them was edited by hand), a warning on the ``hf_posenc`` logger names both values;
     plain transformers, which ignores the record, would build the model from the config's.
+
+    Tensors the patch adds to the model (the T5 bias table) are read from the checkpoint after the patch.
 
     Args:
         pretrained_model_name_or_path (`str`): Hub id or local folder.
@@ -53,9 +60,58 @@ def load_patched_model(pretrained_model_name_or_path: str, **kwargs: Any) -> Pre
     if planner is not None and planner.loading is not None:
         params, kwargs = planner.loading(params, kwargs)
     model = AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, config=base_config, **kwargs)
+    base_names = set(model.state_dict())
     patch(model, record.method, **params)
+    _load_added_tensors(model, base_names, pretrained_model_name_or_path, config_kwargs)
     _warn_where_edited(pretrained_model_name_or_path, config, model.config, record)
     return model
+
+
+def _load_added_tensors(model: PreTrainedModel, base_names: set[str], source: str, hub_kwargs: dict[str, Any]) -> None:
+    """The values saved for the tensors the patch added to the model (the T5 bias table, trained): the base model
+    was built without them, so they are read from the checkpoint's safetensors now. Where the checkpoint has none
+    (a config-only push: its weights are the base's), the patch's initial values stay, and a log line says so."""
+    added = {name: tensor for name, tensor in model.state_dict().items() if name not in base_names}
+    if not added:
+        return
+    saved = read_checkpoint_tensors(source, list(added), **hub_kwargs)
+    missing = sorted(set(added) - set(saved))
+    if missing:
+        logger.warning(
+            "hf_posenc: %s holds no saved value of %s, which the patch adds; they keep their initial values.",
+            source,
+            ", ".join(missing),
+        )
+    with torch.no_grad():
+        for name, value in saved.items():
+            added[name].copy_(value)
+    if saved:
+        logger.warning(
+            "hf_posenc: loaded %s, which the patch adds (a load report of transformers above may list it as "
+            "unexpected: the base model, built first, has no such tensor).",
+            ", ".join(sorted(saved)),
+        )
+
+
+def read_checkpoint_tensors(source: str, names: list[str], **hub_kwargs: Any) -> dict[str, torch.Tensor]:
+    """The tensors called ``names`` in the safetensors checkpoint of ``source`` (Hub id or folder; one file or
+    sharded with an index), those it has; an empty dict where it has no safetensors checkpoint."""
+    hub_kwargs = {key: value for key, value in hub_kwargs.items() if key != "gguf_file"}
+    index = cached_file(source, SAFE_WEIGHTS_INDEX_NAME, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
+    if index is not None:
+        weight_map = json.loads(Path(index).read_text())["weight_map"]
+        files = {name: weight_map[name] for name in names if name in weight_map}
+    else:
+        files = dict.fromkeys(names, SAFE_WEIGHTS_NAME)
+    found: dict[str, torch.Tensor] = {}
+    for file in sorted(set(files.values())):
+        path = cached_file(source, file, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
+        if path is None:
+            continue
+        with safe_open(path, framework="pt") as checkpoint:
+            available = set(checkpoint.keys())
+            found.update({name: checkpoint.get_tensor(name) for name in available.intersection(names)})
+    return found
 
 
 def _warn_where_edited(source: str, saved: Any, patched: Any, record: PatchRecord) -> None:

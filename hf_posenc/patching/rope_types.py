@@ -19,15 +19,28 @@ from ..architectures import rotary_dim
 from ..methods import rope_frequencies
 from ..methods._common import rope_inv_freq
 from ..record import CONFIG_KEY, PatchRecord
-from ..registry import Method, get_method, params_to_dict
+from ..registry import Method, available_methods, get_method, params_to_dict
 
 OWN_ROPE_TYPE = "hf_posenc"
 OWN_DYNAMIC_ROPE_TYPE = "hf_posenc_dynamic"  # contains "dynamic": transformers recomputes it per length
-ALIBI_ROPE_TYPE = "hf_posenc_alibi"  # no rotation; no init function, so plain transformers refuses the config
 # Self-Extend, DCA, log-n and their combinations: the rotation is the base's (or the combined RoPE scaling's, whose
 # parameters stay beside it), the change is in attention; no init function either, so plain transformers refuses.
 EXTENSION_ROPE_TYPE = "hf_posenc_extension"
-OWN_ROPE_TYPES = (OWN_ROPE_TYPE, OWN_DYNAMIC_ROPE_TYPE, ALIBI_ROPE_TYPE, EXTENSION_ROPE_TYPE)
+
+
+def replaced_marker(method: Method) -> str:
+    """What a method that replaces the encoding (ALiBi, NoPE, the T5 bias) writes as the ``rope_type`` of a RoPE
+    model (GPT-2: as its ``activation_function``): ``hf_posenc_<name>``. It has no init function (activation), so
+    plain transformers refuses the saved config rather than build the model with its original encoding."""
+    return "hf_posenc_" + method.name.replace("-", "_")
+
+
+REPLACED_ROPE_TYPES = tuple(
+    replaced_marker(get_method(name))
+    for name in available_methods()
+    if get_method(name).role == "replace" and "rope" in get_method(name).applies_to
+)
+OWN_ROPE_TYPES = (OWN_ROPE_TYPE, OWN_DYNAMIC_ROPE_TYPE, EXTENSION_ROPE_TYPE, *REPLACED_ROPE_TYPES)
 _OWN_KEYS = ("rope_type", "rope_theta", "partial_rotary_factor", "method")
 
 
@@ -101,7 +114,7 @@ def own_rope_init(config: Any, device: Any = None, seq_len: Any = None, layer_ty
         method = get_method(record.method)
         method = method.part("rope") or method  # a combination's RoPE scaling
         base = record.base["rope_parameters"]["rope_theta"]
-        if method.role == "replace":  # ALiBi: no rotation
+        if method.role == "replace":  # ALiBi, NoPE, the T5 bias: no rotation
             return torch.zeros(rotary_dim(config) // 2, device=device), 1.0
         if method.frequencies is None:  # Self-Extend, DCA, log-n alone: the base's rotation
             return rope_inv_freq(rotary_dim(config), base, dtype=torch.float32, device=device), 1.0

@@ -16,7 +16,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 from conftest import make_tiny
-from helpers import SPECS
+from helpers import SPECS, family_of
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
 import hf_posenc
@@ -66,7 +66,7 @@ def test_the_flag_is_what_a_forward_shows(method):
     """Past the tiny Llama's 64 positions, the logits (|logit| < 1) of the first 40 positions of a 128-token
     forward equal those of a 40-token forward where the method says it does not depend on the length, and
     differ where it says it does."""
-    model = make_tiny("llama")
+    model = make_tiny(family_of(method))
     with _patched(model, SPECS[method]):
         gap = _prefix_gap(model, 128, 40)
     assert gap > 1e-3 if get_method(method).depends_on_length else gap < 1e-6
@@ -114,7 +114,7 @@ def _scores(model, docs, lengths, bos_id, *, together: bool, max_windows=None, b
     return {n: score_lengths(model, docs, {n: windows[n]}, **kwargs)[n] for n in lengths}
 
 
-CASES = [("llama", name) for name in sorted(set(SPECS) - DYNAMIC)] + [("llama", "none")]
+CASES = [(family_of(name), name) for name in sorted(set(SPECS) - DYNAMIC)] + [("llama", "none")]
 CASES += [("gpt2", "none"), ("gpt2", "pi:factor=2"), ("gpt2", "alibi")]
 
 

@@ -54,10 +54,19 @@ def test_frequencies_match_the_papers(method, params, seq_len, reference):
 
 def test_every_method_is_covered():
     """Every method with RoPE frequencies; ALiBi (no frequencies) is covered in test_alibi.py, the attention-level
-    methods (Self-Extend, DCA, log-n) against a paper reference in test_extension_reference.py."""
+    methods (Self-Extend, DCA, log-n) against a paper reference in test_extension_reference.py, NoPE, sinusoidal and
+    the T5 bias in test_encodings.py and test_t5_bias.py."""
     rope_scaling = {name for name in hf_posenc.available_methods() if get_method(name).frequencies is not None}
     assert {case[0] for case in CASES} == rope_scaling
-    assert set(hf_posenc.available_methods()) - rope_scaling == {"alibi", "dca", "logn", "self-extend"}
+    assert set(hf_posenc.available_methods()) - rope_scaling == {
+        "alibi",
+        "dca",
+        "logn",
+        "nope",
+        "self-extend",
+        "sinusoidal",
+        "t5-bias",
+    }
 
 
 def test_llama2_correction_range_is_pairs_20_to_46():
@@ -159,7 +168,7 @@ def test_ratio_ramp_differs_from_transformers_yarn():
 @pytest.mark.parametrize(
     ("method", "params", "error", "match"),
     [
-        ("nope", {"factor": 2}, ValueError, "Available methods: alibi, dca, dynamic-ntk, dynamic-yarn"),
+        ("no-such", {"factor": 2}, ValueError, "Available methods: alibi, dca, dynamic-ntk, dynamic-yarn"),
         ("yarn", {"factor": 0}, ValueError, "factor must be >= 1"),
         ("yarn", {"factor": -2}, ValueError, "factor must be >= 1"),
         ("pi", {"factor": 0.5}, ValueError, "got 0.5"),

@@ -155,7 +155,10 @@ def test_leaving_the_alibi_implementations_is_an_error_not_a_silent_model_withou
     model = tiny(backend="eager")
     ids = torch.randint(0, 97, (1, 30), generator=torch.Generator().manual_seed(4))
     model.set_attn_implementation("sdpa")
-    with pytest.raises(RuntimeError, match="attention implementation is now 'sdpa', which adds no ALiBi bias"):
+    with pytest.raises(
+        RuntimeError,
+        match="patched with 'alibi', but its attention implementation is now 'sdpa', which does not apply it",
+    ):
         model(ids)
     model.set_attn_implementation("hf_posenc_alibi_eager")
     hf_posenc.unpatch(model)  # the check goes with the patch
@@ -238,7 +241,9 @@ def test_attn_implementation_at_load_picks_the_alibi_backend(tmp_path, family, a
 
 def test_attn_implementation_without_alibi_counterpart_is_refused(tmp_path):
     tiny("llama").save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="'flash_attention_2' has no ALiBi counterpart.*use one of eager, sdpa"):
+    with pytest.raises(
+        ValueError, match="'flash_attention_2' has no counterpart for this model's patch; use one of eager, sdpa"
+    ):
         hf_posenc.from_pretrained(str(tmp_path), attn_implementation="flash_attention_2")
 
 
@@ -333,7 +338,7 @@ BAD = [
     ("unknown parameter", lambda: make_tiny("llama"), {"factor": 4}, TypeError, "Unknown parameter.*'factor'.*Valid parameters: backend, slopes"),
     ("model already alibi", _bloom, {}, ValueError, r"encodes position as alibi \(attention bias\); method 'alibi' needs rotary embeddings \(RoPE\) or a learned"),
     ("learned but not gpt2", _opt, {}, ValueError, "learned positions of GPT-2 only.*'opt'"),
-    ("rope, attention of its own", _falcon, {}, ValueError, "ALiBi replaces RoPE in llama, mistral, qwen2, qwen3 models.*'falcon'"),
+    ("rope, attention of its own", _falcon, {}, ValueError, "'alibi' replaces RoPE in llama, mistral, qwen2, qwen3 models.*'falcon'"),
     ("rope, soft-capped logits", _gemma2, {}, ValueError, "Gemma2ForCausalLM \\(model_type 'gemma2'\\) is not one of them"),
 ]  # fmt: skip
 

@@ -13,13 +13,14 @@ from helpers import assert_same, method_params, snapshot
 from transformers import AutoModelForCausalLM, OPTConfig
 
 import hf_posenc
-from hf_posenc.registry import get_method
+from hf_posenc.registry import get_method, methods_for
 
 L = 64  # the tiny models' max_position_embeddings
 SEQ = 3 * L + 5  # past the trained context, so dynamic methods differ too
 
 
 ROPE_SCALING = [name for name in hf_posenc.available_methods() if get_method(name).frequencies is not None]
+ON_ROPE = methods_for("rope")
 
 
 @pytest.fixture
@@ -180,7 +181,7 @@ def test_gpt2_error_names_what_applies():
     before = snapshot(model)
     with pytest.raises(
         ValueError,
-        match=r"model_type 'gpt2'\) encodes position as learned \(transformer.wpe\).*Methods for learned positions: alibi, pi\.",
+        match=r"model_type 'gpt2'\) encodes position as learned \(transformer.wpe\).*Methods for learned positions: alibi, nope, pi, sinusoidal, t5-bias\.",
     ):
         hf_posenc.patch(model, "yarn", factor=4)
     assert_same(before, snapshot(model))
@@ -326,7 +327,7 @@ def test_per_layer_type_rope_is_refused_clearly():
     assert_same(before, snapshot(model))
 
 
-@pytest.mark.parametrize("method", hf_posenc.available_methods())
+@pytest.mark.parametrize("method", ON_ROPE)
 def test_transformers_weight_init_rebuilds_the_patched_frequencies(method):
     """transformers' _init_weights recomputes rotary buffers from module.rope_type and the config."""
     model = make_tiny("llama")
@@ -339,7 +340,7 @@ def test_transformers_weight_init_rebuilds_the_patched_frequencies(method):
 
 @pytest.mark.parametrize(
     ("family", "method"),
-    [("llama", name) for name in hf_posenc.available_methods()] + [("gpt2", "pi"), ("gpt2", "alibi")],
+    [("llama", name) for name in ON_ROPE] + [("gpt2", name) for name in methods_for("learned")],
 )
 def test_the_resolved_parameters_patch_the_same_model(family, method):
     """The eval runner patches once to resolve a method on the model, then again from ``get_patch(...).params``:

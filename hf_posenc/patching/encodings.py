@@ -1,0 +1,101 @@
+"""Planner: encodings that need no attention change. NoPE (RoPE's rotation or GPT-2's ``wpe`` removed) and the
+sinusoidal table of Vaswani et al. 2017 in place of GPT-2's ``wpe``.
+
+The attention implementation stays the model's own. Saved configs carry the method's marker (see
+:func:`~hf_posenc.patching.changes.positions_removed`), so plain transformers refuses them rather than build
+the original encoding.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..architectures import position_table
+from ..methods.sinusoidal import SINUSOID_RMS, sinusoidal_embedding
+from ..record import CONFIG_KEY, PatchRecord
+from ..registry import Method, params_to_dict
+from .changes import positions_removed
+from .plan import ModuleChange, PatchInfo, Plan, Planner
+from .rope_types import replaced_marker
+
+
+class SinusoidalPositions(nn.Module):
+    """Stands where GPT-2's ``wpe`` was: ``scale * PE(p)`` (Vaswani et al. 2017, §3.5) for any position ``p``.
+
+    It keeps the learned table as its ``weight`` (unused, frozen), so the checkpoint keeps its keys and a saved
+    model's base weights stay whole.
+    """
+
+    def __init__(self, table: nn.Embedding, scale: float, base: float) -> None:
+        super().__init__()
+        self.weight = table.weight
+        self.weight.requires_grad_(False)
+        self.embedding_dim, self.scale, self.base = table.embedding_dim, scale, base
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        table = sinusoidal_embedding(position_ids, self.embedding_dim, base=self.base)  # (..., D) float64
+        return (self.scale * table).to(self.weight.dtype)
+
+
+def _plan_nope(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
+    """NoPE: the rotation (or ``wpe``) removed, nothing else."""
+    resolved = method.make_params(**params)
+    config_changes, changes, rope_type = positions_removed(model, method)
+    return _plan(model, method, resolved, config_changes, changes, rope_type)
+
+
+def _plan_sinusoidal(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
+    """GPT-2's ``wpe`` replaced by :class:`SinusoidalPositions`; ``scale`` defaults to the RMS match of the table."""
+    requested = method.make_params(**params)
+    table = position_table(model)
+    if table.embedding_dim % 2:
+        raise ValueError(f"The sinusoidal table needs an even width; this model's is {table.embedding_dim}.")
+    scale = requested.scale
+    if scale is None:
+        rms = table.weight.detach().double().pow(2).mean().sqrt().item()
+        scale = rms / SINUSOID_RMS if math.isfinite(rms) and rms > 0 else 1.0
+    resolved = method.make_params(scale=scale, base=requested.base)
+    parent_name, _, attribute = _table_path(model, table)
+    replace = functools.partial(_replace_table, attribute, resolved.scale, resolved.base)
+    changes: list[tuple[nn.Module, ModuleChange]] = [(model.get_submodule(parent_name), replace)]
+    return _plan(model, method, resolved, {"activation_function": replaced_marker(method)}, changes, None)
+
+
+def _table_path(model: nn.Module, table: nn.Module) -> tuple[str, str, str]:
+    name = next(name for name, module in model.named_modules() if module is table)
+    return name.rpartition(".")
+
+
+def _replace_table(attribute: str, scale: float, base: float, parent: nn.Module) -> None:
+    setattr(parent, attribute, SinusoidalPositions(getattr(parent, attribute), scale, base))
+
+
+def _plan(
+    model: nn.Module,
+    method: Method,
+    resolved: Any,
+    config_changes: dict[str, Any],
+    changes: list[tuple[nn.Module, ModuleChange]],
+    rope_type: str | None,
+) -> Plan:
+    info = PatchInfo(method.name, params_to_dict(resolved), native=False, rope_type=rope_type)
+    base = {key: getattr(model.config, key) for key in config_changes}
+    record = PatchRecord(method.name, info.params, False, base)
+    return Plan(info, {**config_changes, CONFIG_KEY: record.to_dict()}, changes)
+
+
+PLANS = {"nope": _plan_nope, "sinusoidal": _plan_sinusoidal}
+
+
+def plan_encoding(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
+    return PLANS[method.name](model, method, params)
+
+
+PLANNER = Planner(
+    positions=frozenset({"rope", "learned"}), serves=lambda method: method.name in PLANS, plan=plan_encoding
+)

@@ -210,6 +210,7 @@ def render_card(
     config_only: bool,
     license_info: dict[str, str] | None = None,
     eval_table: EvalTable | None = None,
+    encoding_plot: str | None = None,
 ) -> ModelCard:
     """Render the model card of a patched model.
 
@@ -221,6 +222,8 @@ def render_card(
         config_only (`bool`): whether the repo holds no weights (they load from ``base_model``).
         license_info (`dict`, *optional*): ``license`` (and ``license_name``/``license_link``) of the base.
         eval_table (`EvalTable`, *optional*): perplexity rows to show and to put in ``model-index``.
+        encoding_plot (`str`, *optional*): the repo's plot of the RoPE scaling's frequencies, to show
+            (:func:`hf_posenc.encoding_plots.write_patch_plot`).
     """
     record = PatchRecord.from_config(config)
     eval_results = eval_table.eval_results() if eval_table else []
@@ -249,4 +252,5 @@ def render_card(
         paper_url=f"https://arxiv.org/abs/{arxiv.group(1)}" if arxiv else None,
         eval_table=eval_table,
         plot_file=PLOT_FILE if eval_table else None,
+        encoding_plot=encoding_plot,
     )

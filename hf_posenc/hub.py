@@ -25,6 +25,7 @@ from transformers import AutoConfig, PreTrainedModel
 
 from ._version import __version__
 from .card import PLOT_FILE, EvalTable, load_eval_table, public_results, render_card
+from .encoding_plots import FREQUENCY_PLOT, patch_plot_file, write_patch_plot
 from .hub_errors import HubError, HubPushError, call_hub
 from .patching.loading import load_patched_model
 from .plots import plot_ppl_vs_length
@@ -47,6 +48,7 @@ PUSH_ARTIFACTS = (
     "generation_config.json",
     RESULTS_FILE,
     PLOT_FILE,
+    FREQUENCY_PLOT,
 )
 _LICENSE_FIELDS = ("license", "license_name", "license_link")
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
@@ -67,6 +69,7 @@ def push_to_hub(
     *,
     eval_results: str | Path | None = None,
     with_weights: bool = False,
+    encoding_plot: bool = True,
     tokenizer: Any = None,
     base_model: str | None = None,
     base_revision: str | None = None,
@@ -86,6 +89,9 @@ def push_to_hub(
             for ``none`` go into the card and its ``model-index``, with ``ppl_vs_length.png`` when present.
         with_weights (`bool`, *optional*, defaults to `False`): push the full model (safetensors)
             instead of a config-only repo that loads its weights from the base model.
+        encoding_plot (`bool`, *optional*, defaults to `True`): for a RoPE scaling (alone or in a combination),
+            push ``frequencies.png``, what it does to each rotary pair (:mod:`hf_posenc.encoding_plots`), shown in
+            the card; other methods get none.
         tokenizer (*optional*): saved into the repo too when given.
         base_model (`str`, *optional*): Hub id of the base model; defaults to ``model.name_or_path``.
             A config-only push needs one.
@@ -109,7 +115,9 @@ def push_to_hub(
     """
     api = HfApi(token=token)
     errors = (HubPushError, f"Pushing to {repo_id!r}")
-    contents = _push_contents(model, api, eval_results, with_weights, base_model, base_revision, license, token, errors)
+    contents = _push_contents(
+        model, api, eval_results, with_weights, base_model, base_revision, license, token, errors, encoding_plot
+    )
 
     def commit() -> CommitInfo:
         with tempfile.TemporaryDirectory(prefix="hf_posenc_push_") as folder:
@@ -139,6 +147,7 @@ def build_card(
     *,
     eval_results: str | Path | None = None,
     with_weights: bool = False,
+    encoding_plot: bool = True,
     base_model: str | None = None,
     base_revision: str | None = None,
     license: str | None = None,
@@ -151,7 +160,9 @@ def build_card(
     """
     api = HfApi(token=token)
     errors = (HubError, f"Rendering the card of {repo_id!r}")
-    contents = _push_contents(model, api, eval_results, with_weights, base_model, base_revision, license, token, errors)
+    contents = _push_contents(
+        model, api, eval_results, with_weights, base_model, base_revision, license, token, errors, encoding_plot
+    )
     return _render(model, repo_id, contents)
 
 
@@ -163,6 +174,7 @@ class _PushContents:
     base: BaseRef | None
     with_weights: bool
     license_info: dict[str, str]
+    encoding_plot: str | None  # the file name of the encoding plot pushed, if any
 
 
 def _push_contents(
@@ -175,8 +187,10 @@ def _push_contents(
     license: str | None,
     token: str | None,
     errors: tuple[type[HubError], str],
+    encoding_plot: bool,
 ) -> _PushContents:
-    """Check the model and eval results, and resolve the base model's commit and license."""
+    """Check the model and eval results, resolve the base model's commit and license, and name the encoding plot
+    (:func:`~hf_posenc.encoding_plots.patch_plot_file`) when asked for one."""
     record = PatchRecord.from_config(model.config)
     eval_table = load_eval_table(eval_results, record) if eval_results is not None else None
     base_id = base_model or model.name_or_path
@@ -202,7 +216,8 @@ def _push_contents(
         reading = f"{action} (reading the base model {base_id!r})"
         base = call_hub(lambda: _resolve_base(api, base_id, base_revision), error_type, reading, token)
     license_info = {"license": license} if license else (base.license_info if base else {})
-    return _PushContents(record, eval_table, base_id, base, with_weights, license_info)
+    plot = patch_plot_file(record) if encoding_plot else None
+    return _PushContents(record, eval_table, base_id, base, with_weights, license_info, plot)
 
 
 def stage_repo(
@@ -236,6 +251,8 @@ def stage_repo(
         )
         title = f"{repo_id}: perplexity on {table.dataset}\nprotocol {table.protocol}"
         plot_ppl_vs_length(folder / PLOT_FILE, table.results, trained_context=trained, title=title)
+    if contents.encoding_plot is not None:
+        write_patch_plot(folder / contents.encoding_plot, model.config)
     _render(model, repo_id, contents).save(folder / "README.md")
 
 
@@ -248,6 +265,7 @@ def _render(model: PreTrainedModel, repo_id: str, contents: _PushContents) -> Mo
         config_only=not contents.with_weights,
         license_info=contents.license_info,
         eval_table=contents.eval_table,
+        encoding_plot=contents.encoding_plot,
     )
 
 

@@ -15,11 +15,13 @@ import dataclasses
 import pickle
 import re
 import struct
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
 
 from .hub import from_pretrained, read_metadata
@@ -30,6 +32,10 @@ from .registry import get_method
 from .spec import format_method_spec
 
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
+# Models from load_base_model whose saved patch added tensors: the record and their saved values.
+_SAVED_TENSORS: weakref.WeakKeyDictionary[PreTrainedModel, tuple[PatchRecord, dict[str, torch.Tensor]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 @dataclass(frozen=True)
@@ -100,8 +106,35 @@ def load_base_model(name: str, saved: SavedPatch | None, **kwargs: Any) -> PreTr
     with loading_errors(name, kwargs.get("gguf_file")):
         model = from_pretrained(name, **kwargs)
     if saved is not None and get_patch(model) is not None:
+        patched_state = model.state_dict()
         unpatch(model)
+        base_names = set(model.state_dict())
+        added = {key: value.detach().clone() for key, value in patched_state.items() if key not in base_names}
+        if added:
+            _SAVED_TENSORS[model] = (saved.record, added)
     return model
+
+
+def restore_saved_tensors(model: PreTrainedModel) -> bool:
+    """On a model from :func:`load_base_model` patched again with its saved method and parameters: the tensors that
+    patch adds (the T5 bias table) take their saved, trained values, so the saved method is the model as saved
+    rather than the patch's fresh start. Returns whether it did (False for any other patch)."""
+    entry, applied = _SAVED_TENSORS.get(model), get_patch(model)
+    if entry is None or applied is None:
+        return False
+    record, tensors = entry
+    if record.method != applied.method or _without_backend(record.params) != _without_backend(applied.params):
+        return False
+    state = model.state_dict()
+    with torch.no_grad():
+        for key, value in tensors.items():
+            state[key].copy_(value)
+    return True
+
+
+def _without_backend(params: dict[str, Any]) -> dict[str, Any]:
+    """Parameters but the backend: the record keeps the one asked for (``auto``), a patch reports the one chosen."""
+    return {key: value for key, value in params.items() if key != "backend"}
 
 
 def base_config(name: str, saved: SavedPatch | None, **hub_kwargs: Any) -> PreTrainedConfig:

@@ -53,8 +53,17 @@ def test_config_only_push_and_load_back(fake_hub, tmp_path):
 
     assert_unchanged(model, before)
     files = fake_hub.files("me/tiny-yarn")
-    assert sorted(files) == ["README.md", "config.json", "eval_results.json", "hf_posenc.json", "ppl_vs_length.png"]
+    expected = [
+        "README.md",
+        "config.json",
+        "eval_results.json",
+        "frequencies.png",
+        "hf_posenc.json",
+        "ppl_vs_length.png",
+    ]
+    assert sorted(files) == expected
     assert files["ppl_vs_length.png"][:4] == b"\x89PNG"  # drawn for the push: the method and none only
+    assert files["frequencies.png"][:4] == b"\x89PNG" and "frequencies.png" in files["README.md"].decode()
     assert json.loads(files["eval_results.json"]) == json.loads(results.read_text())  # no local path in it
     metadata = json.loads(files["hf_posenc.json"])
     assert (metadata["base_model"], metadata["base_revision"], metadata["weights"]) == (BASE_REPO, base_commit, False)
@@ -117,7 +126,8 @@ def test_a_push_over_an_earlier_one_leaves_none_of_its_weights_or_results(fake_h
     assert {"model.safetensors", "eval_results.json", "ppl_vs_length.png"} <= set(fake_hub.files("me/tiny"))
     model = load_base_patched("pi", factor=2)
     hub.push_to_hub(model, "me/tiny", exist_ok=True)
-    assert sorted(fake_hub.files("me/tiny")) == sorted(["README.md", "config.json", "hf_posenc.json", *by_hand])
+    pushed = ["README.md", "config.json", "frequencies.png", "hf_posenc.json"]  # pi's plot drawn anew
+    assert sorted(fake_hub.files("me/tiny")) == sorted([*pushed, *by_hand])
     torch.testing.assert_close(logits(hf_posenc.hub.from_pretrained("me/tiny")), logits(model), rtol=0, atol=0)
 
 

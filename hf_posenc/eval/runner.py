@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import torch
 from accelerate import Accelerator
 
 from ..patching import get_patch, patched
-from ..saved import SavedPatch
+from ..saved import SavedPatch, restore_saved_tensors
 from ..spec import MethodSpec
 from .data import TextSource, WindowPlan, build_windows, check_protocol, load_texts, tokenize_texts
 from .models import (
@@ -51,10 +51,17 @@ from .specs import parse_methods, refuse_duplicates
 logger = logging.getLogger("hf_posenc")
 
 
-def _applied(model, spec: MethodSpec, params: dict[str, Any]) -> AbstractContextManager:
+@contextmanager
+def _applied(model, spec: MethodSpec, params: dict[str, Any]) -> Iterator[None]:
     """The model patched with ``spec`` for the duration, from the parameters it resolved when checked (so
-    nothing is resolved, or logged, twice); ``none``: unchanged."""
-    return nullcontext() if spec.unpatched else patched(model, spec.method, **params)
+    nothing is resolved, or logged, twice); ``none``: unchanged. A saved model's own method gets the tensors it
+    was saved with (:func:`~hf_posenc.saved.restore_saved_tensors`: a trained T5 table)."""
+    if spec.unpatched:
+        yield
+        return
+    with patched(model, spec.method, **params):
+        restore_saved_tensors(model)
+        yield
 
 
 def load_checked(

@@ -27,14 +27,13 @@ from .rope_types import replaced_marker
 class SinusoidalPositions(nn.Module):
     """Stands where GPT-2's ``wpe`` was: ``scale * PE(p)`` (Vaswani et al. 2017, §3.5) for any position ``p``.
 
-    It keeps the learned table as its ``weight`` (unused, frozen), so the checkpoint keeps its keys and a saved
-    model's base weights stay whole.
+    It keeps the learned table as its ``weight`` (the same parameter, unused: it gets no gradient), so the
+    checkpoint keeps its keys and a saved model's base weights stay whole.
     """
 
     def __init__(self, table: nn.Embedding, scale: float, base: float) -> None:
         super().__init__()
         self.weight = table.weight
-        self.weight.requires_grad_(False)
         self.embedding_dim, self.scale, self.base = table.embedding_dim, scale, base
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+import torch
 from hub_server import BASE_REPO, upload_base
 from huggingface_hub import HfApi
 from tiny_runs import results_of
@@ -104,3 +105,24 @@ def test_passkey_on_a_saved_model_runs_its_base_and_its_saved_method(tiny_dir, t
     saved = report["model_details"]["saved_patch"]
     assert saved == "alibi:slopes=[0.25, 0.0625, 0.015625, 0.00390625]"  # resolved on the model; the backend is auto
     assert [t["method"] for t in report["trials"]][:: len(report["trials"]) // 2] == ["none", saved]
+
+
+def test_a_saved_t5_bias_model_is_evaluated_with_its_trained_table(tiny_dir, tmp_path):
+    """The saved method re-applied to the base would start from a fresh table; the run gives it the saved one,
+    so its perplexity is the saved model's own (its forward loaded through hf_posenc.from_pretrained)."""
+    model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(tiny_dir / "model"), "t5-bias", backend="eager")
+    with torch.no_grad():  # "trained": not the initial table
+        model.model.position_bias.weight.add_(torch.randn(32, 4, generator=torch.Generator().manual_seed(0)))
+    model.save_pretrained(tmp_path / "saved")
+    AutoTokenizer.from_pretrained(tiny_dir / "model").save_pretrained(tmp_path / "saved")
+    ppl = _eval(tmp_path / "saved", tiny_dir / "texts", tmp_path / "out", "t5-bias:backend=eager", "t5-bias:init=zeros")
+    loaded = hf_posenc.from_pretrained(str(tmp_path / "saved")).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "saved")
+    texts = [path.read_text() for path in sorted((tiny_dir / "texts").iterdir())]
+    windows = [torch.tensor([ids[:96]]) for ids in tokenizer(texts)["input_ids"] if len(ids) >= 96]  # no BOS
+    with torch.no_grad():
+        nll = sum(loaded(ids, labels=ids).loss.item() * 95 for ids in windows)  # truncate: 95 scored a window
+    row = [r for r in results_of(tmp_path / "out")["results"] if r["method"] == "t5-bias:backend=eager"]
+    n96 = next(r for r in row if r["length"] == 96)
+    assert n96["windows"] == len(windows) == 2 and math.isclose(n96["ppl"], math.exp(nll / 190), rel_tol=1e-4)
+    assert ppl["t5-bias:init=zeros", 96] != ppl["t5-bias:backend=eager", 96]  # another patch: a fresh table

@@ -1,0 +1,306 @@
+"""Continued pretraining of a patched model with transformers' ``Trainer``.
+
+A method that replaces the position encoding (``alibi``, ``nope``, ``t5-bias``; ``pi`` on a RoPE model) leaves
+the model to relearn what its weights expected; a short continued pretraining on packed text windows
+(:mod:`hf_posenc.training.packing`) does that. The ``Trainer`` brings accelerate (multi-GPU, DeepSpeed, FSDP),
+activation checkpointing and checkpoint resume.
+
+``output_dir`` receives ``train_run.json`` (what identifies the run, written first), the Trainer's checkpoints
+``checkpoint-N``, and at the end the patched model, its tokenizer and ``train_summary.json``: the config carries
+the hf_posenc record, so ``hf_posenc.from_pretrained(output_dir)`` rebuilds the patched model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import accelerate
+import torch
+import transformers
+from accelerate import PartialState
+from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArguments, default_data_collator
+from transformers.trainer_utils import get_last_checkpoint
+
+from .._version import __version__
+from ..files import atomic_write_text
+from ..patching import get_patch, unpatch
+from ..spec import MethodSpec
+from .packing import PackedWindows, pack_texts
+from .trainable import TRAINABLE, apply_method, release_gguf, select_trainable
+
+RUN_FILE = "train_run.json"
+SUMMARY_FILE = "train_summary.json"
+RUN_FORMAT = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSettings:
+    """How to train.
+
+    Args:
+        length (`int`): tokens per training window, BOS included (the context to train at).
+        steps (`int`): optimizer steps.
+        learning_rate (`float`, defaults to 1e-4): peak learning rate (AdamW, linear decay to 0).
+        batch_size (`int`, defaults to 1): windows per device per forward.
+        gradient_accumulation_steps (`int`, defaults to 1): forwards per optimizer step.
+        warmup_steps (`int`, defaults to 0): steps of linear warm-up to ``learning_rate``.
+        trainable (`str`, defaults to ``"all"``): ``"all"``, or ``"position"``: only the parameters the patch
+            adds and the normalisation weights (:mod:`hf_posenc.training.trainable`).
+        save_steps (`int`, defaults to 500): a checkpoint (model, optimizer, scheduler, RNG) every N steps.
+        seed (`int`, defaults to 0): seed of the data order and of the Trainer.
+        gradient_checkpointing (`bool`, defaults to `False`): recompute activations in the backward (less memory).
+        resume (`bool`, defaults to `False`): continue the run in ``output_dir`` from its last checkpoint (the
+            same model, method, data and settings); with no run there, start one.
+
+    A float32 model on a CUDA GPU that supports bfloat16 trains with bfloat16 autocast (``bf16=True``); any other
+    model trains in its own dtype.
+    """
+
+    length: int
+    steps: int
+    learning_rate: float = 1e-4
+    batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    warmup_steps: int = 0
+    trainable: str = "all"
+    save_steps: int = 500
+    seed: int = 0
+    gradient_checkpointing: bool = False
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("length", "steps", "batch_size", "gradient_accumulation_steps", "save_steps"):
+            if not getattr(self, name) >= 1:
+                raise ValueError(f"`{name}` must be a positive integer, not {getattr(self, name)!r}.")
+        if not self.warmup_steps >= 0:
+            raise ValueError(f"`warmup_steps` must be 0 or more, not {self.warmup_steps!r}.")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise ValueError(f"`learning_rate` must be a positive number, not {self.learning_rate!r}.")
+        if self.trainable not in TRAINABLE:
+            raise ValueError(f"Unknown `trainable` {self.trainable!r}; choose one of {', '.join(TRAINABLE)}.")
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a :func:`train` call did.
+
+    Attributes:
+        final_loss (`float`): the last logged training loss (NaN if none was logged).
+        losses (`list[tuple[int, float]]`): ``(step, loss)`` of every step of the run, earlier sessions' included.
+        steps (`int`): optimizer steps the model has taken in this run, all sessions.
+        seconds (`float`): time this call spent in ``Trainer.train``.
+        trainable_parameters (`int`): values that train.
+    """
+
+    final_loss: float
+    losses: list[tuple[int, float]]
+    steps: int
+    seconds: float
+    trainable_parameters: int
+
+
+def train(
+    model: PreTrainedModel,
+    tokenizer: Any,
+    texts: Sequence[str] | PackedWindows,
+    output_dir: str | Path,
+    settings: TrainSettings,
+    method: str | MethodSpec,
+    *,
+    callbacks: list[TrainerCallback] | None = None,
+    sources: dict[str, Any] | None = None,
+) -> TrainResult:
+    """Patch ``model`` with ``method`` and train it on ``texts``; save the patched model to ``output_dir``.
+
+    Args:
+        model (`PreTrainedModel`): the unpatched base model (the patch is applied here, so that
+            ``trainable="position"`` knows what it added). A model loaded from a GGUF file is made an ordinary
+            one first (:func:`release_gguf`). It is left patched, trained, in eval mode.
+        tokenizer: its tokenizer; saved with the model.
+        texts (`Sequence[str]` or `PackedWindows`): the documents, or windows packed already (:func:`pack_texts`).
+        output_dir (`str` or `Path`): an empty or new folder, or with ``settings.resume`` one holding this run.
+        settings (`TrainSettings`): how to train.
+        method (`str` or `MethodSpec`): the method spec, e.g. ``"alibi"``, ``"t5-bias:num_buckets=32"``.
+        callbacks (`list[TrainerCallback]`, *optional*): passed to the ``Trainer``.
+        sources (`dict`, *optional*): where the model and texts came from, recorded in ``train_summary.json``.
+
+    Raises:
+        ValueError: bad settings or method, too little text for one window, ``output_dir`` holding other files or
+            (without ``resume``) a run, or a run of other arguments; raised before anything is written.
+    """
+    spec = method if isinstance(method, MethodSpec) else MethodSpec.parse(method)
+    output_dir = Path(output_dir)
+    data = texts if isinstance(texts, PackedWindows) else pack_texts(tokenizer, texts, settings.length)
+    if data.length != settings.length:
+        raise ValueError(f"`texts` are packed in windows of {data.length} tokens, not `length` {settings.length}.")
+    identity = run_identity(model.name_or_path, spec, settings, data)
+    check_output(output_dir, identity, settings.resume)
+    release_gguf(model)
+    added = apply_method(model, spec)
+    try:
+        trainable = select_trainable(model, settings.trainable, added)
+    except ValueError:
+        if not spec.unpatched:
+            unpatch(model)
+        raise
+    args = _training_arguments(model, output_dir, settings)
+    PartialState().wait_for_everyone()  # every process has checked output_dir before the first file is written
+    if args.should_save:
+        _write_json(output_dir / RUN_FILE, identity)
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        data_collator=default_data_collator,
+        processing_class=tokenizer,
+        callbacks=[_StopIfFinished(), *(callbacks or [])],
+    )
+    started = time.perf_counter()
+    with contextlib.suppress(_Finished):  # then the model holds its last checkpoint's weights: saved again below
+        trainer.train(resume_from_checkpoint=get_last_checkpoint(str(output_dir)) if settings.resume else None)
+    seconds = time.perf_counter() - started
+    trainer.save_model(str(output_dir))
+    model.eval()
+    losses = [(entry["step"], entry["loss"]) for entry in trainer.state.log_history if "loss" in entry]
+    result = TrainResult(losses[-1][1] if losses else math.nan, losses, trainer.state.global_step, seconds, trainable)
+    if args.should_save:
+        _write_json(output_dir / SUMMARY_FILE, _summary(model, spec, settings, data, result, args, sources))
+    return result
+
+
+class _Finished(Exception):
+    """Raised by :class:`_StopIfFinished`."""
+
+
+class _StopIfFinished(TrainerCallback):
+    """Stop a run resumed from the checkpoint of its last step before it trains: the ``Trainer`` would take one
+    step more (its loop checks the step count only after each step). The checkpoint is loaded by then."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps:
+            raise _Finished
+
+
+def run_identity(model_name: str, spec: MethodSpec, settings: TrainSettings, data: PackedWindows) -> dict[str, Any]:
+    """What a run is (``train_run.json``): a resumed run must match it."""
+    run_settings = {key: value for key, value in dataclasses.asdict(settings).items() if key != "resume"}
+    return {
+        "format": RUN_FORMAT,
+        "model": str(model_name),
+        "method": spec.text,
+        "settings": run_settings,
+        "data_sha256": data.fingerprint(),
+    }
+
+
+def check_output(output_dir: Path, identity: dict[str, Any] | None, resume: bool) -> None:
+    """Raise ``ValueError`` unless ``output_dir`` can take the run ``identity``: new or empty, or (with ``resume``)
+    holding the same run. ``identity`` None checks only what needs no data: the folder holds nothing else."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ValueError(f"`output_dir` {output_dir} is a file; give a folder.")
+    if not output_dir.is_dir() or not any(output_dir.iterdir()):
+        return
+    run_file = output_dir / RUN_FILE
+    if not run_file.is_file():
+        raise ValueError(f"`output_dir` {output_dir} holds other files (no {RUN_FILE}); choose an empty or new folder.")
+    if not resume:
+        raise ValueError(
+            f"`output_dir` {output_dir} already holds a training run; pass `resume` to continue it, or choose an "
+            "empty or new folder."
+        )
+    recorded = json.loads(run_file.read_text(encoding="utf-8"))
+    if identity is not None and recorded != identity:
+        raise ValueError(
+            f"`resume`: the run in `output_dir` {output_dir} had other arguments ({_differences(recorded, identity)}); "
+            "repeat them, or choose an empty or new folder."
+        )
+
+
+def _differences(recorded: dict[str, Any], identity: dict[str, Any]) -> str:
+    """```name`: <there> there, <here> here`` for each differing argument, settings one by one."""
+    there, here = recorded.get("settings") or {}, identity["settings"]
+    pairs = [(name, recorded.get(name), identity[name]) for name in ("model", "method")]
+    pairs += [(name, there.get(name), value) for name, value in here.items()]
+    said = [f"`{name}`: {old!r} there, {new!r} here" for name, old, new in pairs if old != new]
+    if recorded.get("data_sha256") != identity["data_sha256"]:
+        said.append("the tokens of `texts` differ")
+    return "; ".join(said) or f"{RUN_FILE} is of another format"
+
+
+def _training_arguments(model: PreTrainedModel, output_dir: Path, settings: TrainSettings) -> TrainingArguments:
+    cuda = torch.cuda.is_available()
+    return TrainingArguments(
+        output_dir=str(output_dir),
+        max_steps=settings.steps,
+        per_device_train_batch_size=settings.batch_size,
+        gradient_accumulation_steps=settings.gradient_accumulation_steps,
+        learning_rate=settings.learning_rate,
+        warmup_steps=settings.warmup_steps,
+        save_strategy="steps",
+        save_steps=settings.save_steps,
+        logging_steps=1,
+        seed=settings.seed,
+        report_to="none",
+        use_cpu=not cuda,
+        bf16=cuda and model.dtype == torch.float32 and torch.cuda.is_bf16_supported(),
+        activation_checkpointing=settings.gradient_checkpointing,
+        remove_unused_columns=False,
+    )
+
+
+def _summary(
+    model: PreTrainedModel,
+    spec: MethodSpec,
+    settings: TrainSettings,
+    data: PackedWindows,
+    result: TrainResult,
+    args: TrainingArguments,
+    sources: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """``train_summary.json``: the method as applied, the settings, the data, the losses, the time, the versions."""
+    applied = get_patch(model)
+    return {
+        "method": spec.method,
+        "spec": spec.text,
+        "params": applied.params if applied is not None else {},
+        "model": str(model.name_or_path),
+        "sources": sources or {},
+        "settings": dataclasses.asdict(settings),
+        "data": {
+            "windows": len(data),
+            "length": data.length,
+            "bos": data.bos_id is not None,
+            "stream_tokens": data.stream_tokens,
+            "dropped_tokens": data.dropped_tokens,
+            "sha256": data.fingerprint(),
+        },
+        "trainable_parameters": result.trainable_parameters,
+        "steps": result.steps,
+        "final_loss": result.final_loss,
+        "losses": [list(pair) for pair in result.losses],
+        "seconds": round(result.seconds, 3),
+        "device": str(args.device),
+        "world_size": args.world_size,
+        "versions": _versions(),
+    }
+
+
+def _versions() -> dict[str, str]:
+    return {
+        "hf_posenc": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "accelerate": accelerate.__version__,
+    }
+
+
+def _write_json(path: Path, record: dict[str, Any]) -> None:
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")

@@ -1,0 +1,97 @@
+"""``hf-posenc plot frequencies|bias``: files written, the model's numbers read, bad input refused in one line."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CONFIGS
+
+import hf_posenc
+from hf_posenc.cli import main
+from hf_posenc.cli import plot as plot_cli
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open() as file:
+        return list(csv.DictReader(file))
+
+
+def test_the_defaults_work_without_arguments_in_a_fresh_interpreter(tmp_path):
+    environment = {**os.environ, "PYTHONPATH": str(Path(hf_posenc.__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+    code = "import sys; from hf_posenc.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "plot", "frequencies"],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    folder = tmp_path / "hf-posenc-results" / "plot"
+    assert f"Plot: {Path('hf-posenc-results/plot/frequencies.png')}" in done.stdout
+    rows = read_csv(folder / "frequencies.csv")
+    assert list(dict.fromkeys(row["method"] for row in rows)) == list(plot_cli.DEFAULT_SPECS["frequencies"])
+    assert len(rows) == 5 * 32 and (folder / "frequencies.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_bias_with_flags(tmp_path, capsys):
+    argv = ["plot", "bias", "--method", "alibi", "--method", "t5-bias", "--method", "sinusoidal", "--method", "rope"]
+    argv += ["--num-heads", "4", "--head-dim", "16", "--max-distance", "256", "--output", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "(head_dim 16, base 10000, trained_context 4096, num_heads 4)" in out
+    assert f"Plot: {tmp_path / 'bias.png'}\nData: {tmp_path / 'bias.csv'}" in out
+    rows = read_csv(tmp_path / "bias.csv")
+    assert len(rows) == 257 * (3 + 3 + 1 + 1)  # first, middle, last head of ALiBi and T5; sinusoidal; the bound
+    assert {row["series"] for row in rows if row["method"] == "sinusoidal"} == {"d = 64"}  # 4 heads x 16
+
+
+def test_a_models_config_gives_the_numbers_and_flags_override_them(tmp_path, capsys):
+    model = tmp_path / "model"
+    config = CONFIGS["llama"]()  # head_dim 16, 4 heads, max_position_embeddings 64, rope_theta 10000
+    config.rope_parameters["rope_theta"] = 5e5
+    config.save_pretrained(model)
+    argv = ["plot", "frequencies", "--model", str(model), "--method", "yarn:factor=4", "--output", str(tmp_path)]
+    assert main([*argv, "--trained-context", "32"]) == 0
+    assert (
+        f"(head_dim 16, base 500000, trained_context 32, from {model}'s config and the flags)"
+        in capsys.readouterr().out
+    )
+    rows = read_csv(tmp_path / "frequencies.csv")
+    assert len(rows) == 8 and float(rows[0]["wavelength_over_context"]) == pytest.approx(2 * 3.141592653589793 / 32)
+    assert float(rows[1]["inv_freq"]) == pytest.approx(5e5 ** (-2 / 16))
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["frequencies", "--method", "alibi"], "--method 'alibi' does not rescale RoPE's frequencies"),
+        (["bias", "--method", "rope", "--method", "foo"], "Unknown method 'foo'. Available methods:"),
+        (["bias", "--method", "nope"], "--method 'nope' adds nothing by distance to draw"),
+        (["frequencies", "--method", "yarn:factor=0.5"], "--method 'yarn:factor=0.5': factor must be >= 1"),
+        (["frequencies", "--num-heads", "4"], "--num-heads is for 'plot bias' only"),
+        (["frequencies", "--head-dim", "7"], "--head-dim (the rotary dimension d) must be even, got 7"),
+        (["bias", "--max-distance", "0"], "--max-distance must be a positive integer, got 0"),
+        (["frequencies", "--base", "1"], "--base (RoPE's b in theta_i = b^(-2i/d)) must be > 1"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, argv, said):
+    assert main(["plot", *argv, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("hf-posenc plot: error: ") and said in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_exits_130_with_one_line(monkeypatch, capsys, tmp_path):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plot_cli, "write_frequency_plot", interrupted)
+    assert main(["plot", "frequencies", "--output", str(tmp_path)]) == 130
+    assert capsys.readouterr().err == "hf-posenc plot: interrupted.\n"

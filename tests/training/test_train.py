@@ -1,0 +1,276 @@
+"""Continued pretraining (``hf_posenc.training``, ``hf-posenc train``) on tiny random models: packing, what
+trains, saving and reloading, resuming a killed run, GGUF-loaded models, and the command end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import make_tiny
+from torch import nn
+from transformers import AutoModelForCausalLM, GgufConfig, TrainerCallback
+from transformers.quantizers.quantizer_gguf import GgufHfQuantizer
+
+import hf_posenc
+from hf_posenc.cli import main
+from hf_posenc.training import TrainSettings, pack_windows, release_gguf, select_trainable, train
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LENGTH = 32
+# A short cycle repeated: a tiny model learns it within a few dozen steps.
+DATA = pack_windows([[3 + (i * i) % 11 for i in range(700)]], LENGTH, eos_id=2, bos_id=1)
+
+
+def _settings(**changes) -> TrainSettings:
+    return TrainSettings(**{"length": LENGTH, "steps": 12, "learning_rate": 1e-3, "save_steps": 5, **changes})
+
+
+def _snapshot(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("hf-posenc train:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_windows_are_bos_then_the_stream_cut_in_spans():
+    docs = [[10, 11, 12], [], [20, 21], [30, 31, 32, 33]]
+    packed = pack_windows(docs, 4, eos_id=2, bos_id=1)
+    # stream: 10 11 12 EOS 20 21 EOS 30 31 32 33 (the empty document adds nothing); spans of 3 after the BOS
+    assert packed.windows.tolist() == [[1, 10, 11, 12], [1, 2, 20, 21], [1, 2, 30, 31]]
+    assert (packed.stream_tokens, packed.dropped_tokens, len(packed), packed.length) == (11, 2, 3, 4)
+    item = packed[1]
+    assert item["input_ids"].tolist() == item["labels"].tolist() == [1, 2, 20, 21]
+
+
+def test_without_bos_and_eos_windows_are_the_plain_concatenation():
+    packed = pack_windows([[10, 11, 12], [20, 21], [30, 31, 32, 33]], 4, eos_id=None, bos_id=None)
+    assert packed.windows.tolist() == [[10, 11, 12, 20], [21, 30, 31, 32]]
+    assert (packed.stream_tokens, packed.dropped_tokens) == (9, 1)
+
+
+def test_too_little_text_for_one_window_is_refused():
+    with pytest.raises(
+        ValueError, match=r"The documents of `texts` make 6 tokens, fewer than one window of `length` 8 takes \(7 text"
+    ):
+        pack_windows([[5, 6, 7], [8, 9]], 8, eos_id=2, bos_id=1)
+
+
+def test_the_loss_falls_on_repetitive_text(tmp_path):
+    result = train(make_tiny("llama"), None, DATA, tmp_path / "out", _settings(steps=30, save_steps=100), "alibi")
+    assert [step for step, _ in result.losses] == list(range(1, 31)) and result.steps == 30
+    assert result.losses[-1][1] < 0.7 * result.losses[0][1], result.losses
+    assert result.final_loss == result.losses[-1][1]
+
+
+_T5 = ["t5-bias"] if "t5-bias" in hf_posenc.available_methods() else []  # a method that adds a parameter
+_POSITION_CASES = [("llama", "alibi"), ("gpt2", "alibi"), *(("llama", method) for method in _T5)]
+
+
+@pytest.mark.parametrize(("family", "method"), _POSITION_CASES)
+def test_position_trains_only_the_added_parameters_and_the_norms(tmp_path, family, method):
+    model = make_tiny(family)
+    before = {name: value.clone() for name, value in model.named_parameters()}
+    norms = {name for name in before if "norm" in name or ".ln_" in name}
+    assert norms and len(norms) < len(before)
+    result = train(model, None, DATA, tmp_path / "out", _settings(steps=5, trainable="position"), method)
+    after = dict(model.named_parameters())
+    added = set(after) - set(before)
+    assert added == ({"model.position_bias.weight"} if method == "t5-bias" else set())
+    assert result.trainable_parameters == sum(after[name].numel() for name in norms | added)
+    for name, value in before.items():
+        assert torch.equal(after[name], value) == (name not in norms), name  # bit-identical, or trained
+    initial = hf_posenc.patch(make_tiny(family), method)
+    for name in added:
+        assert not torch.equal(after[name], initial.get_parameter(name)), name
+
+
+def test_an_already_patched_model_is_refused_before_anything_is_written(tmp_path):
+    model = hf_posenc.patch(make_tiny("llama"), "alibi")
+    with pytest.raises(ValueError, match="`model` is already patched with 'alibi'; pass the unpatched model"):
+        train(model, None, DATA, tmp_path / "out", _settings(), "nope")
+    assert not (tmp_path / "out").exists()
+
+
+def test_checkpointing_and_accumulation_change_only_float_rounding(tmp_path):
+    """Two windows a step as one batch, or as two accumulated forwards with activation checkpointing (the
+    embeddings frozen: the recomputed forward must still reach the trained norms)."""
+    runs = []
+    for name, changes in {"batch": {"batch_size": 2}, "accumulated": {"gradient_accumulation_steps": 2}}.items():
+        model = make_tiny("llama")
+        settings = _settings(steps=4, trainable="position", gradient_checkpointing=name == "accumulated", **changes)
+        runs.append((train(model, None, DATA, tmp_path / name, settings, "alibi"), list(model.parameters())))
+    (batch, batch_weights), (accumulated, accumulated_weights) = runs
+    assert [step for step, _ in accumulated.losses] == [1, 2, 3, 4]
+    assert [loss for _, loss in accumulated.losses] == pytest.approx([loss for _, loss in batch.losses], abs=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(batch_weights, accumulated_weights, strict=True))
+
+
+def test_selecting_nothing_is_an_error():
+    with pytest.raises(ValueError, match="`trainable` 'position' selects no parameter of Sequential"):
+        select_trainable(nn.Sequential(nn.Linear(2, 2)), "position")
+
+
+@pytest.mark.parametrize("method", ["alibi", *_T5])
+def test_the_saved_model_reloads_patched_with_the_same_logits(tmp_path, method):
+    model, out = make_tiny("llama"), tmp_path / "out"
+    train(model, None, DATA, out, _settings(steps=6), method)
+    reloaded = hf_posenc.from_pretrained(out).eval()
+    assert hf_posenc.get_patch(reloaded).method == method
+    with torch.no_grad():
+        assert torch.equal(reloaded(DATA.windows[:2]).logits, model(DATA.windows[:2]).logits)
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["method"] == method and summary["params"] == hf_posenc.get_patch(model).params
+    assert summary["settings"]["steps"] == summary["steps"] == len(summary["losses"]) == 6
+    assert summary["data"] == {**summary["data"], "windows": len(DATA), "dropped_tokens": DATA.dropped_tokens}
+    assert "transformers" in summary["versions"] and summary["trainable_parameters"] > 0
+
+
+class _Kill(TrainerCallback):
+    """Raise at the start of step ``at + 1``: a run killed after its checkpoint at step ``at``."""
+
+    def __init__(self, at: int):
+        self.at = at
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.at:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])  # GPT-2 has dropout: its RNG state must come back too
+def test_a_killed_run_resumes_where_it_stopped(tmp_path, family):
+    """On a CPU the resumed run is bit-identical to the uninterrupted one: the checkpoint holds the weights,
+    the optimizer, the scheduler and the RNG states, and the Trainer skips the batches already seen (the
+    shuffled order of the whole run is fixed by the seed)."""
+    settings = _settings(batch_size=2)  # 12 steps over 11 batches: the resumed part crosses an epoch
+    whole = make_tiny(family)
+    expected = train(whole, None, DATA, tmp_path / "whole", settings, "alibi")
+    killed = tmp_path / "killed"
+    with pytest.raises(KeyboardInterrupt):
+        train(make_tiny(family), None, DATA, killed, settings, "alibi", callbacks=[_Kill(6)])
+    assert sorted(p.name for p in killed.iterdir()) == ["checkpoint-5", "train_run.json"]
+    resumed = make_tiny(family)
+    result = train(resumed, None, DATA, killed, _settings(batch_size=2, resume=True), "alibi")
+    assert result.losses == expected.losses and result.steps == 12
+    for (name, value), other in zip(whole.named_parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(value, other), name
+    # a finished run resumed: its last checkpoint loaded, no step more (the Trainer alone would take one)
+    again = make_tiny(family)
+    assert train(again, None, DATA, killed, _settings(batch_size=2, resume=True), "alibi").losses == expected.losses
+    assert all(torch.equal(a, b) for a, b in zip(whole.parameters(), again.parameters(), strict=True))
+
+
+def _mark_as_gguf_loaded(model) -> None:
+    """What transformers 5 leaves on a model loaded with ``gguf_file=`` whose weights it unpacked."""
+    quantizer = GgufHfQuantizer(GgufConfig())
+    model.hf_quantizer, model.is_quantized = quantizer, True
+    model.quantization_method = quantizer.quantization_config.quant_method
+    model.config.quantization_config, model.config._is_quantized = quantizer.quantization_config, True
+
+
+def test_a_gguf_loaded_model_trains_and_saves(tmp_path):
+    model = make_tiny("llama")
+    _mark_as_gguf_loaded(model)
+    with pytest.raises(ValueError, match="quantized with gguf and is not serializable"):
+        model.save_pretrained(tmp_path / "refused")
+    train(model, None, DATA, tmp_path / "out", _settings(steps=2), "alibi")
+    assert "quantization_config" not in json.loads((tmp_path / "out" / "config.json").read_text())
+    reloaded = hf_posenc.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        assert torch.equal(reloaded(DATA.windows[:1]).logits, model(DATA.windows[:1]).logits)
+
+
+def test_packed_gguf_weights_are_refused(tmp_path):
+    model = make_tiny("llama")
+    _mark_as_gguf_loaded(model)
+    model.lm_head.weight = nn.Parameter(torch.zeros(97, 8, dtype=torch.uint8), requires_grad=False)
+    with pytest.raises(ValueError, match=r"keeps 1 weights as packed GGUF blocks \(lm_head.weight"):
+        release_gguf(model)
+
+
+@pytest.mark.slow
+def test_the_real_gguf_model_saves_after_release(tmp_path):
+    from hf_posenc.offline import smollm2_gguf
+
+    try:
+        folder, name = smollm2_gguf()
+    except FileNotFoundError as error:
+        pytest.skip(str(error))
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    assert model.is_quantized  # what transformers leaves, though every weight is float32
+    release_gguf(model)
+    model.save_pretrained(tmp_path / "saved")
+    ids = torch.arange(100, 132)[None]
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved", dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids).logits, model(ids).logits)
+
+
+def _train_args(tiny_dir, out, *extra: str) -> list[str]:
+    model, texts = str(tiny_dir / "model"), str(tiny_dir / "texts")
+    common = ["--length", str(LENGTH), "--steps", "4", "--save-steps", "2", "--learning-rate", "1e-3"]
+    return ["train", "--model", model, "--dataset", texts, "--method", "alibi", *common, "--output", str(out), *extra]
+
+
+def test_the_command_trains_saves_and_eval_scores_the_result(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(_train_args(tiny_dir, out)) == 0
+    printed = capsys.readouterr().out
+    assert f"Evaluate: hf-posenc eval --model {out}" in printed and "Trained " in printed
+    names = {p.name for p in out.iterdir()}
+    assert {"checkpoint-2", "checkpoint-4", "config.json", "model.safetensors", "tokenizer.json"} <= names
+    summary = json.loads((out / "train_summary.json").read_text())
+    # the tiny tokenizer has no EOS and adds no BOS: 581 characters in windows of 32, 5 dropped
+    assert (summary["data"]["windows"], summary["data"]["dropped_tokens"], summary["data"]["bos"]) == (18, 5, False)
+    assert summary["spec"] == "alibi" and summary["sources"]["dataset"]["name"] == str(tiny_dir / "texts")
+    assert hf_posenc.get_patch(hf_posenc.from_pretrained(out)).method == "alibi"
+
+    ev = ["eval", "--model", str(out), "--dataset", str(tiny_dir / "texts"), "--lengths", "32"]
+    assert main([*ev, "--output", str(tmp_path / "eval")]) == 0
+    rows = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
+    assert rows[0]["method"] == "none" and rows[1]["method"].startswith("alibi")  # the base; the model as trained
+
+    before = _snapshot(out)
+    assert main(_train_args(tiny_dir, out)) == 2  # the same command again: it asks for --resume
+    assert "--output" in (line := _one_line_error(capsys)) and "already holds a training run; pass --resume" in line
+    assert main(_train_args(tiny_dir, out, "--resume")) == 0  # finished: nothing left to train
+    assert json.loads((out / "train_summary.json").read_text())["losses"] == summary["losses"]
+    assert _snapshot(out).keys() == before.keys()
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (
+            ["--length", "4k"],
+            "error: The documents of --dataset make 581 tokens, fewer than one window of --length 4096",
+        ),
+        (["--method", "no-such-method"], "error: Unknown method 'no-such-method'"),
+        (["--warmup-steps", "-1"], "error: --warmup-steps must be 0 or more, not -1."),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tiny_dir, tmp_path, capsys, change, said):
+    out = tmp_path / "out"
+    assert main(_train_args(tiny_dir, out) + change) == 2
+    assert said in _one_line_error(capsys) and not out.exists()
+
+
+def test_an_output_of_another_run_or_other_files_is_refused(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(_train_args(tiny_dir, out, "--save-steps", "3")) == 0
+    capsys.readouterr()
+    before = _snapshot(out)
+    assert main(_train_args(tiny_dir, out, "--save-steps", "3", "--steps", "6", "--resume")) == 2
+    assert "had other arguments (--steps: 4 there, 6 here); repeat them" in _one_line_error(capsys)
+    assert _snapshot(out) == before
+
+    (other := tmp_path / "other").mkdir()
+    (other / "notes.txt").write_text("mine")
+    assert main(_train_args(tiny_dir, other, "--resume")) == 2
+    assert f"--output {other} holds other files (no train_run.json)" in _one_line_error(capsys)
+    assert _snapshot(other) == {"notes.txt": b"mine"}

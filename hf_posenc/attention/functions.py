@@ -10,6 +10,7 @@ query heads). Press et al. 2022, §3: ``softmax(q_i K^T * scaling - m_h * (i - j
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,9 +29,10 @@ def _repeat_kv(states: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def _check_mask(attention_mask: Any, expected: type, backend: str) -> None:
+    """``backend``: the method and backend, ``"ALiBi eager"``."""
     if not isinstance(attention_mask, expected):
         raise TypeError(
-            f"The ALiBi {backend} attention got an attention mask of type {type(attention_mask).__name__}; it needs "
+            f"The {backend} attention got an attention mask of type {type(attention_mask).__name__}; it needs "
             f"the {expected.__name__} its mask function builds from a 2D attention mask. Pass a 2D (batch, length) "
             "attention_mask, not a prepared 4D mask."
         )
@@ -38,7 +40,7 @@ def _check_mask(attention_mask: Any, expected: type, backend: str) -> None:
 
 def _no_dropout(module: nn.Module, dropout: float, backend: str) -> None:
     if dropout and module.training:
-        raise ValueError(f"The ALiBi {backend} backend has no attention dropout; use backend='sdpa' or set it to 0.")
+        raise ValueError(f"The {backend} backend has no attention dropout; use backend='sdpa' or set it to 0.")
 
 
 def slopes_on(module: nn.Module, device: torch.device) -> torch.Tensor:
@@ -59,46 +61,59 @@ def alibi_bias(module: nn.Module, distance: torch.Tensor) -> torch.Tensor:
     return distance * slopes_on(module, distance.device)[None, :, None, None]
 
 
-def alibi_eager_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference: scores and softmax in float32, the full ``(B, H, q, kv)`` bias materialised."""
-    _check_mask(attention_mask, torch.Tensor, "eager")
-    groups = query.shape[1] // key.shape[1]
-    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
-    scores = torch.matmul(query.float(), key.float().transpose(2, 3)) * scaling  # (B, H, q, kv)
-    weights = torch.softmax(scores + alibi_bias(module, attention_mask), dim=-1).to(value.dtype)
-    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, q, H, D)
-    return output, weights
+BiasOf = Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (module, (B, 1, q, kv) distance mask) -> (B, H, q, kv)
+ScoreBias = Callable[[nn.Module, torch.device], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
 
 
-def alibi_sdpa_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
+def eager_bias_attention(bias_of: BiasOf, name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The reference backend of a bias method: scores, bias (``bias_of(module, distance mask)``, float32, ``-inf``
+    where masked) and softmax in float32, the full ``(B, H, q, kv)`` bias materialised."""
+
+    def attention(
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor,
+        scaling: float,
+        dropout: float = 0.0,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_mask(attention_mask, torch.Tensor, f"{name} eager")
+        groups = query.shape[1] // key.shape[1]
+        key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+        scores = torch.matmul(query.float(), key.float().transpose(2, 3)) * scaling  # (B, H, q, kv)
+        weights = torch.softmax(scores + bias_of(module, attention_mask), dim=-1).to(value.dtype)
+        weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+        output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, q, H, D)
+        return output, weights
+
+    return attention
+
+
+def sdpa_bias_attention(bias_of: BiasOf, name: str) -> Callable[..., tuple[torch.Tensor, None]]:
     """``scaled_dot_product_attention`` with the bias as a float mask built per call (O(n^2) memory)."""
-    _check_mask(attention_mask, torch.Tensor, "sdpa")
-    groups = query.shape[1] // key.shape[1]
-    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
-    bias = alibi_bias(module, attention_mask).to(query.dtype)  # (B, H, q, kv)
-    output = nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=bias, dropout_p=dropout if module.training else 0.0, scale=scaling
-    )
-    return output.transpose(1, 2).contiguous(), None  # (B, q, H, D)
+
+    def attention(
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor,
+        scaling: float,
+        dropout: float = 0.0,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        _check_mask(attention_mask, torch.Tensor, f"{name} sdpa")
+        groups = query.shape[1] // key.shape[1]
+        key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+        bias = bias_of(module, attention_mask).to(query.dtype)  # (B, H, q, kv)
+        output = nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=bias, dropout_p=dropout if module.training else 0.0, scale=scaling
+        )
+        return output.transpose(1, 2).contiguous(), None  # (B, q, H, D)
+
+    return attention
 
 
 @functools.cache
@@ -106,44 +121,57 @@ def _compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=True)
 
 
-def alibi_flex_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: AlibiBlockMask,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """``flex_attention`` with an ALiBi score_mod: the bias is computed per block, memory O(n).
+def flex_bias_attention(score_bias: ScoreBias, name: str) -> Callable[..., tuple[torch.Tensor, None]]:
+    """``flex_attention`` with a score_mod adding ``score_bias(module, device)(i - j, head)``: the bias is computed
+    per block, memory O(n). Compiled (one compilation, dynamic shapes) on CUDA; on CPU it runs uncompiled, as a
+    small-size check. ``i - j`` from the token positions (with padding), else from the indices and the cache
+    offsets (``index_shift``: no loads of positions)."""
 
-    Compiled (one compilation, dynamic shapes) on CUDA; on CPU it runs uncompiled, as a small-size check.
-    """
-    _check_mask(attention_mask, AlibiBlockMask, "flex")
-    _no_dropout(module, dropout, "flex")
-    slopes = slopes_on(module, query.device)
-    queries, keys, shift = attention_mask.query_positions, attention_mask.key_positions, attention_mask.index_shift
+    def attention(
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: AlibiBlockMask,
+        scaling: float,
+        dropout: float = 0.0,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        _check_mask(attention_mask, AlibiBlockMask, f"{name} flex")
+        _no_dropout(module, dropout, f"{name} flex")
+        bias = score_bias(module, query.device)
+        queries, keys, shift = attention_mask.query_positions, attention_mask.key_positions, attention_mask.index_shift
 
-    def score_mod(score, batch, head, q_idx, kv_idx):  # -m_h * (i - j), positions looked up
-        return score + slopes[head] * (keys[batch, kv_idx] - queries[batch, q_idx])
+        def score_mod(score, batch, head, q_idx, kv_idx):
+            return score + bias(queries[batch, q_idx] - keys[batch, kv_idx], head)
 
-    # Without padding the same from the indices. The shift (the cache offsets) is a per-row constant, which
-    # softmax ignores, but it keeps the float32 values exact distances, near zero where the weight is.
-    def index_score_mod(score, batch, head, q_idx, kv_idx):
-        return score + slopes[head] * (kv_idx - q_idx - shift)
+        # The shift (the cache offsets) is a per-row constant; it keeps the values exact distances.
+        def index_score_mod(score, batch, head, q_idx, kv_idx):
+            return score + bias(q_idx - kv_idx + shift, head)
 
-    attend = _compiled_flex_attention() if masks.compiles_flex(query.device) else flex_attention
-    output = attend(
-        query,
-        key,
-        value,
-        score_mod=score_mod if shift is None else index_score_mod,
-        block_mask=attention_mask.block_mask,
-        scale=scaling,
-        enable_gqa=query.shape[1] != key.shape[1],
-    )
-    return output.transpose(1, 2).contiguous(), None  # (B, q, H, D)
+        attend = _compiled_flex_attention() if masks.compiles_flex(query.device) else flex_attention
+        output = attend(
+            query,
+            key,
+            value,
+            score_mod=score_mod if shift is None else index_score_mod,
+            block_mask=attention_mask.block_mask,
+            scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1],
+        )
+        return output.transpose(1, 2).contiguous(), None  # (B, q, H, D)
+
+    return attention
+
+
+def _alibi_score_bias(module: nn.Module, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    slopes = slopes_on(module, device)
+    return lambda distance, head: -slopes[head] * distance  # -m_h * (i - j)
+
+
+alibi_eager_attention = eager_bias_attention(alibi_bias, "ALiBi")
+alibi_sdpa_attention = sdpa_bias_attention(alibi_bias, "ALiBi")
+alibi_flex_attention = flex_bias_attention(_alibi_score_bias, "ALiBi")
 
 
 def alibi_cudnn_attention(
@@ -158,8 +186,8 @@ def alibi_cudnn_attention(
 ) -> tuple[torch.Tensor, None]:
     """cuDNN's fused ALiBi kernel for a plain causal prefill (:mod:`hf_posenc.attention.cudnn`), the flex
     backend for every other call (padding, a KV cache, a shape cuDNN refuses)."""
-    _check_mask(attention_mask, AlibiPrefillMask, "cudnn")
-    _no_dropout(module, dropout, "cudnn")
+    _check_mask(attention_mask, AlibiPrefillMask, "ALiBi cudnn")
+    _no_dropout(module, dropout, "ALiBi cudnn")
     if (
         attention_mask.plain_causal
         and _fused_serves(module, query, key)

@@ -9,16 +9,13 @@ max_distance``). The bias is computed in float32 and gradients reach the table o
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.nn.attention.flex_attention import flex_attention
 
 from ..methods.t5_bias import t5_buckets
-from . import masks
-from .functions import _check_mask, _compiled_flex_attention, _no_dropout, _repeat_kv
-from .masks import AlibiBlockMask
+from .functions import eager_bias_attention, flex_bias_attention, sdpa_bias_attention
 
 
 def _table(module: nn.Module) -> tuple[torch.Tensor, int, int]:
@@ -42,82 +39,11 @@ def t5_bias(module: nn.Module, distance_mask: torch.Tensor) -> torch.Tensor:
     return bias.masked_fill(~allowed, -torch.inf)
 
 
-def t5_eager_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference: scores, bias and softmax in float32, the full ``(B, H, q, kv)`` bias materialised."""
-    _check_mask(attention_mask, torch.Tensor, "t5-bias eager")
-    groups = query.shape[1] // key.shape[1]
-    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
-    scores = torch.matmul(query.float(), key.float().transpose(2, 3)) * scaling  # (B, H, q, kv)
-    weights = torch.softmax(scores + t5_bias(module, attention_mask), dim=-1).to(value.dtype)
-    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, q, H, D)
-    return output, weights
-
-
-def t5_sdpa_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """``scaled_dot_product_attention`` with the bias as a float mask built per call (O(n^2) memory)."""
-    _check_mask(attention_mask, torch.Tensor, "t5-bias sdpa")
-    groups = query.shape[1] // key.shape[1]
-    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
-    bias = t5_bias(module, attention_mask).to(query.dtype)  # (B, H, q, kv)
-    output = nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=bias, dropout_p=dropout if module.training else 0.0, scale=scaling
-    )
-    return output.transpose(1, 2).contiguous(), None  # (B, q, H, D)
-
-
-def t5_flex_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: AlibiBlockMask,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """``flex_attention`` with the bucket computed and looked up in the score_mod: memory O(n), compiled on CUDA
-    (uncompiled on CPU, a small-size check)."""
-    _check_mask(attention_mask, AlibiBlockMask, "t5-bias flex")
-    _no_dropout(module, dropout, "t5-bias flex")
+def _t5_score_bias(module: nn.Module, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     table, num_buckets, max_distance = _table(module)
-    queries, keys, shift = attention_mask.query_positions, attention_mask.key_positions, attention_mask.index_shift
+    return lambda distance, head: table[t5_buckets(distance, num_buckets=num_buckets, max_distance=max_distance), head]
 
-    def bias(distance: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-        return table[t5_buckets(distance, num_buckets=num_buckets, max_distance=max_distance), head]
 
-    def score_mod(score, batch, head, q_idx, kv_idx):  # positions looked up (padding)
-        return score + bias(queries[batch, q_idx] - keys[batch, kv_idx], head)
-
-    def index_score_mod(score, batch, head, q_idx, kv_idx):  # i - j from the indices and the cache offsets
-        return score + bias(q_idx - kv_idx + shift, head)
-
-    attend = _compiled_flex_attention() if masks.compiles_flex(query.device) else flex_attention
-    output = attend(
-        query,
-        key,
-        value,
-        score_mod=score_mod if shift is None else index_score_mod,
-        block_mask=attention_mask.block_mask,
-        scale=scaling,
-        enable_gqa=query.shape[1] != key.shape[1],
-    )
-    return output.transpose(1, 2).contiguous(), None  # (B, q, H, D)
+t5_eager_attention = eager_bias_attention(t5_bias, "t5-bias")
+t5_sdpa_attention = sdpa_bias_attention(t5_bias, "t5-bias")
+t5_flex_attention = flex_bias_attention(_t5_score_bias, "t5-bias")

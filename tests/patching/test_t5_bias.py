@@ -196,3 +196,17 @@ def test_leaving_the_t5_implementations_is_an_error():
     model.set_attn_implementation("sdpa")
     with pytest.raises(RuntimeError, match="patched with 't5-bias', but its attention implementation is now 'sdpa'"):
         model(torch.tensor([[1, 2, 3]]))
+
+
+@gpu
+def test_compiled_flex_on_cuda_equals_eager_with_padding():
+    """On CUDA flex runs compiled, the bucket computed and looked up inside the score_mod."""
+    ids = torch.randint(0, 97, (2, 300), generator=torch.Generator().manual_seed(2)).cuda()
+    mask = torch.ones_like(ids)
+    mask[1, :37] = 0
+    logits = {}
+    for backend in ("eager", "flex"):
+        model = _tiny("llama", backend).cuda()
+        with torch.no_grad():
+            logits[backend] = model(ids, attention_mask=mask).logits[mask.bool()]
+    torch.testing.assert_close(logits["flex"], logits["eager"], rtol=1e-4, atol=1e-4)

@@ -26,7 +26,6 @@ IMPLEMENTATIONS = {
     "flex": "hf_posenc_alibi_flex",
     "cudnn": "hf_posenc_alibi_cudnn",
 }
-BACKEND_OF = {name: backend for backend, name in IMPLEMENTATIONS.items()}
 # backend -> (attention function, mask function)
 FUNCTIONS = {
     "eager": (alibi_eager_attention, alibi_distance_mask),
@@ -36,7 +35,6 @@ FUNCTIONS = {
 }
 # T5 bias: backend -> implementation name, (attention function, mask function); the masks are ALiBi's (positions).
 T5_IMPLEMENTATIONS = {"eager": "hf_posenc_t5_eager", "sdpa": "hf_posenc_t5_sdpa", "flex": "hf_posenc_t5_flex"}
-T5_BACKEND_OF = {name: backend for backend, name in T5_IMPLEMENTATIONS.items()}
 T5_FUNCTIONS = {
     "eager": (t5_eager_attention, alibi_distance_mask),
     "sdpa": (t5_sdpa_attention, alibi_distance_mask),

@@ -18,20 +18,21 @@ from ..methods.t5_bias import t5_buckets
 from .functions import eager_bias_attention, flex_bias_attention, sdpa_bias_attention
 
 
-def _table(module: nn.Module) -> tuple[torch.Tensor, int, int]:
-    """``(table (num_buckets, H) float32, num_buckets, max_distance)`` of a patched attention module."""
+def _table(module: nn.Module, device: torch.device) -> tuple[torch.Tensor, int, int]:
+    """``(table (num_buckets, H) float32 on device, num_buckets, max_distance)`` of a patched attention module (the
+    table may live on another device: a model split over GPUs; gradients flow back through the copy)."""
     if not hasattr(module, "t5_position_bias"):
         raise RuntimeError(
             f"{type(module).__name__} has no T5 bias table: the hf_posenc_t5_* attention implementations serve models "
             "patched with hf_posenc.patch(model, 't5-bias'), not ones switched to them by hand."
         )
-    return module.t5_position_bias.weight.float(), *module.t5_bucketing
+    return module.t5_position_bias.weight.to(device=device, dtype=torch.float32), *module.t5_bucketing
 
 
 def t5_bias(module: nn.Module, distance_mask: torch.Tensor) -> torch.Tensor:
     """``(B, 1, q, kv)`` negative distances ``-(i - j)`` (``-inf`` where masked) -> ``(B, H, q, kv)`` float32 bias
     ``table[bucket(i - j), h]``, ``-inf`` where masked."""
-    table, num_buckets, max_distance = _table(module)
+    table, num_buckets, max_distance = _table(module, distance_mask.device)
     allowed = distance_mask.isfinite()
     distance = torch.where(allowed, -distance_mask, 0).long()  # (B, 1, q, kv), i - j
     buckets = t5_buckets(distance[:, 0], num_buckets=num_buckets, max_distance=max_distance)  # (B, q, kv)
@@ -40,7 +41,7 @@ def t5_bias(module: nn.Module, distance_mask: torch.Tensor) -> torch.Tensor:
 
 
 def _t5_score_bias(module: nn.Module, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    table, num_buckets, max_distance = _table(module)
+    table, num_buckets, max_distance = _table(module, device)
     return lambda distance, head: table[t5_buckets(distance, num_buckets=num_buckets, max_distance=max_distance), head]
 
 

@@ -83,9 +83,12 @@ def _fused_problem(model: nn.Module, slopes: tuple[float, ...]) -> str | None:
 
 def choose_backend(model: nn.Module, requested: str, slopes: tuple[float, ...]) -> str:
     """The ALiBi backend a patch uses: the requested one; for ``"auto"``, cudnn where it can serve the model on
-    this GPU, else flex on CUDA and sdpa elsewhere. ``"cudnn"`` that cannot serve it is an error."""
+    this GPU, else flex on CUDA and sdpa elsewhere, and sdpa for a model in training mode with attention dropout
+    (neither cudnn nor flex has any). ``"cudnn"`` that cannot serve it is an error."""
     if requested not in ("auto", "cudnn"):
         return requested
+    if requested == "auto" and trains_with_dropout(model):
+        return "sdpa"
     problem = _fused_problem(model, slopes)
     if requested == "cudnn" and problem is not None:
         raise ValueError(f"The ALiBi cudnn backend cannot be used: {problem}. Use backend='flex' or 'auto'.")
@@ -111,15 +114,28 @@ def _alibi_slopes(slopes: tuple[float, ...], module: nn.Module) -> None:
 
 
 def _resolve_t5(model: nn.Module, method: Method, requested: Any) -> Any:
-    """``"auto"``: flex on CUDA (memory linear in the length), sdpa elsewhere."""
+    """``"auto"``: flex on CUDA (memory linear in the length) unless the model trains with attention dropout (GPT-2's
+    ``attn_pdrop``: flex has none), sdpa elsewhere."""
     if requested.backend != "auto":
         return requested
-    backend = "flex" if next(model.parameters()).is_cuda else "sdpa"
+    backend = "flex" if next(model.parameters()).is_cuda and not trains_with_dropout(model) else "sdpa"
     return dataclasses.replace(requested, backend=backend)
+
+
+def trains_with_dropout(model: nn.Module) -> bool:
+    """Whether ``model`` is in training mode with attention dropout (GPT-2: ``attn_pdrop``; Llama and others:
+    ``attention_dropout``), which the flex and cudnn backends do not have."""
+    config = model.config
+    return model.training and bool(getattr(config, "attn_pdrop", 0.0) or getattr(config, "attention_dropout", 0.0))
 
 
 def _install_t5(model: nn.Module, resolved: Any, modules: list[nn.Module]) -> list[tuple[nn.Module, ModuleChange]]:
     """One table for all layers (T5 shares it), registered on the decoder, in the model's dtype and device."""
+    if hasattr(model.base_model, T5_TABLE):
+        raise ValueError(
+            f"hf_posenc registers the T5 bias table as {T5_TABLE!r} on {type(model.base_model).__name__}, which "
+            "already has an attribute of that name."
+        )
     init = t5_bias_init(
         model.config.num_attention_heads,
         num_buckets=resolved.num_buckets,

@@ -31,7 +31,7 @@ def _keep_2d_mask(*, attention_mask: torch.Tensor | None = None, **kwargs: Any) 
 
 
 def positions_removed(
-    model: nn.Module, method: Method
+    model: nn.Module, method: Method, *, in_attention: bool = True
 ) -> tuple[dict[str, Any], list[tuple[nn.Module, ModuleChange]], str | None]:
     """What makes the model's own positions contribute nothing, for a method that replaces them (ALiBi, NoPE,
     the T5 bias): ``(config updates, module changes, rope_type written)``.
@@ -39,13 +39,15 @@ def positions_removed(
     RoPE decoders: every rotation the identity (:func:`no_rotation`), ``rope_type`` the method's marker. GPT-2:
     ``wpe`` gives zeros at any position (:func:`no_positions`), ``activation_function`` the marker. No rope init
     function or activation has that name, so plain transformers refuses the saved config (``KeyError``) rather
-    than load the original encoding; the record keeps the base values, which hf_posenc puts back.
+    than load the original encoding; the record keeps the base values, which hf_posenc puts back. A method that
+    works ``in_attention`` (a bias) applies to the RoPE families whose attention is plain only; NoPE, which leaves
+    attention alone, to any RoPE decoder hf_posenc finds the rotary modules of.
     """
     marker = replaced_marker(method)
     if positions_of(model).kind != "rope":
         return {"activation_function": marker}, [(position_table(model), no_positions)], None
     model_type = model.config.model_type
-    if model_type not in PLAIN_ATTENTION_ROPE_MODEL_TYPES:
+    if in_attention and model_type not in PLAIN_ATTENTION_ROPE_MODEL_TYPES:
         raise ValueError(
             f"{method.name!r} replaces RoPE in {', '.join(PLAIN_ATTENTION_ROPE_MODEL_TYPES)} models (and GPT-2's "
             f"learned positions); {type(model).__name__} (model_type {model_type!r}) is not one of them: its attention "

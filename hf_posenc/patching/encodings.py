@@ -44,7 +44,7 @@ class SinusoidalPositions(nn.Module):
 def _plan_nope(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
     """NoPE: the rotation (or ``wpe``) removed, nothing else."""
     resolved = method.make_params(**params)
-    config_changes, changes, rope_type = positions_removed(model, method)
+    config_changes, changes, rope_type = positions_removed(model, method, in_attention=False)
     return _plan(model, method, resolved, config_changes, changes, rope_type)
 
 

@@ -34,11 +34,12 @@ from ..files import atomic_write_text
 from ..patching import get_patch, unpatch
 from ..spec import MethodSpec
 from .packing import PackedWindows, pack_texts
-from .trainable import TRAINABLE, apply_method, release_gguf, select_trainable
+from .trainable import TRAINABLE, apply_method, release_gguf, select_trainable, unused_parameters
 
 RUN_FILE = "train_run.json"
 SUMMARY_FILE = "train_summary.json"
 RUN_FORMAT = 1
+SAVE_TOTAL_LIMIT = 2  # checkpoints kept (model + optimizer state each): the last two, enough to resume
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +55,8 @@ class TrainSettings:
         warmup_steps (`int`, defaults to 0): steps of linear warm-up to ``learning_rate``.
         trainable (`str`, defaults to ``"all"``): ``"all"``, or ``"position"``: only the parameters the patch
             adds and the normalisation weights (:mod:`hf_posenc.training.trainable`).
-        save_steps (`int`, defaults to 500): a checkpoint (model, optimizer, scheduler, RNG) every N steps.
+        save_steps (`int`, defaults to 500): a checkpoint (model, optimizer, scheduler, RNG) every N steps; the
+            last two are kept.
         seed (`int`, defaults to 0): seed of the data order and of the Trainer.
         gradient_checkpointing (`bool`, defaults to `False`): recompute activations in the backward (less memory).
         resume (`bool`, defaults to `False`): continue the run in ``output_dir`` from its last checkpoint (the
@@ -144,14 +146,17 @@ def train(
     identity = run_identity(model.name_or_path, spec, settings, data)
     check_output(output_dir, identity, settings.resume)
     release_gguf(model)
+    args = _training_arguments(model, output_dir, settings)
+    if args.place_model_on_device:  # patched where and as it trains: the backend "auto" picks depends on both
+        model.to(args.device)
+    model.train()
     added = apply_method(model, spec)
     try:
-        trainable = select_trainable(model, settings.trainable, added)
+        trainable = select_trainable(model, settings.trainable, added, unused_parameters(model))
     except ValueError:
         if not spec.unpatched:
             unpatch(model)
         raise
-    args = _training_arguments(model, output_dir, settings)
     PartialState().wait_for_everyone()  # every process has checked output_dir before the first file is written
     if args.should_save:
         _write_json(output_dir / RUN_FILE, identity)
@@ -246,6 +251,7 @@ def _training_arguments(model: PreTrainedModel, output_dir: Path, settings: Trai
         warmup_steps=settings.warmup_steps,
         save_strategy="steps",
         save_steps=settings.save_steps,
+        save_total_limit=SAVE_TOTAL_LIMIT,
         logging_steps=1,
         seed=settings.seed,
         report_to="none",

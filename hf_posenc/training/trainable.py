@@ -15,7 +15,9 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils.quantization_config import QuantizationMethod
 
+from ..architectures import position_table, positions_of
 from ..patching import get_patch, patch
+from ..registry import get_method
 from ..saved import restore_saved_tensors
 from ..spec import MethodSpec
 
@@ -52,7 +54,19 @@ def is_norm(model: nn.Module, name: str) -> bool:
     return type(module).__name__.endswith("Norm") or any(p.startswith("ln_") or "norm" in p for p in parts)
 
 
-def select_trainable(model: nn.Module, trainable: str, added: Collection[str] = ()) -> int:
+def unused_parameters(model: nn.Module) -> frozenset[str]:
+    """Parameters a patch left in the model unused: the learned position table a method replaced on GPT-2 (kept so
+    the checkpoint stays whole). They get no gradient, so they do not train (DDP would wait for their gradient)."""
+    applied = get_patch(model)
+    if applied is None or get_method(applied.method).role != "replace" or positions_of(model).kind != "learned":
+        return frozenset()
+    table = position_table(model)
+    return frozenset(name for name, parameter in model.named_parameters() if parameter is table.weight)
+
+
+def select_trainable(
+    model: nn.Module, trainable: str, added: Collection[str] = (), unused: Collection[str] = ()
+) -> int:
     """Set ``requires_grad`` on every parameter of ``model`` and return how many values will train.
 
     Args:
@@ -60,6 +74,7 @@ def select_trainable(model: nn.Module, trainable: str, added: Collection[str] = 
         trainable (`str`): ``"all"``, or ``"position"``: the parameters named in ``added`` and every
             normalisation weight (:func:`is_norm`); all others get ``requires_grad=False``.
         added (`Collection[str]`): names of the parameters the patch added (:func:`apply_method`).
+        unused (`Collection[str]`): names of parameters that never train (:func:`unused_parameters`).
 
     Raises:
         ValueError: unknown ``trainable``, or nothing selected.
@@ -68,7 +83,8 @@ def select_trainable(model: nn.Module, trainable: str, added: Collection[str] = 
         raise ValueError(f"Unknown `trainable` {trainable!r}; choose one of {', '.join(TRAINABLE)}.")
     count = 0
     for name, parameter in model.named_parameters():
-        parameter.requires_grad_(trainable == "all" or name in added or is_norm(model, name))
+        chosen = trainable == "all" or name in added or is_norm(model, name)
+        parameter.requires_grad_(chosen and name not in unused)
         count += parameter.numel() if parameter.requires_grad else 0
     if count == 0:
         raise ValueError(

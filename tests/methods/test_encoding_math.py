@@ -84,4 +84,11 @@ def test_alibi_init_is_alibi_at_each_buckets_mean_distance():
         mean = distances[buckets == bucket].double().mean()
         torch.testing.assert_close(table[bucket], -mean * alibi_slopes(6))
     assert torch.equal(bucket_distances(8, 20)[:4], torch.arange(4, dtype=torch.float64))  # the exact ones
+
+
+def test_a_bucket_no_distance_falls_in_gets_the_start_of_its_range():
+    """32 buckets up to 32: the log-spaced ones are narrower than 1 near 16, and bucket 20 holds no distance."""
+    buckets = hf_posenc.t5_buckets(torch.arange(33), num_buckets=32, max_distance=32)
+    assert 20 not in buckets.tolist()
+    assert bucket_distances(32, 32)[20].item() == pytest.approx(16 * 2 ** (4 / 16))
     assert not t5_bias_init(6, num_buckets=8, max_distance=20, init="zeros").any()

@@ -130,10 +130,16 @@ def test_bad_input_is_refused_and_changes_nothing(family, method, params, error,
     assert_refused(make_tiny(family), method, params, error, match)
 
 
-def test_nope_on_a_model_with_its_own_attention_is_refused():
+def test_nope_leaves_attention_alone_so_any_rope_decoder_takes_it():
+    """Gemma 2 soft-caps its logits: a bias would be wrong there (refused), the identity rotation is not."""
     from transformers import AutoModelForCausalLM, Gemma2Config
 
     config = Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
-    assert_refused(
-        AutoModelForCausalLM.from_config(config), "nope", {}, ValueError, "'nope' replaces RoPE in llama, mistral"
-    )
+    model = AutoModelForCausalLM.from_config(config).eval()
+    assert_refused(model, "t5-bias", {}, ValueError, "'t5-bias' replaces RoPE in llama, mistral")
+    reference = copy.deepcopy(model)
+    reference.model.rotary_emb.inv_freq.zero_()
+    ids = _ids(20)
+    hf_posenc.patch(model, "nope")
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(ids).logits)

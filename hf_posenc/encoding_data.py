@@ -176,7 +176,9 @@ class BiasCurve:
     values: torch.Tensor
 
 
-def _bias_curves(encoding: _Encoding, distances: torch.Tensor, num_heads: int, geometry: Geometry) -> list[BiasCurve]:
+def _bias_curves(
+    encoding: _Encoding, distances: torch.Tensor, num_heads: int, geometry: Geometry, t5_table: torch.Tensor | None
+) -> list[BiasCurve]:
     def curve(series: str, values: torch.Tensor) -> BiasCurve:
         return BiasCurve(encoding.label, encoding.kind, series, values)
 
@@ -190,7 +192,11 @@ def _bias_curves(encoding: _Encoding, distances: torch.Tensor, num_heads: int, g
         return [curve(f"head {h + 1} (m = {slopes[h]:.3g})", 0.0 - slopes[h] * distances) for h in heads(len(slopes))]
     if encoding.kind == "t5-bias":
         buckets = dict(num_buckets=params["num_buckets"], max_distance=params["max_distance"])
-        table, bucket = t5_bias_init(num_heads, init=params["init"], **buckets), t5_buckets(distances, **buckets)
+        bucket = t5_buckets(distances, **buckets)
+        if t5_table is not None and t5_table.shape[0] == params["num_buckets"]:
+            trained = t5_table.to(torch.float64)
+            return [curve(f"head {h + 1}, trained", trained[bucket, h]) for h in heads(trained.shape[1])]
+        table = t5_bias_init(num_heads, init=params["init"], **buckets)
         return [curve(f"head {h + 1}, init={params['init']}", table[bucket, h]) for h in heads(num_heads)]
     if encoding.kind == "sinusoidal":
         dim, base, scale = num_heads * geometry.head_dim, params["base"], params["scale"] or 1.0
@@ -211,17 +217,20 @@ def bias_data(
     base: float,
     trained_context: int,
     seq_len: int | None = None,
+    t5_table: torch.Tensor | None = None,
 ) -> list[BiasCurve]:
     """The score contribution of each encoding at the relative distances ``n = 0 .. max_distance_shown``.
 
     ALiBi: ``-m_h n`` (its ``slopes``, else :func:`alibi_slopes` of ``num_heads``) for the first, middle and last
     head. T5: :func:`t5_bias_init` (the table at the start of training, its ``init``) at :func:`t5_buckets`, same
-    heads. Sinusoidal: ``PE(0)·PE(n) / (d/2)`` (times ``scale^2`` when given) for the model width ``d = num_heads *
-    head_dim``; it equals ``PE(p)·PE(p+n) / (d/2) = mean_i cos(n w_i)`` for every ``p``. RoPE (``rope``, ``none``,
-    a scaling): :func:`rope_decay_bound` of its ``theta'``, a dynamic one at ``seq_len`` (default ``factor * L``).
+    heads; or ``t5_table``, a trained ``(num_buckets, heads)`` table (a saved model's), for the T5 specs of its
+    bucket count. Sinusoidal: ``PE(0)·PE(n) / (d/2)`` (times ``scale^2`` when given) for the model width
+    ``d = num_heads * head_dim``; it equals ``PE(p)·PE(p+n) / (d/2) = mean_i cos(n w_i)`` for every ``p``. RoPE
+    (``rope``, ``none``, a scaling): :func:`rope_decay_bound` of its ``theta'``, a dynamic one at ``seq_len``
+    (default ``factor * L``).
     """
     geometry = Geometry(head_dim, base, trained_context, seq_len)
     positive_int("`num_heads`", num_heads)
     distances = torch.arange(positive_int("`max_distance_shown`", max_distance_shown, MAX_DISTANCE) + 1)
     encodings = _encodings(specs, BIAS_KINDS)
-    return [curve for each in encodings for curve in _bias_curves(each, distances, num_heads, geometry)]
+    return [curve for each in encodings for curve in _bias_curves(each, distances, num_heads, geometry, t5_table)]

@@ -148,11 +148,13 @@ def write_bias_plot(
     base: float,
     trained_context: int,
     seq_len: int | None = None,
+    t5_table: torch.Tensor | None = None,
 ) -> tuple[Path, Path]:
     """Write ``bias.png`` and ``bias.csv`` (:func:`bias_data`: ``method``, ``kind``, ``series``, ``distance`` ``n``
     and ``value``, a row per curve and distance) into ``output_dir``, each atomically, once all is computed."""
     geometry = dict(head_dim=head_dim, base=base, trained_context=trained_context)
-    curves = bias_data(specs, max_distance_shown=max_distance_shown, num_heads=num_heads, seq_len=seq_len, **geometry)
+    shown = dict(max_distance_shown=max_distance_shown, num_heads=num_heads, seq_len=seq_len, t5_table=t5_table)
+    curves = bias_data(specs, **shown, **geometry)
     title = f"What each encoding adds to the attention score by distance: {num_heads} heads, {Geometry(**geometry)}"
     fig = bias_figure(curves, trained_context=trained_context, title=title)
     table = ((c.method, c.kind, c.series, n, value) for c in curves for n, value in enumerate(c.values.tolist()))

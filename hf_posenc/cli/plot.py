@@ -6,9 +6,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..architectures import rotary_dim
 from ..encoding_plots import write_bias_plot, write_frequency_plot
 from ..eval.models import trained_context
+from ..patching.attention import T5_TABLE
+from ..patching.loading import read_checkpoint_tensors
 from ..saved import base_config, saved_patch
 
 KINDS = ("frequencies", "bias")
@@ -37,6 +41,7 @@ RoPE as trained. Default methods: {" ".join(DEFAULT_SPECS["bias"])}.
 
 Without --model: {_WITHOUT_MODEL}. With --model, those of
 its config (read without weights; a model saved or pushed patched: its base's); a flag given overrides either.
+A model saved patched with t5-bias (hf-posenc train) shows its trained table in the bias plot.
 Writes frequencies.png and frequencies.csv, or bias.png and bias.csv (the plotted numbers), to --output.
 
 examples:
@@ -97,12 +102,24 @@ def plot_command(args: argparse.Namespace) -> int:
     else:
         distance = DEFAULT_MAX_DISTANCE if args.max_distance_shown is None else args.max_distance_shown
         heads, seq_len = geometry["num_heads"], args.seq_len
-        paths = write_bias_plot(output, specs, max_distance_shown=distance, num_heads=heads, seq_len=seq_len, **rope)
+        table = trained_t5_table(args.model) if args.model else None
+        shown = dict(max_distance_shown=distance, num_heads=heads, seq_len=seq_len, t5_table=table)
+        paths = write_bias_plot(output, specs, **shown, **rope)
     shown = {**rope, **({"num_heads": geometry["num_heads"]} if args.kind == "bias" else {})}
     source = f", from {args.model}'s config and the flags" if args.model else ""
     print(f"{args.kind} of {', '.join(specs)} ({', '.join(f'{k} {v:g}' for k, v in shown.items())}{source})")
     print(f"Plot: {paths[0]}\nData: {paths[1]}")
     return 0
+
+
+def trained_t5_table(name: str) -> torch.Tensor | None:
+    """The T5 bias table of a model saved patched with ``t5-bias`` (trained: ``hf-posenc train``), read from its
+    checkpoint; None for any other model."""
+    saved = saved_patch(name)
+    if saved is None or saved.record.method != "t5-bias":
+        return None
+    names = [f"{prefix}.{T5_TABLE}.weight" for prefix in ("model", "transformer")]
+    return next(iter(read_checkpoint_tensors(name, names).values()), None)
 
 
 def model_geometry(name: str) -> dict[str, Any]:

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONFIGS
+import torch
+from conftest import CONFIGS, make_tiny
 
 import hf_posenc
 from hf_posenc.cli import main
@@ -50,6 +51,19 @@ def test_plot_bias_with_flags(tmp_path, capsys):
     rows = read_csv(tmp_path / "bias.csv")
     assert len(rows) == 257 * (3 + 3 + 1 + 1)  # first, middle, last head of ALiBi and T5; sinusoidal; the bound
     assert {row["series"] for row in rows if row["method"] == "sinusoidal"} == {"d = 64"}  # 4 heads x 16
+
+
+def test_a_saved_t5_bias_model_shows_its_trained_table(tmp_path, capsys):
+    model = hf_posenc.patch(make_tiny("llama"), "t5-bias", num_buckets=8, max_distance=16)
+    with torch.no_grad():  # "trained"
+        model.model.position_bias.weight.copy_(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)))
+    model.save_pretrained(tmp_path / "t5")
+    argv = ["plot", "bias", "--model", str(tmp_path / "t5"), "--method", "t5-bias:num_buckets=8,max_distance=16"]
+    assert main([*argv, "--max-distance", "40", "--output", str(tmp_path / "out")]) == 0
+    rows = [row for row in read_csv(tmp_path / "out" / "bias.csv") if row["series"] == "head 1, trained"]
+    buckets = hf_posenc.t5_buckets(torch.arange(41), num_buckets=8, max_distance=16)
+    expected = model.model.position_bias.weight[buckets, 0].tolist()
+    assert [float(row["value"]) for row in rows] == pytest.approx(expected, rel=1e-6)
 
 
 def test_a_models_config_gives_the_numbers_and_flags_override_them(tmp_path, capsys):

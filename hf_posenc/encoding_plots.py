@@ -44,7 +44,7 @@ BIAS_PANELS = dict(  # kind -> panel title, in panel order
         BIAS_KINDS,
         (
             "ALiBi: -m_h n added to the logit (Press et al. 2022)",
-            "T5 bias: the table at the start of training, by bucket (Raffel et al. 2020 §2.1)",
+            "T5 bias: the table (its start, or trained) by bucket (Raffel et al. 2020 §2.1)",
             "sinusoidal: PE(p)·PE(p+n) / (d/2), the same for every p (Vaswani et al. 2017 §3.5)",
             "RoPE: relative upper bound (1/(d/2)) Σ_j |S_j| (RoFormer §3.4.3)",
         ),

@@ -7,6 +7,8 @@ rest trained on). ``none`` is trained the same way, as the control: what the sam
 model (it learns the essays' style too), so each swap's recovery reads against it.
 
     python scripts/bench_finetune.py --output benchmarks/results/finetune_offline
+    python scripts/bench_finetune.py --methods t5-bias --position-learning-rate 1e-2 \
+        --output benchmarks/results/finetune_offline/t5_table_lr
 
 Each step is a command of the library (``hf-posenc train`` / ``eval``, run as subprocesses), so a killed run
 resumes where it stopped when started again with the same arguments.
@@ -72,6 +74,9 @@ def main() -> None:
     parser.add_argument("--length", default="1k", help="training window (default: 1k)")
     parser.add_argument("--learning-rate", default="1e-4")
     parser.add_argument("--warmup-steps", default="5")
+    parser.add_argument(
+        "--position-learning-rate", help="of what a patch adds, the T5 table (default: --learning-rate)"
+    )
     parser.add_argument("--lengths", default="1k,2k", help="evaluation lengths (default: 1k,2k)")
     parser.add_argument("--eval-documents", type=int, default=12, help="held-out essays evaluated (default: 12)")
     args = parser.parse_args()
@@ -79,13 +84,16 @@ def main() -> None:
     work = args.output / "runs"
     eval_data, train_data = split_essays(work / "data", 24)
 
-    seconds = {"before": evaluate([], specs, eval_data, work / "before", args)}
+    unpatched_too = ["none", *(spec for spec in specs if spec != "none")]  # the reference line of every row
+    seconds = {"before": evaluate([], unpatched_too, eval_data, work / "before", args)}
     before = rows(work / "before" / "results.json")
     summary = []
     for spec in specs:
         trained = work / f"train-{slug(spec)}"
         argv = ["train", "--method", spec, "--dataset", str(train_data), "--length", args.length]
         argv += ["--steps", str(args.steps), "--learning-rate", args.learning_rate, "--warmup-steps", args.warmup_steps]
+        if args.position_learning_rate:
+            argv += ["--position-learning-rate", args.position_learning_rate]
         argv += ["--output", str(trained)] + (["--resume"] if trained.exists() else [])
         seconds[f"train {spec}"] = hf_posenc(*argv)
         after_dir = work / f"after-{slug(spec)}"

@@ -95,6 +95,12 @@ def _add_training_arguments(group) -> None:
         help="peak, linear decay (default: %(default)s)",
     )
     group.add_argument(
+        "--position-learning-rate",
+        type=float,
+        help="peak learning rate of what the patch adds, the T5 table (default: --learning-rate; its values are "
+        "tens of units: try 1e-2)",
+    )
+    group.add_argument(
         "--batch-size", type=_positive_int, default=defaults["batch_size"], help="windows per device (default: 1)"
     )
     group.add_argument(
@@ -123,6 +129,7 @@ def train_command(args: argparse.Namespace) -> int:
         length=args.length,
         steps=args.steps,
         learning_rate=args.learning_rate,
+        position_learning_rate=args.position_learning_rate,
         batch_size=args.batch_size,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         warmup_steps=args.warmup_steps,

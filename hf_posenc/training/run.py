@@ -50,6 +50,8 @@ class TrainSettings:
         length (`int`): tokens per training window, BOS included (the context to train at).
         steps (`int`): optimizer steps.
         learning_rate (`float`, defaults to 1e-4): peak learning rate (AdamW, linear decay to 0).
+        position_learning_rate (`float`, *optional*): peak learning rate of the parameters the patch adds (the T5
+            table, whose values are tens of units: at 1e-4 fifty steps move them by 1e-3); None: ``learning_rate``.
         batch_size (`int`, defaults to 1): windows per device per forward.
         gradient_accumulation_steps (`int`, defaults to 1): forwards per optimizer step.
         warmup_steps (`int`, defaults to 0): steps of linear warm-up to ``learning_rate``.
@@ -69,6 +71,7 @@ class TrainSettings:
     length: int
     steps: int
     learning_rate: float = 1e-4
+    position_learning_rate: float | None = None
     batch_size: int = 1
     gradient_accumulation_steps: int = 1
     warmup_steps: int = 0
@@ -84,8 +87,10 @@ class TrainSettings:
                 raise ValueError(f"`{name}` must be a positive integer, not {getattr(self, name)!r}.")
         if not self.warmup_steps >= 0:
             raise ValueError(f"`warmup_steps` must be 0 or more, not {self.warmup_steps!r}.")
-        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
-            raise ValueError(f"`learning_rate` must be a positive number, not {self.learning_rate!r}.")
+        for name in ("learning_rate", "position_learning_rate"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"`{name}` must be a positive number, not {value!r}.")
         if self.trainable not in TRAINABLE:
             raise ValueError(f"Unknown `trainable` {self.trainable!r}; choose one of {', '.join(TRAINABLE)}.")
 
@@ -167,6 +172,7 @@ def train(
         data_collator=default_data_collator,
         processing_class=tokenizer,
         callbacks=[_StopIfFinished(), *(callbacks or [])],
+        optimizers=(_optimizer(model, added, settings, args), None),
     )
     started = time.perf_counter()
     with contextlib.suppress(_Finished):  # then the model holds its last checkpoint's weights: saved again below
@@ -179,6 +185,27 @@ def train(
     if args.should_save:
         _write_json(output_dir / SUMMARY_FILE, _summary(model, spec, settings, data, result, args, sources))
     return result
+
+
+def _optimizer(
+    model: PreTrainedModel, added: frozenset[str], settings: TrainSettings, args: TrainingArguments
+) -> torch.optim.Optimizer | None:
+    """The Trainer's own AdamW (None: it builds it) unless the parameters the patch added take their own
+    ``position_learning_rate``: then the same AdamW with two parameter groups (the schedule scales both)."""
+    if settings.position_learning_rate is None or not added:
+        return None
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for name, p in trainable if name not in added], "lr": settings.learning_rate},
+        {"params": [p for name, p in trainable if name in added], "lr": settings.position_learning_rate},
+    ]
+    betas = (args.adam_beta1, args.adam_beta2)
+    return torch.optim.AdamW(
+        [group for group in groups if group["params"]],
+        betas=betas,
+        eps=args.adam_epsilon,
+        weight_decay=args.weight_decay,
+    )
 
 
 class _Finished(Exception):

@@ -89,6 +89,23 @@ def test_position_trains_only_the_added_parameters_and_the_norms(tmp_path, famil
         assert not torch.equal(after[name], initial.get_parameter(name)), name
 
 
+def test_the_position_learning_rate_moves_the_t5_table_and_nothing_else(tmp_path):
+    """Adam moves each value by about the learning rate a step: the table by position_learning_rate, the rest by
+    learning_rate; the same run without it moves the table as little as the rest."""
+    moved = {}
+    for name, rate in {"own": 1e-1, "shared": None}.items():
+        model = make_tiny("llama")
+        before = {key: value.clone() for key, value in model.named_parameters()}
+        settings = _settings(steps=3, learning_rate=1e-4, position_learning_rate=rate, save_steps=100)
+        train(model, None, DATA, tmp_path / name, settings, "t5-bias:num_buckets=8,max_distance=16")
+        initial = hf_posenc.patch(make_tiny("llama"), "t5-bias", num_buckets=8, max_distance=16)
+        table = (model.model.position_bias.weight - initial.model.position_bias.weight).abs().max().item()
+        rest = max((value - before[key]).abs().max().item() for key, value in model.named_parameters() if key in before)
+        moved[name] = (table, rest)
+    assert 0.05 < moved["own"][0] <= 0.31 and moved["own"][1] <= 3.1e-4  # three steps of about the rate each
+    assert moved["shared"][0] <= 3.1e-4 and moved["shared"][1] == pytest.approx(moved["own"][1], rel=0.1)
+
+
 @pytest.mark.parametrize("method", ["alibi", "nope", "sinusoidal", "t5-bias"])
 def test_gpt2s_replaced_table_does_not_train(tmp_path, method):
     """The learned table a method replaced stays in the model unused: it must not count, nor wait for a gradient."""

@@ -3,6 +3,8 @@ the tiny model saved for the eval commands come from the plugins hub_server and 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import (
@@ -28,11 +30,11 @@ TINY = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
 )
 
-CONFIGS = {
-    "llama": lambda: LlamaConfig(**TINY),
-    "mistral": lambda: MistralConfig(**TINY, sliding_window=None),
-    "qwen2": lambda: Qwen2Config(**TINY),
-    "qwen3": lambda: Qwen3Config(**TINY, head_dim=16),
+CONFIGS = {  # each call its own copy of TINY: a test that edits its config's rope_parameters changes no other's
+    "llama": lambda: LlamaConfig(**copy.deepcopy(TINY)),
+    "mistral": lambda: MistralConfig(**copy.deepcopy(TINY), sliding_window=None),
+    "qwen2": lambda: Qwen2Config(**copy.deepcopy(TINY)),
+    "qwen3": lambda: Qwen3Config(**copy.deepcopy(TINY), head_dim=16),
 }
 
 

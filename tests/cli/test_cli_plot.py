@@ -69,7 +69,7 @@ def test_a_saved_t5_bias_model_shows_its_trained_table(tmp_path, capsys):
 def test_a_models_config_gives_the_numbers_and_flags_override_them(tmp_path, capsys):
     model = tmp_path / "model"
     config = CONFIGS["llama"]()  # head_dim 16, 4 heads, max_position_embeddings 64, rope_theta 10000
-    config.rope_parameters["rope_theta"] = 5e5
+    config.rope_parameters = {**config.rope_parameters, "rope_theta": 5e5}
     config.save_pretrained(model)
     argv = ["plot", "frequencies", "--model", str(model), "--method", "yarn:factor=4", "--output", str(tmp_path)]
     assert main([*argv, "--trained-context", "32"]) == 0

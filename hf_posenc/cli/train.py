@@ -74,6 +74,7 @@ def add_parser(subparsers) -> None:
     data.add_argument("--dataset-config", help="Hub dataset configuration (wikitext-103-raw-v1)")
     data.add_argument("--split", default=LOCAL_SPLIT, help="split of a Hub dataset (default: train)")
     data.add_argument("--text-column", default="text", help="column holding the documents (default: text)")
+    data.add_argument("--streaming", action="store_true", help="stream the dataset (big ones, with --max-documents)")
     data.add_argument("--max-documents", type=_positive_int, help="read only the first N documents")
     _add_training_arguments(command.add_argument_group("training"))
     command.set_defaults(
@@ -179,4 +180,6 @@ def _training_source(args: argparse.Namespace) -> ModelSource:
 def _text_source(args: argparse.Namespace) -> TextSource:
     if args.dataset is None:
         return TextSource(str(essays_dir()), max_documents=args.max_documents)
-    return TextSource(args.dataset, args.dataset_config, args.split, args.text_column, False, args.max_documents)
+    return TextSource(
+        args.dataset, args.dataset_config, args.split, args.text_column, args.streaming, args.max_documents
+    )

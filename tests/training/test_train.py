@@ -270,6 +270,15 @@ def test_the_command_trains_saves_and_eval_scores_the_result(tiny_dir, tmp_path,
     assert _snapshot(out).keys() == before.keys()
 
 
+def test_streaming_reads_the_same_windows(tiny_dir, tmp_path):
+    for name, extra in {"whole": (), "streamed": ("--streaming",)}.items():
+        assert main(_train_args(tiny_dir, tmp_path / name, *extra)) == 0
+    whole, streamed = (
+        json.loads((tmp_path / name / "train_summary.json").read_text()) for name in ("whole", "streamed")
+    )
+    assert whole["data"] == streamed["data"]  # the same windows, token for token (their sha256)
+
+
 @pytest.mark.parametrize(
     ("change", "said"),
     [

@@ -26,7 +26,7 @@ from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
 
 from .hub import from_pretrained, read_metadata
 from .hub_errors import HubError, call_hub
-from .patching import get_patch, unpatch
+from .patching import added_tensors, get_patch, unpatch
 from .record import PatchRecord
 from .registry import get_method
 from .spec import format_method_spec
@@ -106,10 +106,8 @@ def load_base_model(name: str, saved: SavedPatch | None, **kwargs: Any) -> PreTr
     with loading_errors(name, kwargs.get("gguf_file")):
         model = from_pretrained(name, **kwargs)
     if saved is not None and get_patch(model) is not None:
-        patched_state = model.state_dict()
+        added = {key: value.detach().clone() for key, value in added_tensors(model).items()}
         unpatch(model)
-        base_names = set(model.state_dict())
-        added = {key: value.detach().clone() for key, value in patched_state.items() if key not in base_names}
         if added:
             _SAVED_TENSORS[model] = (saved.record, added)
     return model
@@ -125,7 +123,7 @@ def restore_saved_tensors(model: PreTrainedModel) -> bool:
     record, tensors = entry
     if record.method != applied.method or _without_backend(record.params) != _without_backend(applied.params):
         return False
-    state = model.state_dict()
+    state = added_tensors(model)
     with torch.no_grad():
         for key, value in tensors.items():
             state[key].copy_(value)

@@ -4,7 +4,8 @@
 * :mod:`~.apply`: apply a plan with a record of all it changes, restore it exactly (``patch``, ``unpatch``).
 * :mod:`~.dispatch`: the table of planners, and which one serves a method on a model.
 * planners, one module per kind of change, never importing each other: :mod:`~.rope` (RoPE scaling),
-  :mod:`~.attention` (attention-level methods: ALiBi), :mod:`~.learned` (learned tables: GPT-2 PI).
+  :mod:`~.attention` (attention biases: ALiBi, T5), :mod:`~.encodings` (NoPE, sinusoidal), :mod:`~.extension`
+  (Self-Extend, DCA, log-n), :mod:`~.learned` (learned tables: GPT-2 PI); :mod:`~.changes` holds what they share.
   What they share about a model lives in :mod:`hf_posenc.architectures`.
 * :mod:`~.rope_types`: a RoPE method in ``rope_parameters``, and hf_posenc's own rope types.
 * :mod:`~.loading`: loading a saved patched model, through the method's planner (what
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 import hf_posenc.registrations  # noqa: F401  (transformers learns hf_posenc's rope types and attention backends)
 
-from .apply import get_patch, patch, patched, unpatch
+from .apply import added_tensors, get_patch, patch, patched, unpatch
 from .loading import load_patched_model
 from .plan import PatchInfo
 
-__all__ = ["PatchInfo", "get_patch", "load_patched_model", "patch", "patched", "unpatch"]
+__all__ = ["PatchInfo", "added_tensors", "get_patch", "load_patched_model", "patch", "patched", "unpatch"]

@@ -53,6 +53,7 @@ class _AppliedPatch:
     config_before: dict[str, Any]
     modules: list[_ModuleState] = field(default_factory=list)
     report: Callable[[nn.Module, PatchInfo], PatchInfo] | None = None
+    added: frozenset[str] = frozenset()  # state-dict names the patch added (the T5 bias table)
 
 
 _APPLIED: weakref.WeakKeyDictionary[nn.Module, _AppliedPatch] = weakref.WeakKeyDictionary()
@@ -131,6 +132,7 @@ def _apply(model: nn.Module, plan: Plan) -> None:
         },
         report=plan.report,
     )
+    names_before = set(model.state_dict())
     try:
         for key, value in plan.updates.items():
             setattr(config, key, copy.deepcopy(value))
@@ -143,6 +145,7 @@ def _apply(model: nn.Module, plan: Plan) -> None:
         raise
     for entry in applied.modules:
         _finish(entry)
+    applied.added = frozenset(model.state_dict()) - names_before
     _APPLIED[model] = applied
 
 
@@ -210,6 +213,16 @@ def get_patch(model: nn.Module) -> PatchInfo | None:
     if applied is None:
         return None
     return applied.info if applied.report is None else applied.report(model, applied.info)
+
+
+def added_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state-dict entries the patch applied to ``model`` added (the T5 bias table), by name; empty for a model
+    that is not patched or whose patch added none. What a checkpoint holds beyond the base model's."""
+    applied = _APPLIED.get(model)
+    if applied is None or not applied.added:
+        return {}
+    state = model.state_dict()
+    return {name: state[name] for name in sorted(applied.added)}
 
 
 @contextlib.contextmanager

@@ -30,9 +30,14 @@ from ..attention import IMPLEMENTATIONS, T5_IMPLEMENTATIONS, cudnn
 from ..attention.functions import fused_problem
 from ..methods.alibi import alibi_slopes, are_paper_slopes
 from ..methods.t5_bias import t5_bias_init
-from ..record import CONFIG_KEY, PatchRecord
 from ..registry import Method, params_to_dict
-from .changes import ATTENTION, check_implementation_before_calls, masks_in_forward, positions_removed
+from .changes import (
+    ATTENTION,
+    check_implementation_before_calls,
+    masks_in_forward,
+    positions_removed,
+    replacement_updates,
+)
 from .plan import ModuleChange, PatchInfo, Plan, Planner
 
 logger = logging.getLogger("hf_posenc")
@@ -177,16 +182,16 @@ def plan_bias(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
     requested = method.make_params(**params)
     config_changes, removal, rope_type = positions_removed(model, method)
     resolved = bias.resolve(model, method, requested)
-    info = PatchInfo(method.name, params_to_dict(resolved), native=False, rope_type=rope_type)
-    base = {key: getattr(model.config, key) for key in config_changes}
     # The config records the backend asked for ("auto" by default), not the one chosen here: a model saved from a
     # GPU (with the cudnn extra) must load on a machine without either.
-    recorded = {**info.params, "backend": requested.backend}
-    updates = {
-        **config_changes,
-        ATTENTION: bias.implementations[resolved.backend],
-        CONFIG_KEY: PatchRecord(method.name, recorded, False, base).to_dict(),
-    }
+    info, updates = replacement_updates(
+        model,
+        method,
+        params_to_dict(resolved),
+        {**config_changes, ATTENTION: bias.implementations[resolved.backend]},
+        rope_type,
+        recorded={"backend": requested.backend},
+    )
     modules = attention_modules(model)
     check = check_implementation_before_calls(tuple(bias.implementations.values()))
     changes = [*removal, (model, masks_in_forward), *bias.install(model, resolved, modules)]
@@ -201,13 +206,13 @@ def _backend_now(bias: BiasMethod, model: nn.Module, info: PatchInfo) -> PatchIn
     return info if backend is None else dataclasses.replace(info, params={**info.params, "backend": backend})
 
 
-def loading_backend(implementations: dict[str, str], attn_implementation: str) -> tuple[str, str]:
+def loading_backend(bias: BiasMethod, attn_implementation: str) -> tuple[str, str]:
     """``(backend, base model's implementation)`` for ``attn_implementation`` asked for when loading a saved model
     patched with a bias method: a standard name (``"sdpa"``) selects the backend replacing it, one of the method's
     names (``"hf_posenc_alibi_flex"``) that backend; the base model (what ``unpatch`` gives back) gets eager for
     eager, SDPA otherwise."""
-    backend_of = {name: backend for backend, name in implementations.items()}
-    backend = _STANDARD.get(attn_implementation) or backend_of.get(attn_implementation)
+    implementations = bias.implementations
+    backend = _STANDARD.get(attn_implementation) or bias.backend_of.get(attn_implementation)
     if backend not in implementations:
         raise ValueError(
             f"attn_implementation={attn_implementation!r} has no counterpart for this model's patch; use one of "
@@ -218,13 +223,13 @@ def loading_backend(implementations: dict[str, str], attn_implementation: str) -
 
 
 def bias_loading(
-    implementations: dict[str, str], params: dict[str, Any], kwargs: dict[str, Any]
+    bias: BiasMethod, params: dict[str, Any], kwargs: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Loading a saved model patched with a bias method: an ``attn_implementation`` asked for picks the backend
     (and the base model's implementation) instead of the recorded backend."""
     if kwargs.get("attn_implementation") is None:
         return params, kwargs
-    backend, base_implementation = loading_backend(implementations, kwargs["attn_implementation"])
+    backend, base_implementation = loading_backend(bias, kwargs["attn_implementation"])
     return {**params, "backend": backend}, {**kwargs, "attn_implementation": base_implementation}
 
 
@@ -233,7 +238,7 @@ def _planner(name: str) -> Planner:
         positions=frozenset({"rope", "learned"}),
         serves=lambda method: method.name == name,
         plan=plan_bias,
-        loading=functools.partial(bias_loading, BIAS_METHODS[name].implementations),
+        loading=functools.partial(bias_loading, BIAS_METHODS[name]),
     )
 
 

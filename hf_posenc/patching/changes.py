@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from ..architectures import PLAIN_ATTENTION_ROPE_MODEL_TYPES, position_table, positions_of, rope_modules
-from ..record import PatchRecord
+from ..record import CONFIG_KEY, PatchRecord
 from ..registry import Method
-from .plan import ModuleChange
+from .plan import ModuleChange, PatchInfo
 from .rope_types import OWN_ROPE_TYPE, replaced_marker
 
 ATTENTION = "_attn_implementation_internal"  # the config attribute behind config._attn_implementation
@@ -56,6 +56,24 @@ def positions_removed(
     rotary = rope_modules(model, scaled_ok=True)  # no rotation is left: how it was scaled is moot
     rope_parameters = {**model.config.rope_parameters, "rope_type": marker}
     return {"rope_parameters": rope_parameters}, [(module, no_rotation) for module in rotary], marker
+
+
+def replacement_updates(
+    model: nn.Module,
+    method: Method,
+    params: dict[str, Any],
+    config_changes: dict[str, Any],
+    rope_type: str | None,
+    *,
+    recorded: dict[str, Any] | None = None,
+) -> tuple[PatchInfo, dict[str, Any]]:
+    """What ``get_patch`` reports of a method that replaces the encoding, and the config updates: ``config_changes``
+    and the record, which keeps the base value of each changed attribute (the attention implementation, not a
+    saved value, excepted) and ``params`` with ``recorded`` over them."""
+    info = PatchInfo(method.name, params, native=False, rope_type=rope_type)
+    base = {key: getattr(model.config, key) for key in config_changes if key != ATTENTION}
+    record = PatchRecord(method.name, {**params, **(recorded or {})}, False, base)
+    return info, {**config_changes, CONFIG_KEY: record.to_dict()}
 
 
 def no_rotation(module: nn.Module) -> None:

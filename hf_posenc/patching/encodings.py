@@ -17,10 +17,9 @@ from torch import nn
 
 from ..architectures import position_table
 from ..methods.sinusoidal import SINUSOID_RMS, sinusoidal_embedding
-from ..record import CONFIG_KEY, PatchRecord
 from ..registry import Method, params_to_dict
-from .changes import positions_removed
-from .plan import ModuleChange, PatchInfo, Plan, Planner
+from .changes import positions_removed, replacement_updates
+from .plan import ModuleChange, Plan, Planner
 from .rope_types import replaced_marker
 
 
@@ -82,10 +81,8 @@ def _plan(
     changes: list[tuple[nn.Module, ModuleChange]],
     rope_type: str | None,
 ) -> Plan:
-    info = PatchInfo(method.name, params_to_dict(resolved), native=False, rope_type=rope_type)
-    base = {key: getattr(model.config, key) for key in config_changes}
-    record = PatchRecord(method.name, info.params, False, base)
-    return Plan(info, {**config_changes, CONFIG_KEY: record.to_dict()}, changes)
+    info, updates = replacement_updates(model, method, params_to_dict(resolved), config_changes, rope_type)
+    return Plan(info, updates, changes)
 
 
 PLANS = {"nope": _plan_nope, "sinusoidal": _plan_sinusoidal}

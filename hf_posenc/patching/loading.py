@@ -15,7 +15,7 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cache
 
 from ..record import PatchRecord
 from ..registry import get_method
-from .apply import patch
+from .apply import added_tensors, patch
 from .dispatch import planner_for_config
 
 logger = logging.getLogger("hf_posenc")
@@ -60,18 +60,17 @@ def load_patched_model(pretrained_model_name_or_path: str, **kwargs: Any) -> Pre
     if planner is not None and planner.loading is not None:
         params, kwargs = planner.loading(params, kwargs)
     model = AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, config=base_config, **kwargs)
-    base_names = set(model.state_dict())
     patch(model, record.method, **params)
-    _load_added_tensors(model, base_names, pretrained_model_name_or_path, config_kwargs)
+    _load_added_tensors(model, pretrained_model_name_or_path, config_kwargs)
     _warn_where_edited(pretrained_model_name_or_path, config, model.config, record)
     return model
 
 
-def _load_added_tensors(model: PreTrainedModel, base_names: set[str], source: str, hub_kwargs: dict[str, Any]) -> None:
+def _load_added_tensors(model: PreTrainedModel, source: str, hub_kwargs: dict[str, Any]) -> None:
     """The values saved for the tensors the patch added to the model (the T5 bias table, trained): the base model
     was built without them, so they are read from the checkpoint's safetensors now. Where the checkpoint has none
     (a config-only push: its weights are the base's), the patch's initial values stay, and a log line says so."""
-    added = {name: tensor for name, tensor in model.state_dict().items() if name not in base_names}
+    added = added_tensors(model)
     if not added:
         return
     saved = read_checkpoint_tensors(source, list(added), **hub_kwargs)

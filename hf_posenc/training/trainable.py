@@ -16,7 +16,7 @@ from transformers import PreTrainedModel
 from transformers.utils.quantization_config import QuantizationMethod
 
 from ..architectures import position_table, positions_of
-from ..patching import get_patch, patch
+from ..patching import added_tensors, get_patch, patch
 from ..registry import get_method
 from ..saved import restore_saved_tensors
 from ..spec import MethodSpec
@@ -37,11 +37,11 @@ def apply_method(model: nn.Module, spec: MethodSpec) -> frozenset[str]:
             f"`model` is already patched with {applied.method!r}; pass the unpatched model (hf_posenc.unpatch) and "
             f"the method as `method`, so that training knows which parameters the patch adds."
         )
-    before = set(dict(model.named_parameters()))
-    if not spec.unpatched:
-        patch(model, spec.name, **spec.params)
-        restore_saved_tensors(model)  # training on from a saved model of the same method: its trained T5 table
-    return frozenset(dict(model.named_parameters())) - before
+    if spec.unpatched:
+        return frozenset()
+    patch(model, spec.name, **spec.params)
+    restore_saved_tensors(model)  # training on from a saved model of the same method: its trained T5 table
+    return frozenset(added_tensors(model)).intersection(dict(model.named_parameters()))
 
 
 def is_norm(model: nn.Module, name: str) -> bool:

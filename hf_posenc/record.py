@@ -90,9 +90,24 @@ class PatchRecord:
         """A copy of ``config`` with the base values put back and the record removed: the unpatched model's."""
         base = copy.deepcopy(config)
         for key, value in self.base.items():
-            if value is None and not hasattr(type(base), key):  # an attribute the patch added (vLLM's DCA keys)
+            declared = hasattr(type(base), key) and not _is_property(base, key)
+            if value is None and not declared:  # an attribute the patch added (vLLM's DCA keys, 4.x's rope_scaling)
                 base.__dict__.pop(key, None)
             else:
-                setattr(base, key, copy.deepcopy(value))
+                set_config_attribute(base, key, copy.deepcopy(value))
         delattr(base, CONFIG_KEY)
         return base
+
+
+def _is_property(config: Any, key: str) -> bool:
+    return isinstance(getattr(type(config), key, None), property)
+
+
+def set_config_attribute(config: Any, key: str, value: Any) -> None:
+    """``config.key = value``; for a property of the config class (transformers 5's ``rope_scaling``, an alias
+    of ``rope_parameters``) the instance's own entry instead, which ``to_dict`` writes out and the alias's
+    target never sees."""
+    if _is_property(config, key):
+        config.__dict__[key] = value
+    else:
+        setattr(config, key, value)

@@ -18,7 +18,12 @@ def test_the_record_a_patch_writes_reads_back_equal(tmp_path):
     record = PatchRecord.from_config(model.config)
     assert (record.method, record.native, record.baked, record.version) == ("yarn", True, False, hf_posenc.__version__)
     assert record.params["factor"] == 4.0 and record.params["original_max_position_embeddings"] == 64
-    assert record.base == {"rope_parameters": base["rope_parameters"], "max_position_embeddings": 64}
+    assert record.base == {  # the 4.x keys the patch adds beside rope_parameters: absent (None) in the base
+        "rope_parameters": base["rope_parameters"],
+        "max_position_embeddings": 64,
+        "rope_scaling": None,
+        "rope_theta": None,
+    }
     assert record.base_max_position_embeddings == 64
     assert record.to_dict() == getattr(model.config, CONFIG_KEY)
     assert record.base_config(model.config).to_dict() == base

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..record import PatchRecord
+from ..record import PatchRecord, set_config_attribute
 from ..registry import get_method
 from .dispatch import plan_method
 from .plan import PatchInfo, Plan
@@ -135,7 +135,7 @@ def _apply(model: nn.Module, plan: Plan) -> None:
     names_before = set(model.state_dict())
     try:
         for key, value in plan.updates.items():
-            setattr(config, key, copy.deepcopy(value))
+            set_config_attribute(config, key, copy.deepcopy(value))
         for module, change in plan.changes:
             if all(module is not entry.module for entry in applied.modules):
                 applied.modules.append(_ModuleState(module, _snapshot(module)))
@@ -155,7 +155,7 @@ def _restore(model: nn.Module, applied: _AppliedPatch) -> None:
         if value is _MISSING:
             config.__dict__.pop(key, None)
         else:
-            setattr(config, key, copy.deepcopy(value))
+            set_config_attribute(config, key, copy.deepcopy(value))
     for entry in applied.modules:
         module, before, current = entry.module, entry.before, _tensors(entry.module)
         restored = {

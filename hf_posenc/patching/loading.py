@@ -17,6 +17,7 @@ from ..record import PatchRecord
 from ..registry import get_method
 from .apply import added_tensors, patch
 from .dispatch import planner_for_config
+from .legacy import LEGACY_KEYS
 
 logger = logging.getLogger("hf_posenc")
 
@@ -114,11 +115,16 @@ def read_checkpoint_tensors(source: str, names: list[str], **hub_kwargs: Any) ->
 
 
 def _warn_where_edited(source: str, saved: Any, patched: Any, record: PatchRecord) -> None:
-    """Warn, naming both values, where the saved config and the record's patch of the base disagree."""
+    """Warn, naming both values, where the saved config and the record's patch of the base disagree. The 4.x keys
+    are not compared on their own: transformers 5 read them into ``rope_parameters`` when loading (``type``
+    too, which is dropped here where it repeats ``rope_type``)."""
     differences = [
         f"{name} is {in_config!r} in the config, {from_record!r} from the record"
         for key in record.base
-        for name, in_config, from_record in _differences(key, getattr(saved, key, None), getattr(patched, key, None))
+        if key not in LEGACY_KEYS
+        for name, in_config, from_record in _differences(
+            key, _without_legacy_type(getattr(saved, key, None)), getattr(patched, key, None)
+        )
     ]
     if differences:
         logger.warning(
@@ -128,6 +134,13 @@ def _warn_where_edited(source: str, saved: Any, patched: Any, record: PatchRecor
             record.spec,
             "; ".join(differences),
         )
+
+
+def _without_legacy_type(value: Any) -> Any:
+    """``rope_parameters`` as read from a file with 4.x's ``rope_scaling``: without the ``type`` it copied in."""
+    if isinstance(value, dict) and "type" in value and value.get("type") == value.get("rope_type"):
+        return {key: entry for key, entry in value.items() if key != "type"}
+    return value
 
 
 def _differences(key: str, saved: Any, patched: Any) -> list[tuple[str, Any, Any]]:

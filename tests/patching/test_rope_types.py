@@ -104,9 +104,9 @@ def test_from_pretrained_restores_the_patch_and_unpatch_gives_the_base(saved, ca
     assert model.config.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
 
 
-EDITS = [
-    ("factor", lambda config: config["rope_parameters"].update(factor=8.0), ["rope_parameters['factor'] is 8.0 in the config, 4.0 from the record"]),
-    ("rope type", lambda config: config.update(rope_parameters={"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0}), ["rope_parameters['rope_type'] is 'linear' in the config, 'yarn' from the record", "rope_parameters['factor'] is 8.0 in the config, 4.0 from the record", "rope_parameters['beta_fast'] is None in the config, 32.0 from the record"]),
+EDITS = [  # config.json says the method twice (rope_scaling for transformers 4.x, which 5.x reads first too): edited in both
+    ("factor", lambda config: [config[key].update(factor=8.0) for key in ("rope_parameters", "rope_scaling")], ["rope_parameters['factor'] is 8.0 in the config, 4.0 from the record"]),
+    ("rope type", lambda config: config.update(rope_parameters={"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0}, rope_scaling={"rope_type": "linear", "type": "linear", "factor": 8.0}), ["rope_parameters['rope_type'] is 'linear' in the config, 'yarn' from the record", "rope_parameters['factor'] is 8.0 in the config, 4.0 from the record", "rope_parameters['beta_fast'] is None in the config, 32.0 from the record"]),
     ("context", lambda config: config.update(max_position_embeddings=1024), ["max_position_embeddings is 1024 in the config, 256 from the record"]),
 ]  # fmt: skip
 

@@ -1,0 +1,59 @@
+"""The keys transformers 4.x reads, written beside ``rope_parameters`` so that every reader builds the same model.
+
+transformers 5 keeps a RoPE method in ``config.rope_parameters`` (``rope_theta`` inside) and saves only that;
+transformers 4.x (and the serving engines that follow its configs) read ``rope_scaling`` (``type`` in the
+oldest releases, ``rope_type`` since) and a top-level ``rope_theta``, and silently build an unscaled model
+with ``rope_theta`` 10000 from a file that has only ``rope_parameters``. A patch therefore also writes:
+
+- ``rope_scaling``: ``rope_parameters`` without ``rope_theta`` / ``partial_rotary_factor``, with ``type``
+  beside ``rope_type``; ``None`` for the ``default`` type (static NTK says itself through ``rope_theta``).
+  hf_posenc's own types go there too, so 4.x refuses them (``KeyError``) rather than loading them unscaled.
+- ``rope_theta`` and ``partial_rotary_factor`` at the top level, where 4.x reads them;
+- ``original_max_position_embeddings`` at the top level for ``longrope``: 4.x's LongRoPE reads the trained
+  context only there (else it takes ``max_position_embeddings``, the extended one, and never switches).
+
+transformers 5 reads the same file the same way: on loading it takes ``rope_scaling`` as its
+``rope_parameters`` and ``rope_theta`` into it (``type`` stays there as an extra key it ignores).
+
+In a transformers 5 config ``rope_scaling`` is a property aliasing ``rope_parameters``; these keys are
+written into the instance's ``__dict__`` (:func:`hf_posenc.record.set_config_attribute`), which
+``to_dict`` and so ``save_pretrained`` / ``push_to_hub`` write out, without going through the alias.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+from ..record import CONFIG_KEY, PatchRecord
+from .plan import Plan
+
+LEGACY_KEYS = ("rope_scaling", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings")
+_TOP_LEVEL = ("rope_theta", "partial_rotary_factor")
+
+
+def legacy_rope_keys(rope_parameters: dict[str, Any]) -> dict[str, Any]:
+    """The transformers 4.x keys saying what a flat ``rope_parameters`` says (empty for per-layer-type ones,
+    which 4.x has no single key for)."""
+    if not isinstance(rope_parameters, dict) or "rope_type" not in rope_parameters:
+        return {}
+    rope_type = rope_parameters["rope_type"]
+    scaling = {key: value for key, value in rope_parameters.items() if key not in _TOP_LEVEL}
+    keys: dict[str, Any] = {"rope_scaling": None if rope_type == "default" else {**scaling, "type": rope_type}}
+    keys.update({key: rope_parameters[key] for key in _TOP_LEVEL if key in rope_parameters})
+    if rope_type == "longrope":
+        keys["original_max_position_embeddings"] = rope_parameters["original_max_position_embeddings"]
+    return copy.deepcopy(keys)
+
+
+def with_legacy_keys(config: Any, plan: Plan) -> Plan:
+    """``plan`` also writing the 4.x keys of the ``rope_parameters`` it sets, their base values (``None``:
+    absent) kept in the record so that :meth:`PatchRecord.base_config` removes them again."""
+    keys = legacy_rope_keys(plan.updates.get("rope_parameters"))
+    if not keys:
+        return plan
+    record = PatchRecord.from_config(plan.updates)
+    base = {key: copy.deepcopy(config.__dict__.get(key)) for key in keys}
+    record = dataclasses.replace(record, base={**base, **record.base})
+    return dataclasses.replace(plan, updates={**plan.updates, **keys, CONFIG_KEY: record.to_dict()})

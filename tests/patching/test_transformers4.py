@@ -1,0 +1,210 @@
+"""A saved patched model read by transformers 4.x (the last release, in a separate ``pip install --target``, run in a
+subprocess without hf_posenc): native methods build the patched model exactly, the others are refused.
+
+transformers 4.x reads ``rope_scaling`` and a top-level ``rope_theta``; from a file with only transformers 5's
+``rope_parameters`` it builds an unscaled model with ``rope_theta`` 10000 without a word. The patch writes both
+(:mod:`hf_posenc.patching.legacy`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_tiny
+from helpers import method_params
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import hf_posenc
+
+VERSION = "4.57.6"  # the last 4.x release
+TARGET = Path(__file__).resolve().parents[2] / ".cache" / f"transformers-{VERSION}"
+READER = Path(__file__).resolve().parents[1] / "legacy_reader.py"
+IDS = [[(7 * i + 3) % 97 for i in range(90)]]  # past the tiny models' 64 positions: scaling, long factors, growth
+
+ROPE_METHODS = [
+    "pi",
+    "ntk",
+    "dynamic-ntk",
+    "yarn",
+    "ntk-by-parts",
+    "llama3",
+    "longrope",  # native
+    "dynamic-yarn",
+    "alibi",
+    "nope",
+    "t5-bias",
+    "self-extend",
+    "dca",
+    "logn",
+    "yarn+logn",
+]
+CASES = [(family, method) for family in ("llama", "qwen2") for method in ROPE_METHODS] + [
+    ("gpt2", method) for method in ("pi", "alibi", "nope", "sinusoidal", "t5-bias")
+]
+
+
+def _install() -> Path:
+    """transformers 4.x and its dependencies in a folder of their own (once; a half-finished install is never used)."""
+    if (TARGET / "transformers").is_dir():
+        return TARGET
+    partial = TARGET.with_name(TARGET.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--target", str(partial), f"transformers=={VERSION}"],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        pytest.fail(f"pip could not install transformers=={VERSION} for the 4.x test:\n{done.stderr[-2000:]}")
+    partial.rename(TARGET)
+    return TARGET
+
+
+def _patched(family: str, method: str) -> torch.nn.Module:
+    overrides = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}} if family == "qwen2" else {}
+    model = make_tiny(family, **overrides)
+    params = {"factor": 4} if "+" in method else method_params(method, pairs=8)
+    return hf_posenc.patch(model, method, **params)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, one_thread):
+    """Each case patched and saved: folder -> (patched model, its logits on IDS)."""
+    root = tmp_path_factory.mktemp("saved4")
+    models = {}
+    for family, method in CASES:
+        model = _patched(family, method)
+        folder = root / f"{family}-{method}"
+        model.save_pretrained(folder)
+        with torch.no_grad():
+            models[(family, method)] = (str(folder), model, model(torch.tensor(IDS)).logits)
+    return models
+
+
+@pytest.fixture(scope="module")
+def read_by_4x(saved, tmp_path_factory):
+    """What transformers 4.x makes of every saved folder: its logits or its error, by case."""
+    target = _install()
+    work = tmp_path_factory.mktemp("reader4")
+    (work / "request.json").write_text(json.dumps({"folders": [f for f, _, _ in saved.values()], "ids": IDS}))
+    env = {**os.environ, "PYTHONPATH": str(target), "HF_HUB_OFFLINE": "1", "PYTHONNOUSERSITE": "1"}
+    done = subprocess.run(
+        [sys.executable, str(READER), str(work / "request.json"), str(work / "result.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=work,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((work / "result.json").read_text())
+    assert result["transformers"] == VERSION
+    return {case: result["results"][folder] for case, (folder, _, _) in saved.items()}
+
+
+def test_every_case_is_read(saved, read_by_4x):
+    """The cases cover every registered method on a RoPE decoder (and the table above is not out of date)."""
+    singles = {method for family, method in CASES if family == "llama" and "+" not in method}
+    rope_methods = {m for m in hf_posenc.available_methods() if m != "sinusoidal"}
+    assert singles == rope_methods
+    assert set(read_by_4x) == set(saved)
+
+
+@pytest.mark.parametrize("family,method", CASES)
+def test_native_methods_load_exactly_and_the_others_are_refused(saved, read_by_4x, family, method):
+    _, model, logits = saved[(family, method)]
+    read = read_by_4x[(family, method)]
+    if hf_posenc.get_patch(model).native:
+        assert "logits" in read, read.get("refused")
+        torch.testing.assert_close(torch.tensor(read["logits"]), logits, rtol=1e-5, atol=1e-6)
+        if family != "gpt2":  # Qwen2's base 1e6 (or static NTK's larger one), not 4.x's default 10000
+            assert read["rope_theta"] == model.config.rope_parameters["rope_theta"]
+    else:  # never a model with the original encoding: transformers 4.x has no rope type / activation of that name
+        assert read.get("refused", "").startswith("KeyError: 'hf_posenc"), read.get("refused") or "loaded"
+
+
+@pytest.mark.parametrize("method", ["yarn", "longrope", "ntk", "dynamic-yarn"])
+def test_transformers5_reads_the_file_with_the_legacy_keys_as_the_patched_model(saved, method):
+    """transformers 5 takes ``rope_scaling`` as its ``rope_parameters`` when both are there: the same ones (plus the
+    ``type`` 4.x needs), the same logits; ``hf_posenc.from_pretrained`` rebuilds the patched config exactly, its base
+    without any of the 4.x keys."""
+    folder, model, logits = saved[("qwen2", method)]
+    config = AutoConfig.from_pretrained(folder)
+    rope = {k: v for k, v in config.rope_parameters.items() if k != "type"}
+    assert rope == model.config.rope_parameters
+    if hf_posenc.get_patch(model).native:
+        plain = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+        with torch.no_grad():
+            assert torch.equal(plain(torch.tensor(IDS)).logits, logits)
+    loaded = hf_posenc.from_pretrained(folder, attn_implementation="eager").eval()
+    assert _settings(loaded) == _settings(model)
+    hf_posenc.unpatch(loaded)
+    assert _settings(loaded) == _settings(
+        make_tiny("qwen2", rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    )
+
+
+def _settings(model) -> dict:
+    """The config as a dict, without what saving and loading add (where from, class, dtype, version)."""
+    added = ("_name_or_path", "architectures", "dtype", "transformers_version")
+    return {k: v for k, v in model.config.to_dict().items() if k not in added}
+
+
+def test_unpatch_removes_the_legacy_keys(tiny_model):
+    before = tiny_model.config.to_dict()
+    hf_posenc.patch(tiny_model, "yarn", factor=4)
+    written, rope = tiny_model.config.to_dict(), tiny_model.config.rope_parameters
+    assert written["rope_scaling"] == {**{k: v for k, v in rope.items() if k != "rope_theta"}, "type": "yarn"}
+    assert written["rope_theta"] == rope["rope_theta"]
+    assert tiny_model.config.rope_scaling is tiny_model.config.rope_parameters  # transformers' alias untouched
+    hf_posenc.unpatch(tiny_model)
+    assert tiny_model.config.to_dict() == before
+
+
+@pytest.mark.parametrize(
+    "rope,expected",
+    [
+        ({"rope_type": "default", "rope_theta": 5e5}, {"rope_scaling": None, "rope_theta": 5e5}),
+        (
+            {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4, "partial_rotary_factor": 0.5},
+            {
+                "rope_scaling": {"rope_type": "linear", "type": "linear", "factor": 2.0},
+                "rope_theta": 1e4,
+                "partial_rotary_factor": 0.5,
+            },
+        ),
+        (
+            {
+                "rope_type": "longrope",
+                "rope_theta": 1e4,
+                "original_max_position_embeddings": 4096,
+                "factor": 32.0,
+                "long_factor": [2.0],
+                "short_factor": [1.0],
+            },
+            {
+                "rope_scaling": {
+                    "rope_type": "longrope",
+                    "type": "longrope",
+                    "original_max_position_embeddings": 4096,
+                    "factor": 32.0,
+                    "long_factor": [2.0],
+                    "short_factor": [1.0],
+                },
+                "rope_theta": 1e4,
+                "original_max_position_embeddings": 4096,
+            },
+        ),
+        ({"full_attention": {"rope_type": "default", "rope_theta": 1e4}}, {}),  # per layer type: 4.x has no key
+    ],
+)
+def test_legacy_keys(rope, expected):
+    from hf_posenc.patching.legacy import legacy_rope_keys
+
+    assert legacy_rope_keys(rope) == expected

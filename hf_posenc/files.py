@@ -1,13 +1,17 @@
-"""Writing files so that a run killed at any moment leaves the previous or the new version, never half."""
+"""Writing files so that a run killed at any moment leaves the previous or the new version, never half; JSON that
+every reader parses."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def _temporary(path: Path) -> Path:
@@ -42,3 +46,20 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def json_text(value: Any) -> str:
+    """``value`` as standard JSON text (indented, newline-terminated). ``NaN`` and ``Infinity`` are not JSON (RFC
+    8259: strict parsers such as JavaScript's ``JSON.parse``, jq and Go refuse the file), so a non-finite float is
+    written as ``null``: a writer that needs to say which one marks it beside (a row's ``status``)."""
+    return json.dumps(_finite(value), indent=2, allow_nan=False) + "\n"
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value

@@ -26,10 +26,12 @@ from transformers import AutoConfig, PreTrainedModel
 from ._version import __version__
 from .card import PLOT_FILE, EvalTable, load_eval_table, public_results, render_card
 from .encoding_plots import FREQUENCY_PLOT, patch_plot_file, write_patch_plot
+from .files import json_text
 from .hub_errors import HubError, HubPushError, call_hub
 from .patching.loading import load_patched_model
 from .plots import plot_ppl_vs_length
 from .record import PatchRecord
+from .report_files import read_report, report_for_file
 
 METADATA_FILE = "hf_posenc.json"
 METADATA_FORMAT = 1
@@ -240,11 +242,12 @@ def stage_repo(
         "base_revision": contents.base.revision if contents.base else None,
         "hf_posenc_version": __version__,
     }
-    (folder / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
+    (folder / METADATA_FILE).write_text(json_text(metadata), encoding="utf-8")
     if contents.eval_table is not None:
         table = contents.eval_table
-        results = {**public_results(json.loads(table.source.read_text(encoding="utf-8"))), "dataset": table.dataset}
-        (folder / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        report = read_report(table.source, kind="perplexity", advice="pass the results.json of an `hf-posenc eval` run")
+        results = {**public_results(report_for_file(report)), "dataset": table.dataset}
+        (folder / RESULTS_FILE).write_text(json_text(results), encoding="utf-8")
         trained = (
             contents.record.params.get("original_max_position_embeddings")
             or contents.record.base_max_position_embeddings

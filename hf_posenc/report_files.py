@@ -8,6 +8,7 @@ naming the file and the field, and nothing is written on the way to it.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,17 @@ PERPLEXITY_FILE = {
     "results": (list,),
     "dataset_details": (dict,),
 }
-PERPLEXITY_ROW = {"method": (str,), "length": (int,), "ppl": _NUMBER, "nll": _NUMBER, "tokens": (int,)}
+PERPLEXITY_ROW = {
+    "method": (str,),
+    "length": (int,),
+    "ppl": (*_NUMBER, type(None)),
+    "nll": (*_NUMBER, type(None)),
+    "tokens": (int,),
+}
+# A row whose perplexity is not a finite number says so in its file as null plus a ``status`` (standard JSON has no
+# NaN or Infinity); read back, the floats are restored: ``nan`` -> NLL and PPL NaN (a numerical failure),
+# ``overflow`` -> PPL +inf (exp(NLL) past the float range; a null NLL is +inf too).
+ROW_STATUSES = ("nan", "overflow")
 DATASET_DETAILS = {"documents": (int,), "tokens": (int,)}
 # what a run that resumes reads besides (it writes the previous report again, and prints it)
 RUN_FIELDS = {"protocol_details": (dict,), "model_details": (dict,)}
@@ -52,7 +63,45 @@ def read_report(path: Path, *, kind: str, advice: str) -> dict[str, Any]:
     problem = _perplexity_problem(report) if kind == "perplexity" else _passkey_problem(report)
     if problem:
         raise ValueError(f"{path} is malformed: {problem}; {advice}.")
+    if kind == "perplexity":
+        report["results"] = [_from_file(row) for row in report["results"]]
     return report
+
+
+def row_status(row: dict[str, Any]) -> str | None:
+    """``"nan"``, ``"overflow"`` or None (a finite perplexity) for a results row as computed."""
+    if math.isnan(row["nll"]) or math.isnan(row["ppl"]):
+        return "nan"
+    return "overflow" if math.isinf(row["ppl"]) else None
+
+
+def report_for_file(report: dict[str, Any]) -> dict[str, Any]:
+    """``report`` with each results row whose perplexity is not finite marked with its ``status`` (the values
+    themselves become null when written, :func:`hf_posenc.files.json_text`)."""
+    rows = report.get("results")
+    if not isinstance(rows, list):
+        return report
+    marked = [{**row, "status": row_status(row)} if row_status(row) else row for row in rows]
+    return {**report, "results": marked}
+
+
+def _from_file(row: dict[str, Any]) -> dict[str, Any]:
+    status = row.get("status")
+    if status == "nan":
+        return {**row, "nll": math.nan, "ppl": math.nan}
+    if status == "overflow":
+        return {**row, "nll": math.inf if row["nll"] is None else row["nll"], "ppl": math.inf}
+    return row
+
+
+def _status_problem(rows: list[dict[str, Any]]) -> str | None:
+    for i, row in enumerate(rows):
+        status = row.get("status")
+        if status is not None and status not in ROW_STATUSES:
+            return f"results[{i}] has status {status!r}, not one of {', '.join(ROW_STATUSES)}"
+        if status is None and (row["ppl"] is None or row["nll"] is None):
+            return f"results[{i}] has null as 'ppl' or 'nll' without a 'status' saying why"
+    return None
 
 
 def _perplexity_problem(report: dict[str, Any]) -> str | None:
@@ -61,6 +110,7 @@ def _perplexity_problem(report: dict[str, Any]) -> str | None:
         or fields_problem(report["dataset_details"], DATASET_DETAILS, "'dataset_details'")
         or _rows_problem(report["results"], PERPLEXITY_ROW, "results")
         or _params_problem(report["results"])
+        or _status_problem(report["results"])
         or _hashes_problem(report["dataset_details"].get("document_hashes"))
     )
 
@@ -118,6 +168,7 @@ _JSON_NAMES = {
     list: "a list",
     dict: "an object",
     bool: "a boolean",
+    type(None): "null (with a 'status')",
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import tempfile
 import traceback
 
@@ -308,3 +309,21 @@ def test_plain_saved_model_on_the_hub_loads_online_then_offline(fake_hub):
     for loaded in (online, offline):
         assert hf_posenc.get_patch(loaded) == hf_posenc.get_patch(model)
         torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)
+
+
+def test_pushed_results_are_standard_json_with_the_status_of_non_finite_rows(fake_hub, tmp_path):
+    """A results file of an earlier version (bare Infinity / NaN, which Python writes by default) is pushed as
+    standard JSON: null and the row's status, so that the Hub's viewer and strict parsers read it."""
+    upload_base()
+    rows = {"yarn:factor=4": {**YARN_PPL, 8192: math.inf, 16384: math.nan}, "none": BASE_PPL}
+    results = write_results(tmp_path, rows)
+    assert "Infinity" in results.read_text()
+    hub.push_to_hub(load_base_patched(factor=4), "me/strict", eval_results=results)
+
+    def refuse(constant):
+        raise ValueError(constant)
+
+    pushed = json.loads(fake_hub.files("me/strict")["eval_results.json"], parse_constant=refuse)["results"]
+    statuses = {row["length"]: (row["ppl"], row.get("status")) for row in pushed if row["method"] != "none"}
+    assert statuses[8192] == (None, "overflow") and statuses[16384] == (None, "nan")
+    assert all(status is None for length, (_, status) in statuses.items() if length < 8192)

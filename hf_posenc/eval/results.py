@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import platform
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -16,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..files import atomic_write_text
+from ..files import atomic_write_text, json_text
 from ..plots import length_label, plot_passkey_heatmap, plot_ppl_vs_length
+from ..report_files import report_for_file
 
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
@@ -81,7 +81,8 @@ def sort_results(results: list[dict[str, Any]], methods: list[str]) -> list[dict
 
 
 def write_json(path: Path, report: dict[str, Any]) -> None:
-    atomic_write_text(path, json.dumps(report, indent=2) + "\n")
+    """The report as standard JSON: a row whose perplexity is not finite has nulls and a ``status``."""
+    atomic_write_text(path, json_text(report_for_file(report)))
 
 
 def write_csv(path: Path, results: list[dict[str, Any]], fields: Sequence[str] = CSV_FIELDS) -> None:

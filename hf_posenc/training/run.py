@@ -30,7 +30,7 @@ from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArgu
 from transformers.trainer_utils import get_last_checkpoint
 
 from .._version import __version__
-from ..files import atomic_write_text
+from ..files import atomic_write_text, json_text
 from ..patching import get_patch, unpatch
 from ..spec import MethodSpec
 from .packing import PackedWindows, pack_texts
@@ -336,4 +336,4 @@ def _versions() -> dict[str, str]:
 
 
 def _write_json(path: Path, record: dict[str, Any]) -> None:
-    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+    atomic_write_text(path, json_text(record))  # a NaN loss (no step taken, or a diverged run) is null

@@ -93,3 +93,31 @@ def test_a_401_echoing_the_token_when_reading_the_base_is_shown_without_it(fake_
         assert TOKEN not in failed.stderr + failed.stdout
     assert all(r.authorization == f"Bearer {TOKEN}" for r in fake_hub.requests[-2:])  # it was sent, never shown
     assert "me/p" not in fake_hub.repos
+
+
+def test_cli_push_with_weights_pushes_the_tokenizer_and_a_model_that_loads_patched(fake_hub, tiny_dir):
+    """``--with-weights`` from a local folder: weights, tokenizer, and the config every reader reads (transformers
+    5's ``rope_parameters``, 4.x's ``rope_scaling`` and ``rope_theta``); loaded back from the Hub it is the patched
+    model, logit for logit, and its tokenizer encodes as the base's."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = str(tiny_dir / "model")
+    done = run_cli("push", "--model", folder, "--method", "yarn:factor=4", "--repo", "me/full", "--with-weights")
+    assert done.returncode == 0, done.stderr
+    pushed = fake_hub.files("me/full")
+    assert {"model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json", "README.md"} <= set(pushed)
+    config = json.loads(pushed["config.json"])
+    assert config["rope_parameters"]["rope_type"] == config["rope_scaling"]["type"] == "yarn"
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"]
+
+    text = "abc def. ghi"
+    local, tokenizer = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    hf_posenc.patch(local, "yarn", factor=4)
+    loaded = hf_posenc.from_pretrained("me/full").eval()
+    hub_tokenizer = AutoTokenizer.from_pretrained("me/full")
+    ids = tokenizer(text * 8, return_tensors="pt").input_ids  # past the 64 trained positions
+    assert torch.equal(hub_tokenizer(text * 8, return_tensors="pt").input_ids, ids)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, local(ids).logits)
+    assert hf_posenc.get_patch(loaded) == hf_posenc.get_patch(local)

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
+import re
 from pathlib import Path
 
-from hf_posenc.eval.results import coverage_note, derivation_note, format_table
+import pytest
+
+from hf_posenc.eval.results import coverage_note, derivation_note, format_table, write_json
+from hf_posenc.report_files import read_report
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = [
@@ -78,3 +84,69 @@ def test_bench_eval_lengths_script_loads_and_compares_rows_of_the_same_method_an
         {"method": "none", "length": 2048, "nll": 3.0},
     ]
     assert abs(bench.max_relative_difference(after, before) - 1e-7) < 1e-12
+
+
+def _report_with(rows: list[dict]) -> dict:
+    return {
+        "protocol": "truncate",
+        "model": "tiny",
+        "dataset": "essays",
+        "dataset_details": {"documents": 2, "tokens": 100},
+        "results": [{"length": 512, "tokens": 50, **row} for row in rows],
+    }
+
+
+NON_FINITE_ROWS = [
+    {"method": "none", "nll": 3.0, "ppl": math.exp(3.0)},
+    {"method": "pi", "nll": 2000.0, "ppl": math.inf},  # diverged: exp(NLL) past the float range
+    {"method": "ntk", "nll": math.inf, "ppl": math.inf},
+    {"method": "yarn", "nll": math.nan, "ppl": math.nan},  # a numerical failure
+]
+
+
+def _strict(text: str):
+    """What JavaScript's JSON.parse, jq or Go accept: no NaN, Infinity or -Infinity."""
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_results_json_is_standard_json_and_reads_back_the_same(tmp_path):
+    path = tmp_path / "results.json"
+    write_json(path, _report_with(NON_FINITE_ROWS))
+    rows = _strict(path.read_text())["results"]
+    assert [(r["nll"], r["ppl"], r.get("status")) for r in rows] == [
+        (3.0, math.exp(3.0), None),
+        (2000.0, None, "overflow"),
+        (None, None, "overflow"),
+        (None, None, "nan"),
+    ]
+    back = read_report(path, kind="perplexity", advice="x")["results"]
+    assert back[0] == {"length": 512, "tokens": 50, **NON_FINITE_ROWS[0]}
+    assert (back[1]["nll"], back[1]["ppl"]) == (2000.0, math.inf)
+    assert (back[2]["nll"], back[2]["ppl"]) == (math.inf, math.inf)
+    assert math.isnan(back[3]["nll"]) and math.isnan(back[3]["ppl"])
+
+
+def test_files_of_earlier_versions_with_bare_nan_and_infinity_still_read(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(_report_with(NON_FINITE_ROWS)))  # Python's default: NaN / Infinity written bare
+    assert "Infinity" in path.read_text() and "NaN" in path.read_text()
+    back = read_report(path, kind="perplexity", advice="x")["results"]
+    assert back[1]["ppl"] == math.inf and math.isnan(back[3]["ppl"])
+
+
+@pytest.mark.parametrize(
+    "row,problem",
+    [
+        ({"method": "pi", "nll": None, "ppl": 3.0}, "results[0] has null as 'ppl' or 'nll' without a 'status'"),
+        ({"method": "pi", "nll": 1.0, "ppl": None, "status": "broken"}, "results[0] has status 'broken', not one of"),
+    ],
+)
+def test_a_null_perplexity_needs_its_status(tmp_path, row, problem):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(_report_with([row])))
+    with pytest.raises(ValueError, match=re.escape(f"{path} is malformed: {problem}")):
+        read_report(path, kind="perplexity", advice="x")

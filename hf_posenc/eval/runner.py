@@ -24,7 +24,9 @@ from ..spec import MethodSpec
 from .data import TextSource, WindowPlan, build_windows, check_protocol, load_texts, tokenize_texts
 from .models import (
     ModelSource,
+    check_placement,
     check_position_table,
+    input_device,
     load_model,
     load_tokenizer,
     model_details,
@@ -77,7 +79,7 @@ def load_checked(
     notes of patching about what was not given (the trained context assumed) are logged here only: the run
     patches again from the resolved parameters."""
     model = load_model(model_source, accelerator.device, saved)
-    check_head_decomposition(model, torch.tensor([ids[:16]], dtype=torch.long, device=accelerator.device))
+    check_head_decomposition(model, torch.tensor([ids[:16]], dtype=torch.long, device=input_device(model)))
     resolved = {}
     for spec in specs:
         with _applied(model, spec, spec.params):
@@ -116,10 +118,12 @@ def run_perplexity(
     specs = parse_methods(methods, saved)
     check_output(output, PERPLEXITY_FILES)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    check_placement(model_source, accelerator.num_processes)
     arguments = {
         "model": model_source.name,
         "gguf_file": model_source.gguf_file,
         "dtype": model_source.resolved_dtype(accelerator.device),
+        **model_source.identity,
         "dataset": text_source.describe(),
         "protocol": protocol,
         "stride": stride,
@@ -250,10 +254,12 @@ def run_passkey(
     specs = parse_methods(methods, saved)
     check_output(output, PASSKEY_FILES)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    check_placement(model_source, accelerator.num_processes)
     arguments = {
         "model": model_source.name,
         "gguf_file": model_source.gguf_file,
         "dtype": model_source.resolved_dtype(accelerator.device),
+        **model_source.identity,
         "depths": depths,
         "trials": trials,
         "seed": seed,

@@ -25,6 +25,7 @@ from ..architectures import depends_on_length
 from ..registry import get_method
 from ..spec import NONE_METHOD
 from .data import Window
+from .models import input_device
 from .passkey import PasskeyPrompt, ends_the_number
 from .perplexity import DEFAULT_CHUNK_SIZE, cumulative_nll, greedy_continuation
 
@@ -128,7 +129,8 @@ def score_lengths(
         bar = tqdm(total=len(mine), desc=desc, unit="forward", disable=not accelerator.is_local_main_process)
         for batch in _batches(mine, [f.window for f in forwards], bos, batch_size):
             begin = time.perf_counter()
-            ids = torch.tensor([window_ids(docs, forwards[i].window, bos_id) for i in batch], device=accelerator.device)
+            windows = [window_ids(docs, forwards[i].window, bos_id) for i in batch]
+            ids = torch.tensor(windows, device=input_device(model))
             sums = cumulative_nll(model, ids, input_shape(forwards[batch[0]].window, bos)[1], chunk_size).cpu()
             for row, i in enumerate(batch):
                 served = [(n, k, plans[n][k]) for n, k in forwards[i].serves]
@@ -166,7 +168,7 @@ def passkey_flags(model, tokenizer, prompts: list[PasskeyPrompt], accelerator: A
     processes."""
 
     def correct(i: int) -> bool:
-        ids = torch.tensor([prompts[i].input_ids], device=accelerator.device)
+        ids = torch.tensor([prompts[i].input_ids], device=input_device(model))
         matches, after = greedy_continuation(model, ids, prompts[i].answer_from)
         return bool(matches[0]) and ends_the_number(tokenizer, int(after[0]))
 

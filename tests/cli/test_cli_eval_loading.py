@@ -1,0 +1,101 @@
+"""How ``hf-posenc eval`` / ``passkey`` load the model: ``--revision``, ``--attn-implementation``, ``--device-map`` and
+``--max-memory``, and the combinations that cannot work (one line, exit 2, nothing written)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+from huggingface_hub import HfApi
+from hub_server import TOKEN
+from tiny_runs import eval_args, results_of
+
+from hf_posenc.cli import main
+from hf_posenc.eval.models import ModelSource, check_placement
+
+METHODS = ["--method", "none", "--method", "yarn:factor=2", "--lengths", "32,48"]
+
+
+def _ppl(output) -> dict:
+    return {(row["method"], row["length"]): row["ppl"] for row in results_of(output)["results"]}
+
+
+def test_attn_implementation_is_what_the_base_runs_with_and_part_of_the_results_identity(tiny_dir, tmp_path, capsys):
+    eager, sdpa = tmp_path / "eager", tmp_path / "sdpa"
+    assert main([*eval_args(tiny_dir, eager), *METHODS, "--attn-implementation", "eager"]) == 0
+    assert main([*eval_args(tiny_dir, sdpa), *METHODS, "--attn-implementation", "sdpa"]) == 0
+    report = results_of(eager)
+    assert report["model_details"]["attn_implementation"] == report["arguments"]["attn_implementation"] == "eager"
+    for key, value in _ppl(eager).items():  # the same math, two kernels
+        assert math.isclose(value, _ppl(sdpa)[key], rel_tol=1e-5), key
+    before = (eager / "results.json").read_bytes()
+    capsys.readouterr()
+    assert main([*eval_args(tiny_dir, eager), *METHODS, "--attn-implementation", "sdpa"]) == 2  # not a resume
+    assert "attn_implementation" in capsys.readouterr().err
+    assert (eager / "results.json").read_bytes() == before
+
+
+def test_device_map_gives_the_same_numbers_and_is_recorded(tiny_dir, tmp_path):
+    """On a CPU ``auto`` places the whole model there: the table is the one without it, to every digit; the results
+    say how the model was placed, and resuming without ``--device-map`` is the same run."""
+    plain, mapped = tmp_path / "plain", tmp_path / "mapped"
+    assert main([*eval_args(tiny_dir, plain), *METHODS]) == 0
+    assert main([*eval_args(tiny_dir, mapped), *METHODS, "--device-map", "auto", "--max-memory", "cpu=2GiB"]) == 0
+    assert _ppl(mapped) == _ppl(plain)
+    assert results_of(mapped)["model_details"]["device_map"] == "auto"
+    assert results_of(mapped)["arguments"] == results_of(plain)["arguments"]
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--max-memory", "0=10GiB"], "--max-memory budgets the devices a --device-map"),
+        (["--attn-implementation", "flash_attention_2"], "--attn-implementation 'flash_attention_2' cannot be used"),
+    ],
+)
+def test_combinations_that_cannot_work_are_one_line_and_write_nothing(tiny_dir, tmp_path, capsys, extra, message):
+    output = tmp_path / "out"
+    assert main([*eval_args(tiny_dir, output), *METHODS, *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hf-posenc eval: error:") and message in err and "\n" not in err, err
+    assert not output.exists() or not any(output.iterdir())
+
+
+def test_max_memory_is_parsed_or_refused_by_the_parser(tiny_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([*eval_args(tiny_dir, tmp_path / "o"), "--device-map", "auto", "--max-memory", "0=lots"])
+    assert exit_.value.code == 2 and "'0=lots' is not DEVICE=SIZE" in capsys.readouterr().err
+
+
+def test_several_processes_each_splitting_the_model_are_refused():
+    source = ModelSource("m", device_map="auto", max_memory={0: "70GiB", "cpu": "100GiB"})
+    check_placement(source, num_processes=1)
+    check_placement(ModelSource("m"), num_processes=8)
+    with pytest.raises(ValueError, match=r"`device_map` splits one model .* 2 processes were launched"):
+        check_placement(source, num_processes=2)
+
+
+def test_revision_evaluates_that_commit_of_a_hub_model(fake_hub, tiny_dir, tmp_path):
+    """Two commits of a repo (other weights in the second): ``--revision`` of the first scores what the local
+    folder of the first scores, and the default (main) the second."""
+    api = HfApi(token=TOKEN)
+    api.create_repo("org/tiny-revs")
+    first = api.upload_folder(repo_id="org/tiny-revs", folder_path=tiny_dir / "model").oid
+    other = tmp_path / "other"
+    shutil.copytree(tiny_dir / "model", other)
+    shutil.copy(tiny_dir / "gpt2" / "model.safetensors", other / "model.safetensors")
+    shutil.copy(tiny_dir / "gpt2" / "config.json", other / "config.json")
+    api.upload_folder(repo_id="org/tiny-revs", folder_path=other)
+    local, hub_first, hub_main = tmp_path / "local", tmp_path / "first", tmp_path / "main"
+    methods = ["--method", "none", "--lengths", "32,48"]
+    assert main([*eval_args(tiny_dir, local), *methods]) == 0
+    dataset = ["--dataset", str(tiny_dir / "texts")]
+    assert (
+        main(["eval", "--model", "org/tiny-revs", "--revision", first, *dataset, "--output", str(hub_first), *methods])
+        == 0
+    )
+    assert main(["eval", "--model", "org/tiny-revs", *dataset, "--output", str(hub_main), *methods]) == 0
+    assert _ppl(hub_first) == _ppl(local)
+    assert _ppl(hub_main) != _ppl(local)
+    assert results_of(hub_first)["model_details"]["revision"] == first

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -185,3 +189,20 @@ FAMILY_OF = {"sinusoidal": "gpt2"}  # methods that patch learned positions only:
 def family_of(method: str) -> str:
     """The tiny family a method of SPECS is tried on."""
     return FAMILY_OF.get(method, "llama")
+
+
+def pip_target(requirement: str, *, no_deps: bool = False) -> Path:
+    """``pip install --target`` of ``requirement`` (``transformers==4.57.6``) into ``.cache/`` of the repository, once:
+    another transformers beside the venv's, put first on ``PYTHONPATH`` in a subprocess. Installed to a temporary
+    folder first, so an interrupted install is never used."""
+    target = Path(__file__).resolve().parents[1] / ".cache" / requirement.replace("==", "-")
+    if target.is_dir():
+        return target
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    command = [sys.executable, "-m", "pip", "install", "-q", "--target", str(partial), requirement]
+    done = subprocess.run(command + (["--no-deps"] if no_deps else []), capture_output=True, text=True)
+    if done.returncode:
+        pytest.fail(f"pip could not install {requirement} into {partial}:\n{done.stderr[-2000:]}")
+    partial.rename(target)
+    return target

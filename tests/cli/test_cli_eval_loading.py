@@ -7,8 +7,8 @@ import math
 import shutil
 
 import pytest
-from huggingface_hub import HfApi
 from hub_server import TOKEN
+from huggingface_hub import HfApi
 from tiny_runs import eval_args, results_of
 
 from hf_posenc.cli import main

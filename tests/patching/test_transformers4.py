@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,13 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_tiny
-from helpers import method_params
+from helpers import method_params, pip_target
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posenc
 
 VERSION = "4.57.6"  # the last 4.x release
-TARGET = Path(__file__).resolve().parents[2] / ".cache" / f"transformers-{VERSION}"
 READER = Path(__file__).resolve().parents[1] / "legacy_reader.py"
 IDS = [[(7 * i + 3) % 97 for i in range(90)]]  # past the tiny models' 64 positions: scaling, long factors, growth
 
@@ -48,23 +46,6 @@ ROPE_METHODS = [
 CASES = [(family, method) for family in ("llama", "qwen2") for method in ROPE_METHODS] + [
     ("gpt2", method) for method in ("pi", "alibi", "nope", "sinusoidal", "t5-bias")
 ]
-
-
-def _install() -> Path:
-    """transformers 4.x and its dependencies in a folder of their own (once; a half-finished install is never used)."""
-    if (TARGET / "transformers").is_dir():
-        return TARGET
-    partial = TARGET.with_name(TARGET.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--target", str(partial), f"transformers=={VERSION}"],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode:
-        pytest.fail(f"pip could not install transformers=={VERSION} for the 4.x test:\n{done.stderr[-2000:]}")
-    partial.rename(TARGET)
-    return TARGET
 
 
 def _patched(family: str, method: str) -> torch.nn.Module:
@@ -91,7 +72,7 @@ def saved(tmp_path_factory, one_thread):
 @pytest.fixture(scope="module")
 def read_by_4x(saved, tmp_path_factory):
     """What transformers 4.x makes of every saved folder: its logits or its error, by case."""
-    target = _install()
+    target = pip_target(f"transformers=={VERSION}")
     work = tmp_path_factory.mktemp("reader4")
     (work / "request.json").write_text(json.dumps({"folders": [f for f, _, _ in saved.values()], "ids": IDS}))
     env = {**os.environ, "PYTHONPATH": str(target), "HF_HUB_OFFLINE": "1", "PYTHONNOUSERSITE": "1"}

@@ -1,0 +1,43 @@
+"""The oldest transformers the package declares runs the suite's core: methods, patching, the config round trip,
+ALiBi and the other attention methods (in a subprocess, that release installed beside the venv's newest one).
+
+pyproject.toml declares ``transformers>=X``; this test reads X from there, so the declared floor is the tested one.
+huggingface_hub 2, which the package requires, caps it: transformers 5.18 is the first release that accepts it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import pip_target
+
+ROOT = Path(__file__).resolve().parents[1]
+CORE = ["tests/methods", "tests/patching", "tests/test_record.py"]
+ELSEWHERE = "tests/patching/test_transformers4.py"  # transformers 4.x, in its own subprocess already
+
+
+def declared_floor() -> str:
+    """X of ``"transformers>=X,<6"`` in pyproject.toml."""
+    [floor] = re.findall(r'"transformers>=([0-9.]+),', (ROOT / "pyproject.toml").read_text())
+    return floor
+
+
+def test_the_declared_floor_runs_the_core_of_the_suite():
+    floor = declared_floor()
+    target = pip_target(f"transformers=={floor}", no_deps=True)  # the venv's tokenizers, huggingface_hub, torch
+    env = {**os.environ, "PYTHONPATH": str(target), "OMP_NUM_THREADS": "1"}
+    version = subprocess.run(
+        [sys.executable, "-c", "import transformers; print(transformers.__version__)"],
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    assert version.stdout.strip() == floor
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow and not gpu", "-p", "no:cacheprovider"]
+    done = subprocess.run(
+        [*command, "--deselect", ELSEWHERE, *CORE], cwd=ROOT, capture_output=True, text=True, env=env, timeout=900
+    )
+    assert done.returncode == 0, f"transformers {floor}:\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}"
+    assert re.search(r"\d+ passed", done.stdout.splitlines()[-1]), done.stdout[-500:]

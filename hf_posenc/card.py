@@ -1,4 +1,4 @@
-"""Model cards for patched models: metadata, method description, and perplexity results.
+"""Model cards for patched models: metadata, method description, perplexity and lm-evaluation-harness results.
 
 The card is rendered from ``model_cards/posenc_model.md`` with huggingface_hub's
 :meth:`~huggingface_hub.ModelCard.from_template`. Its YAML header carries ``base_model``, the tags,
@@ -8,6 +8,7 @@ the Hub and ``evaluate`` read back as :class:`~huggingface_hub.EvalResult` objec
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -18,7 +19,8 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .record import PatchRecord
 from .registry import get_method
-from .report_files import read_report
+from .report_files import fields_problem, read_report
+from .serving import engine_findings
 from .spec import NONE_METHOD, parse_method_spec
 
 TEMPLATE_PATH = Path(__file__).resolve().parent / "model_cards" / "posenc_model.md"
@@ -193,6 +195,88 @@ def _ppl_by_length(rows: list[dict[str, Any]], spec: str, path: Path) -> dict[in
     return by_length
 
 
+LM_EVAL_FILE = {"model": (str,), "lm_eval_version": (str,), "max_length": (int,), "runs": (list,)}
+LM_EVAL_RUN = {"method": (str,), "params": (dict,), "results": (dict,)}
+LM_EVAL_ADVICE = "pass the lm_eval.json of an `hf-posenc lm-eval` run"
+
+
+@dataclass(frozen=True)
+class LmEvalTable:
+    """lm-evaluation-harness scores of one method and of the unpatched base, read from ``hf-posenc lm-eval``'s
+    ``lm_eval.json``: one row per task and metric (standard errors aside)."""
+
+    source: Path
+    model: str  # as EvalTable's: the model the weights come from
+    method_spec: str
+    lm_eval_version: str
+    max_length: int
+    limit: float | None  # lm-eval's --limit: at most that many examples per task (a fraction below 1)
+    rows: list[tuple[str, str, float | None, float | None]]  # (task, metric, none's score, the method's)
+
+
+def load_lm_eval_table(path: str | Path, record: PatchRecord) -> LmEvalTable:
+    """Read an ``lm_eval.json`` and keep the scores of ``record``'s method and of ``none``, as
+    :func:`load_eval_table` keeps perplexities (the same matching, and the same errors)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"Cannot read the lm-eval results {path}: {error}; {LM_EVAL_ADVICE}.") from None
+    problem = _lm_eval_problem(data)
+    if problem:
+        raise ValueError(f"{path} is not an lm-eval results file: {problem}; {LM_EVAL_ADVICE}.")
+    runs = {run["method"]: run for run in data["runs"]}
+    matching = sorted(spec for spec in runs if _spec_matches(spec, record))
+    if not matching:
+        raise ValueError(
+            f"{path} has no lm-eval run of the pushed method {record.spec!r}; it has {sorted(runs)}. "
+            "Evaluate the method first, or leave the lm-eval results out."
+        )
+    if len(matching) > 1:
+        raise ValueError(f"{path} has several runs matching {record.spec!r}: {matching}; keep one.")
+    _check_resolved_params(data["runs"], matching[0], record, path)
+    method, base = runs[matching[0]]["results"], runs.get(NONE_METHOD, {"results": {}})["results"]
+    model = data.get("model_details") if isinstance(data.get("model_details"), dict) else {}
+    arguments = data.get("arguments") if isinstance(data.get("arguments"), dict) else {}
+    return LmEvalTable(
+        source=path,
+        model=str(model.get("weights_from") or data["model"]),
+        method_spec=matching[0],
+        lm_eval_version=data["lm_eval_version"],
+        max_length=data["max_length"],
+        limit=arguments.get("limit"),
+        rows=[
+            (task, key.removesuffix(",none"), base.get(task, {}).get(key), value)
+            for task, values in method.items()
+            for key, value in values.items()
+            if "_stderr," not in key
+        ],
+    )
+
+
+def _lm_eval_problem(data: Any) -> str | None:
+    """What makes ``data`` no ``lm_eval.json`` (a field missing or of another type, a score no number), or None."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    problem = fields_problem(data, LM_EVAL_FILE, "the file")
+    for i, run in enumerate([] if problem else data["runs"]):
+        problem = problem or _lm_eval_run_problem(run, f"runs[{i}]")
+    return problem
+
+
+def _lm_eval_run_problem(run: Any, where: str) -> str | None:
+    if not isinstance(run, dict):
+        return f"{where} is not an object"
+    problem = fields_problem(run, LM_EVAL_RUN, where)
+    for task, scores in ({} if problem else run["results"]).items():
+        numbers = isinstance(scores, dict) and all(
+            value is None or isinstance(value, (int, float)) and not isinstance(value, bool)
+            for value in scores.values()
+        )
+        problem = problem or (None if numbers else f"{where} has scores of {task!r} that are not numbers or null")
+    return problem
+
+
 ROLE_TAGS = {  # Hub tags of what a method changes (registry roles)
     "rope": "rope-scaling",
     "replace": "position-encoding-replacement",  # ALiBi, NoPE, sinusoidal, the T5 bias (the method is its own tag)
@@ -211,6 +295,7 @@ def render_card(
     license_info: dict[str, str] | None = None,
     eval_table: EvalTable | None = None,
     encoding_plot: str | None = None,
+    lm_eval_table: LmEvalTable | None = None,
 ) -> ModelCard:
     """Render the model card of a patched model.
 
@@ -224,6 +309,7 @@ def render_card(
         eval_table (`EvalTable`, *optional*): perplexity rows to show and to put in ``model-index``.
         encoding_plot (`str`, *optional*): the repo's plot of the RoPE scaling's frequencies, to show
             (:func:`hf_posenc.encoding_plots.write_patch_plot`).
+        lm_eval_table (`LmEvalTable`, *optional*): lm-evaluation-harness scores to show.
     """
     record = PatchRecord.from_config(config)
     eval_results = eval_table.eval_results() if eval_table else []
@@ -253,4 +339,6 @@ def render_card(
         eval_table=eval_table,
         plot_file=PLOT_FILE if eval_table else None,
         encoding_plot=encoding_plot,
+        lm_eval_table=lm_eval_table,
+        engines=engine_findings(config.to_dict()),
     )

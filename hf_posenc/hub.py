@@ -24,7 +24,7 @@ from huggingface_hub.errors import EntryNotFoundError
 from transformers import AutoConfig, PreTrainedModel
 
 from ._version import __version__
-from .card import PLOT_FILE, EvalTable, load_eval_table, public_results, render_card
+from .card import PLOT_FILE, EvalTable, LmEvalTable, load_eval_table, load_lm_eval_table, public_results, render_card
 from .encoding_plots import FREQUENCY_PLOT, patch_plot_file, write_patch_plot
 from .files import json_text
 from .hub_errors import HubError, HubPushError, call_hub
@@ -70,6 +70,7 @@ def push_to_hub(
     repo_id: str,
     *,
     eval_results: str | Path | None = None,
+    lm_eval_results: str | Path | None = None,
     with_weights: bool = False,
     encoding_plot: bool = True,
     tokenizer: Any = None,
@@ -89,6 +90,8 @@ def push_to_hub(
         repo_id (`str`): target repo, ``"user/name"``.
         eval_results (`str` or `Path`, *optional*): an eval ``results.json``; its rows for this method and
             for ``none`` go into the card and its ``model-index``, with ``ppl_vs_length.png`` when present.
+        lm_eval_results (`str` or `Path`, *optional*): an ``hf-posenc lm-eval`` ``lm_eval.json``; the task scores
+            of this method and of ``none`` go into the card.
         with_weights (`bool`, *optional*, defaults to `False`): push the full model (safetensors)
             instead of a config-only repo that loads its weights from the base model.
         encoding_plot (`bool`, *optional*, defaults to `True`): for a RoPE scaling (alone or in a combination),
@@ -117,8 +120,9 @@ def push_to_hub(
     """
     api = HfApi(token=token)
     errors = (HubPushError, f"Pushing to {repo_id!r}")
+    results = (eval_results, lm_eval_results)
     contents = _push_contents(
-        model, api, eval_results, with_weights, base_model, base_revision, license, token, errors, encoding_plot
+        model, api, results, with_weights, base_model, base_revision, license, token, errors, encoding_plot
     )
 
     def commit() -> CommitInfo:
@@ -148,6 +152,7 @@ def build_card(
     repo_id: str,
     *,
     eval_results: str | Path | None = None,
+    lm_eval_results: str | Path | None = None,
     with_weights: bool = False,
     encoding_plot: bool = True,
     base_model: str | None = None,
@@ -162,8 +167,9 @@ def build_card(
     """
     api = HfApi(token=token)
     errors = (HubError, f"Rendering the card of {repo_id!r}")
+    results = (eval_results, lm_eval_results)
     contents = _push_contents(
-        model, api, eval_results, with_weights, base_model, base_revision, license, token, errors, encoding_plot
+        model, api, results, with_weights, base_model, base_revision, license, token, errors, encoding_plot
     )
     return _render(model, repo_id, contents)
 
@@ -172,6 +178,7 @@ def build_card(
 class _PushContents:
     record: PatchRecord
     eval_table: EvalTable | None
+    lm_eval_table: LmEvalTable | None
     base_id: str
     base: BaseRef | None
     with_weights: bool
@@ -182,7 +189,7 @@ class _PushContents:
 def _push_contents(
     model: PreTrainedModel,
     api: HfApi,
-    eval_results: str | Path | None,
+    results: tuple[str | Path | None, str | Path | None],  # eval results.json, lm_eval.json
     with_weights: bool,
     base_model: str | None,
     base_revision: str | None,
@@ -194,13 +201,15 @@ def _push_contents(
     """Check the model and eval results, resolve the base model's commit and license, and name the encoding plot
     (:func:`~hf_posenc.encoding_plots.patch_plot_file`) when asked for one."""
     record = PatchRecord.from_config(model.config)
-    eval_table = load_eval_table(eval_results, record) if eval_results is not None else None
+    eval_table = load_eval_table(results[0], record) if results[0] is not None else None
+    lm_eval_table = load_lm_eval_table(results[1], record) if results[1] is not None else None
     base_id = base_model or model.name_or_path
-    if eval_table and _different_models(eval_table.model, base_id):
-        raise ValueError(
-            f"The eval results {eval_table.source} were measured on {eval_table.model!r}, not on the base model "
-            f"{base_id!r}. Evaluate {base_id!r}, or leave the results out."
-        )
+    for table in (eval_table, lm_eval_table):
+        if table and _different_models(table.model, base_id):
+            raise ValueError(
+                f"The results {table.source} were measured on {table.model!r}, not on the base model {base_id!r}. "
+                f"Evaluate {base_id!r}, or leave the results out."
+            )
     if not with_weights and record.baked:
         raise ValueError(
             f"{record.spec!r} changed this model's weights (GPT-2's position table, resampled to "
@@ -219,7 +228,7 @@ def _push_contents(
         base = call_hub(lambda: _resolve_base(api, base_id, base_revision), error_type, reading, token)
     license_info = {"license": license} if license else (base.license_info if base else {})
     plot = patch_plot_file(record) if encoding_plot else None
-    return _PushContents(record, eval_table, base_id, base, with_weights, license_info, plot)
+    return _PushContents(record, eval_table, lm_eval_table, base_id, base, with_weights, license_info, plot)
 
 
 def stage_repo(
@@ -269,6 +278,7 @@ def _render(model: PreTrainedModel, repo_id: str, contents: _PushContents) -> Mo
         license_info=contents.license_info,
         eval_table=contents.eval_table,
         encoding_plot=contents.encoding_plot,
+        lm_eval_table=contents.lm_eval_table,
     )
 
 

@@ -20,7 +20,14 @@ import sys
 
 from ..hub_errors import HubError, redact
 
-COMMAND_MODULES = ("hf_posenc.cli.eval", "hf_posenc.cli.hub", "hf_posenc.cli.train", "hf_posenc.cli.plot")
+COMMAND_MODULES = (
+    "hf_posenc.cli.eval",
+    "hf_posenc.cli.hub",
+    "hf_posenc.cli.train",
+    "hf_posenc.cli.plot",
+    "hf_posenc.cli.lm_eval",
+    "hf_posenc.cli.check",
+)
 _PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
 INTERRUPTED = "interrupted."
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command killed by Ctrl-C

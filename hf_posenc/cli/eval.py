@@ -212,12 +212,9 @@ def _model_source(args: argparse.Namespace):
 
 
 def _loading(args: argparse.Namespace) -> dict:
-    return {
-        "revision": args.revision,
-        "attn_implementation": args.attn_implementation,
-        "device_map": args.device_map,
-        "max_memory": args.max_memory,
-    }
+    """How to load ``--model``, from the options a command has (train has none of them)."""
+    names = ("revision", "attn_implementation", "device_map", "max_memory")
+    return {name: getattr(args, name, None) for name in names}
 
 
 def _dtype_shown(model_source) -> str:

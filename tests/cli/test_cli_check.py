@@ -1,0 +1,99 @@
+"""``hf-posenc check``: a saved folder, a config.json path, a Hub repo at a revision, --json, and bad input in one
+line with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from conftest import make_tiny
+from hub_server import TOKEN
+from huggingface_hub import HfApi
+
+import hf_posenc
+from hf_posenc.cli import main
+from hf_posenc.serving import ENGINES, engine_findings
+
+
+@pytest.fixture(autouse=True)
+def quiet():
+    logging.disable(logging.WARNING)
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def save(folder, method: str, **params):
+    hf_posenc.patch(make_tiny("llama"), method, **params).config.save_pretrained(folder)
+    return folder
+
+
+def test_a_saved_folder_every_engine_builds_alike_exits_0_with_a_table(tmp_path, capsys):
+    folder = save(tmp_path / "yarn", "yarn", factor=4)
+    assert main(["check", str(folder)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{folder}: hf_posenc record: yarn"
+    assert lines[1].split(" | ") == ["engine   ", "verdict", "detail"]  # "llama.cpp" sets the first width
+    assert [line.split(" | ")[:2] for line in lines[2:]] == [[e.name.ljust(9), "ok     "] for e in ENGINES]
+
+
+def test_a_config_json_path_some_engine_builds_otherwise_exits_1(tmp_path, capsys):
+    path = save(tmp_path / "parts", "ntk-by-parts", factor=4) / "config.json"
+    assert main(["check", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "llama.cpp | differs | YaRN s=4: attention factor 1.1386 where transformers uses 1.0000" in out
+
+
+def test_json_output_is_the_findings(tmp_path, capsys):
+    folder = save(tmp_path / "dyn", "dynamic-yarn")
+    assert main(["check", str(folder), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    config = json.loads((folder / "config.json").read_text())
+    assert report["findings"] == [vars(finding) for finding in engine_findings(config)]
+    assert report["hf_posenc"] == {"method": "dynamic-yarn", "native": False} and report["exit_status"] == 1
+    assert set(report["engines"]) == {engine.name for engine in ENGINES}
+
+
+def write(path, text: str):
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda tmp: tmp / "missing" / "config.json", "no such file or folder, nor a Hub repo id"),
+        (lambda tmp: tmp, "has no config.json"),
+        (lambda tmp: write(tmp / "config.json", "{not json"), "is not a JSON file"),
+        (lambda tmp: write(tmp / "config.json", "[1, 2]"), "holds a JSON list, not a config object"),
+    ],
+    ids=["missing", "no-config", "not-json", "not-object"],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, make, expected):
+    assert main(["check", str(make(tmp_path))]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("hf-posenc check: error: ") and expected in captured.err
+
+
+def test_revision_is_for_hub_ids_only(tmp_path, capsys):
+    folder = save(tmp_path / "yarn", "yarn", factor=4)
+    assert main(["check", str(folder), "--revision", "main"]) == 2
+    assert "--revision is for a Hub repo id" in capsys.readouterr().err
+
+
+def test_a_hub_repo_at_a_revision(fake_hub, tmp_path, capsys):
+    api = HfApi(token=TOKEN)
+    api.create_repo("me/checked")
+    api.upload_folder(repo_id="me/checked", folder_path=save(tmp_path / "yarn", "yarn", factor=4))
+    api.create_branch("me/checked", branch="exp")
+    api.upload_folder(repo_id="me/checked", folder_path=save(tmp_path / "pi", "pi", factor=4), revision="exp")
+    assert main(["check", "me/checked"]) == 0
+    assert capsys.readouterr().out.startswith("me/checked: hf_posenc record: yarn\n")
+    assert main(["check", "me/checked", "--revision", "exp", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert (report["revision"], report["hf_posenc"]["method"]) == ("exp", "pi")
+    assert dict((f["engine"], f["severity"]) for f in report["findings"])["tgi"] == "ignored"  # linear
+    assert main(["check", "me/absent"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Reading config.json of 'me/absent' failed" in err and TOKEN not in err

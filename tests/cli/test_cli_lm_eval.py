@@ -1,0 +1,64 @@
+"""``hf-posenc lm-eval`` on the tiny model saved to disk and two local tasks: lm-eval's own options passed through,
+the results file and table written, and bad input refused in one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from lm_eval_tasks import write_tasks
+
+from hf_posenc.cli import main
+
+pytest.importorskip("lm_eval")
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory) -> str:
+    return str(write_tasks(tmp_path_factory.mktemp("tasks")))
+
+
+def test_lm_eval_writes_the_results_and_prints_the_table(tiny_dir, tasks, tmp_path, capsys, one_thread):
+    output = tmp_path / "out"
+    argv = ["lm-eval", "--model", str(tiny_dir / "model"), "--method", "none", "--method", "yarn:factor=4"]
+    argv += ["--include_path", tasks, "--tasks", "tiny_choice", "--limit", "4", "--metadata", "note=x"]
+    assert main([*argv, "--output", str(output)]) == 0
+    report = json.loads((output / "lm_eval.json").read_text())
+    assert [run["method"] for run in report["runs"]] == ["none", "yarn:factor=4"]
+    assert report["arguments"]["limit"] == 4 and report["arguments"]["include_path"] == tasks
+    assert report["arguments"]["metadata"] == {"note": "x", "pretrained": str(tiny_dir / "model")}
+    assert all(run["n-samples"]["tiny_choice"]["effective"] == 4 for run in report["runs"])  # --limit applied
+    printed = capsys.readouterr().out
+    scores = [f"{run['results']['tiny_choice']['acc,none']:.4f}" for run in report["runs"]]
+    assert f"lm-eval {report['lm_eval_version']}, max_length 256:" in printed
+    assert ["tiny_choice", "acc,none", *scores] in [line.split() for line in printed.splitlines()]
+    assert f"Results: {output}/lm_eval.json" in printed
+
+
+def _one_line_error(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("hf-posenc lm-eval: error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--tasks", "tiny_choice", "--output_path", "x"], "--output_path does not apply to hf-posenc lm-eval"),
+        (["--tasks", "tiny_choice", "--trust_remote_code"], "never runs code"),
+        (["--tasks", "tiny_choice", "--model_args", "pretrained=gpt2"], "--model names the model"),
+        (["--tasks", "no_such_task"], "Tasks not found: no_such_task"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tiny_dir, tasks, tmp_path, capsys, extra, message):
+    argv = ["lm-eval", "--model", str(tiny_dir / "model"), "--include_path", tasks, "--output", str(tmp_path), *extra]
+    assert main(argv) == 2
+    assert message in _one_line_error(capsys)
+    assert not (tmp_path / "lm_eval.json").exists()
+
+
+def test_without_lm_eval_it_says_what_to_install(monkeypatch, tiny_dir, capsys):
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval raises ImportError
+    assert main(["lm-eval", "--model", str(tiny_dir / "model"), "--tasks", "tiny_choice"]) == 2
+    assert "install it with: pip install 'hf-posenc[lm-eval]'" in _one_line_error(capsys)

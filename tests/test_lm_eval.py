@@ -1,0 +1,171 @@
+"""lm-evaluation-harness on patched models (:mod:`hf_posenc.eval.lm_eval`) and its scores in the model card, on a tiny
+model saved to disk and two local tasks: every number compared with lm-eval run directly."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from lm_eval_tasks import TASKS, write_tasks
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import hf_posenc
+from hf_posenc.eval.lm_eval import LM_EVAL_JSON, format_lm_eval_table, run_lm_eval
+from hf_posenc.hub import build_card
+
+lm_eval = pytest.importorskip("lm_eval")
+from lm_eval.models.huggingface import HFLM  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
+
+METHODS = ["none", "yarn:factor=4"]
+
+
+@pytest.fixture(scope="module")
+def task_manager(tmp_path_factory) -> TaskManager:
+    """The two local tasks only (lm-eval's own ~6 s index of its built-in tasks is not needed here)."""
+    return TaskManager(include_path=str(write_tasks(tmp_path_factory.mktemp("tasks"))), include_defaults=False)
+
+
+@pytest.fixture(scope="module")
+def run(tiny_dir, task_manager, tmp_path_factory, one_thread):
+    """``run_lm_eval`` on the saved tiny model (loaded from its folder), unpatched and YaRN x4: (report, folder)."""
+    output = tmp_path_factory.mktemp("lm_eval")
+    model = str(tiny_dir / "model")
+    report = run_lm_eval(model, TASKS, methods=METHODS, output=output, task_manager=task_manager, bootstrap_iters=0)
+    return report, output
+
+
+def _direct(model, tokenizer, task_manager, max_length: int) -> dict:
+    """lm-eval itself on ``model`` as it is: its metrics per task."""
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, max_length=max_length)
+    results = lm_eval.simple_evaluate(
+        model=lm, tasks=list(TASKS), task_manager=task_manager, bootstrap_iters=0, log_samples=False
+    )
+    return {task: {k: v for k, v in values.items() if "," in k} for task, values in results["results"].items()}
+
+
+def _scores(results: dict) -> dict:
+    """The numeric metrics (standard errors aside, which lm-eval reports as 'N/A' without bootstrap)."""
+    return {task: {k: v for k, v in values.items() if "_stderr," not in k} for task, values in results.items()}
+
+
+def test_each_method_is_lm_eval_on_the_model_patched_so(run, tiny_dir, task_manager, one_thread):
+    report, _ = run
+    assert [r["method"] for r in report["runs"]] == METHODS
+    assert report["max_length"] == 4 * 64  # yarn x4's context, for none too: no input cut to the 64 trained
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir / "model").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir / "model")
+    unpatched = _scores(_direct(model, tokenizer, task_manager, 256))
+    with hf_posenc.patched(model, "yarn", factor=4):
+        yarn = _scores(_direct(model, tokenizer, task_manager, 256))
+    assert _scores(report["runs"][0]["results"]) == unpatched
+    assert _scores(report["runs"][1]["results"]) == yarn
+    assert yarn["tiny_ppl"]["word_perplexity,none"] != unpatched["tiny_ppl"]["word_perplexity,none"]
+    assert yarn["tiny_ppl"]["bits_per_byte,none"] != unpatched["tiny_ppl"]["bits_per_byte,none"]
+
+
+def test_the_results_file_is_standard_json_with_the_resolved_method(run):
+    report, output = run
+    text = (output / LM_EVAL_JSON).read_text()
+    written = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in {LM_EVAL_JSON}"))
+    assert written == report
+    assert written["lm_eval_version"] == lm_eval.__version__
+    none, yarn = written["runs"]
+    assert (
+        none["params"] == {}
+        and yarn["params"]["factor"] == 4
+        and yarn["params"]["original_max_position_embeddings"] == 64
+    )
+    assert yarn["configs"] == sorted(TASKS) and yarn["versions"] == {"tiny_choice": 1.0, "tiny_ppl": 1.0}
+    assert none["results"]["tiny_ppl"]["word_perplexity_stderr,none"] is None  # lm-eval's 'N/A'
+    lines = format_lm_eval_table(written).splitlines()
+    assert lines[0].split() == ["task", "metric", *METHODS]
+    acc = [line.split() for line in lines if line.startswith("tiny_choice")]
+    assert acc == [
+        ["tiny_choice", "acc,none", *(f"{r['results']['tiny_choice']['acc,none']:.4f}" for r in (none, yarn))]
+    ]
+
+
+def test_a_loaded_model_is_given_back_unpatched(tiny_dir, task_manager, one_thread):
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir / "model").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir / "model")
+    ids = torch.tensor([list(range(2, 90))])
+    with torch.no_grad():
+        before = model(ids).logits
+    report = run_lm_eval(
+        model, ["tiny_choice"], methods=["dynamic-ntk:factor=4"], tokenizer=tokenizer, task_manager=task_manager,
+        max_length=128, limit=2, bootstrap_iters=0,
+    )  # fmt: skip
+    assert report["max_length"] == 128 and report["runs"][0]["params"]["factor"] == 4
+    assert hf_posenc.get_patch(model) is None
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+
+
+def test_a_saved_patched_model_is_its_base_and_its_method(run, tiny_dir, task_manager, tmp_path, one_thread):
+    """A folder saved after ``patch``: loaded as ``hf-posenc eval`` loads it, ``none`` is its base (the tiny model) and
+    its saved method the default second one: the same scores as the tiny model unpatched and patched."""
+    saved = tmp_path / "saved"
+    hf_posenc.patch(AutoModelForCausalLM.from_pretrained(tiny_dir / "model"), "yarn", factor=4).save_pretrained(saved)
+    AutoTokenizer.from_pretrained(tiny_dir / "model").save_pretrained(saved)
+    report = run_lm_eval(str(saved), TASKS, task_manager=task_manager, bootstrap_iters=0)
+    assert [r["method"] for r in report["runs"]][0] == "none" and report["runs"][1]["params"]["factor"] == 4
+    assert report["model_details"]["saved_patch"] == report["runs"][1]["method"]
+    assert [r["results"] for r in report["runs"]] == [r["results"] for r in run[0]["runs"]]
+
+
+def _card_rows(card: str) -> list[str]:
+    """The rows of the card's lm-evaluation-harness table."""
+    section = card.split("## lm-evaluation-harness", 1)[1]
+    return [line for line in section.splitlines() if line.startswith("| tiny_")]
+
+
+def test_the_card_shows_exactly_the_scores_of_the_file(run, tiny_dir):
+    report, output = run
+    folder = str(tiny_dir / "model")
+    model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(folder), "yarn", factor=4)
+    card = str(build_card(model, "me/tiny-yarn", lm_eval_results=output / LM_EVAL_JSON, with_weights=True))
+    none, yarn = (run["results"] for run in report["runs"])
+    expected = [
+        f"| {task} | {key.removesuffix(',none')} | {none[task][key]:.4f} | {value:.4f} |"
+        for task, values in yarn.items()
+        for key, value in values.items()
+        if "_stderr," not in key
+    ]
+    assert _card_rows(card) == expected and len(expected) == 3
+    assert (
+        "| Task | Metric | none | yarn:factor=4 |" in card and f"lm-evaluation-harness) {lm_eval.__version__}" in card
+    )
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "message"),
+    [
+        ("pi", {"factor": 4}, "no lm-eval run of the pushed method 'pi:"),
+        ("yarn", {"factor": 8}, "no lm-eval run of the pushed method 'yarn:"),  # the same method, another factor
+        ("yarn", {"factor": 4, "beta_fast": 16}, "measured 'yarn:factor=4' with other parameters"),
+    ],
+)
+def test_the_card_refuses_results_of_another_method(run, tiny_dir, method, params, message):
+    _, output = run
+    model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(tiny_dir / "model"), method, **params)
+    with pytest.raises(ValueError, match=message):
+        build_card(model, "me/tiny", lm_eval_results=output / LM_EVAL_JSON, with_weights=True)
+
+
+def test_without_lm_eval_the_error_names_the_extra(monkeypatch, tiny_dir):
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'hf-posenc\[lm-eval\]'"):
+        run_lm_eval(str(tiny_dir / "model"), ["tiny_choice"])
+
+
+def test_gpt2_past_its_learned_table_is_refused_before_any_task_runs(tiny_dir, task_manager, tmp_path):
+    """GPT-2's table has 64 rows: lm-eval at ``max_length`` 128 would index past it (a CUDA assert or an IndexError
+    deep in the forward); refused naming the methods that extend or replace the table, nothing written."""
+    with pytest.raises(ValueError, match=r"`methods` 'none': GPT2LMHeadModel has a learned table of 64 positions"):
+        run_lm_eval(
+            str(tiny_dir / "gpt2"), TASKS, methods=["none"], max_length=128, task_manager=task_manager, output=tmp_path
+        )
+    assert not (tmp_path / LM_EVAL_JSON).exists()

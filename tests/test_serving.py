@@ -1,0 +1,220 @@
+"""What serving engines build from configs hf_posenc saves: the verdicts of hf_posenc.serving, and every number in
+them computed again here from the formulas (YaRN's 0.1 ln s + 1, dynamic NTK's base, LongRoPE's attention factor)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import pytest
+from conftest import make_tiny
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+import hf_posenc
+from hf_posenc.patching.rope_types import OWN_ROPE_TYPES
+from hf_posenc.serving import ENGINES, SEVERITIES, engine_findings
+
+D, L, BASE = 16, 64, 10000.0  # the tiny models: head_dim 64 / 4 heads, max_position_embeddings 64, rope_theta 1e4
+
+
+@pytest.fixture(autouse=True)
+def quiet():
+    logging.disable(logging.WARNING)  # "original_max_position_embeddings not given" on every tiny patch
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def saved_config(tmp_path, method: str, family: str = "llama", **params) -> dict:
+    """The config.json that save_pretrained writes for a tiny ``family`` model patched with ``method``."""
+    hf_posenc.patch(make_tiny(family), method, **params).config.save_pretrained(tmp_path)
+    return json.loads((tmp_path / "config.json").read_text())
+
+
+def verdicts(config: dict) -> dict[str, tuple[str, str]]:
+    return {finding.engine: (finding.severity, finding.message) for finding in engine_findings(config)}
+
+
+def yarn_factor(s: float, mscale: float = 1.0) -> float:
+    """YaRN §3.4, sqrt(1/t) = 0.1 mscale ln s + 1."""
+    return 0.1 * mscale * math.log(s) + 1
+
+
+def dynamic_ntk_base(length: int, s: float = 4.0) -> float:
+    """transformers' dynamic NTK at ``length`` tokens past L: b (s l / L - (s - 1))^(d / (d - 2))."""
+    return BASE * (s * length / L - (s - 1)) ** (D / (D - 2))
+
+
+def test_yarn_is_built_alike_everywhere(tmp_path):
+    found = verdicts(saved_config(tmp_path, "yarn", factor=4))
+    assert set(found) == {engine.name for engine in ENGINES}  # no "config" line: both dicts and rope_theta agree
+    for severity, message in found.values():
+        assert severity == "ok" and f"attention factor {yarn_factor(4):.4f}" in message and "L=64" in message
+
+
+def test_ntk_by_parts_says_its_attention_factor_to_the_readers_of_the_mscale_pair(tmp_path):
+    """hf_posenc writes ``mscale = mscale_all_dim = 1`` beside ``attention_factor = 1``: SGLang and TGI, which never
+    read ``attention_factor``, compute 1 from the pair; llama.cpp's runtime overwrites it with YaRN's default."""
+    config = saved_config(tmp_path, "ntk-by-parts", factor=4)
+    assert (config["rope_parameters"]["mscale"], config["rope_parameters"]["mscale_all_dim"]) == (1.0, 1.0)
+    found = verdicts(config)
+    for engine in ("vllm", "sglang", "tgi"):
+        assert found[engine][0] == "ok" and "attention factor 1.0000" in found[engine][1], engine
+    assert found["llama.cpp"] == (
+        "differs",
+        f"YaRN s=4: attention factor {yarn_factor(4):.4f} where transformers uses 1.0000",
+    )
+    for key in ("rope_parameters", "rope_scaling"):  # a config of an earlier hf_posenc: attention_factor alone
+        del config[key]["mscale"], config[key]["mscale_all_dim"]
+    assert verdicts(config)["sglang"][0] == verdicts(config)["tgi"][0] == "differs"
+
+
+@pytest.mark.parametrize("attention", [1.05, 1.3])
+def test_a_given_attention_factor_is_written_as_an_mscale_ratio_that_gives_it(tmp_path, attention):
+    config = saved_config(tmp_path, "yarn", factor=4, attention_factor=attention)
+    rope = config["rope_parameters"]
+    ratio = (0.1 * rope["mscale"] * math.log(4) + 1) / (0.1 * rope["mscale_all_dim"] * math.log(4) + 1)
+    assert ratio == pytest.approx(attention, rel=1e-12) and rope["attention_factor"] == attention
+    assert verdicts(config)["sglang"][0] == "ok"
+
+
+def test_the_deepseek_mscale_ratio_is_written_as_given(tmp_path):
+    config = saved_config(tmp_path, "yarn", factor=4, mscale=1.0, mscale_all_dim=0.5)
+    assert (config["rope_parameters"]["mscale"], config["rope_parameters"]["mscale_all_dim"]) == (1.0, 0.5)
+    ratio = yarn_factor(4) / yarn_factor(4, 0.5)
+    found = verdicts(config)
+    for engine in ("vllm", "sglang", "tgi"):
+        assert found[engine][0] == "ok" and f"attention factor {ratio:.4f}" in found[engine][1], engine
+
+
+def test_default_yarn_writes_no_mscale_pair(tmp_path):
+    assert "mscale" not in saved_config(tmp_path, "yarn", factor=4)["rope_parameters"]
+
+
+def test_engines_that_fix_the_ramp_differ_on_other_betas_and_on_truncate(tmp_path):
+    found = verdicts(saved_config(tmp_path, "yarn", factor=4, beta_fast=16, truncate=False))
+    assert found["vllm"][0] == found["sglang"][0] == "ok"
+    for engine in ("llama.cpp", "tgi"):
+        assert found[engine][0] == "differs"
+        assert "betas fixed at 32/1 (config: 16.0/1.0)" in found[engine][1] and "truncate false" in found[engine][1]
+
+
+def test_dynamic_ntk_is_one_fixed_base_in_vllm_and_sglang_and_absent_from_llama_cpp(tmp_path):
+    config = saved_config(tmp_path, "dynamic-ntk", factor=4)
+    found, at_4l = verdicts(config), dynamic_ntk_base(4 * L)
+    assert found["vllm"][0] == "differs" and found["vllm"][1].startswith(f"one rope_theta {BASE:g} at every length")
+    assert f"{at_4l:.6g} at 256" in found["vllm"][1] and "default max_model_len is 256" in found["vllm"][1]
+    assert found["sglang"][0] == "differs" and found["sglang"][1].startswith(f"one rope_theta {at_4l:.6g} ")
+    assert found["tgi"][0] == "differs" and f"rope_theta {at_4l:.6g}" in found["tgi"][1]
+    assert found["llama.cpp"][0] == "ignored" and f"plain RoPE (rope_theta {BASE:g})" in found["llama.cpp"][1]
+    for key in ("rope_parameters", "rope_scaling"):  # vLLM's own key: its base at P / max_trained_positions
+        config[key]["max_trained_positions"] = 16
+    assert verdicts(config)["vllm"][1].startswith(f"one rope_theta {BASE * (4 * 64 / 16 - 3) ** (D / (D - 2)):.6g} ")
+
+
+def test_linear_is_lost_in_tgi_and_gives_a_longer_default_context_in_vllm(tmp_path):
+    found = verdicts(saved_config(tmp_path, "pi", factor=4))  # max_position_embeddings = 4 L = 256
+    assert found["vllm"][0] == found["sglang"][0] == found["llama.cpp"][0] == "ok"
+    assert found["vllm"][1].endswith("= 256 x 4 = 1024")
+    assert found["tgi"][0] == "ignored" and "static() sets no scaling factor" in found["tgi"][1]
+
+
+def test_llama3_and_static_ntk_are_built_alike_everywhere(tmp_path):
+    assert {severity for severity, _ in verdicts(saved_config(tmp_path / "l3", "llama3", factor=4)).values()} == {"ok"}
+    found = verdicts(saved_config(tmp_path / "ntk", "ntk", factor=4))
+    theta = BASE * 4 ** (D / (D - 2))  # NTK-aware: b s^(d/(d-2)), written as rope_theta
+    assert all(severity == "ok" and f"rope_theta {theta:g}" in message for severity, message in found.values())
+
+
+def test_longrope_announces_the_extended_context_so_the_engines_compute_its_attention_factor(tmp_path):
+    """vLLM, SGLang and TGI take LongRoPE's attention factor from ``max_position_embeddings / L``: hf_posenc writes
+    ``round(s L)`` there (as Phi-3 configs do), so they compute transformers' value."""
+    config = saved_config(tmp_path, "longrope", factor=4, long_factor=[1.0 + i for i in range(D // 2)])
+    hf = math.sqrt(1 + math.log(4) / math.log(L))  # LongRoPE's default attention factor
+    assert config["max_position_embeddings"] == 4 * L
+    found = verdicts(config)
+    assert f"attention factor {hf:.4f} from max_position_embeddings / L = 256/64" in found["vllm"][1]
+    assert found["llama.cpp"][0] == "ignored" and "Phi-3" in found["llama.cpp"][1]
+    config["max_position_embeddings"] = L  # as hf_posenc wrote it before: the engines compute 1
+    for engine in ("vllm", "sglang", "tgi"):
+        assert (
+            f"attention factor 1.0000 from max_position_embeddings / L = 64/64 (transformers: {hf:.4f})"
+            in (verdicts(config)[engine][1])
+        ), engine
+
+
+def test_a_config_with_only_rope_parameters_is_plain_rope_for_readers_of_rope_scaling(tmp_path):
+    config = saved_config(tmp_path, "yarn", factor=4)
+    del config["rope_scaling"], config["rope_theta"]  # what transformers 5 alone saves
+    found = verdicts(config)
+    assert found["config"] == (
+        "ignored",
+        "only rope_parameters says yarn: readers of rope_scaling (transformers 4.x, TGI) build plain RoPE",
+    )
+    assert found["tgi"][0] == "ignored" and found["tgi"][1].startswith("reads no rope_scaling: plain RoPE")
+    assert found["vllm"][0] == found["sglang"][0] == found["llama.cpp"][0] == "ok"
+
+
+def test_a_rope_theta_only_in_rope_parameters_is_lost_to_readers_of_the_top_level(tmp_path):
+    config = saved_config(tmp_path, "ntk", factor=4)
+    del config["rope_theta"]
+    theta = BASE * 4 ** (D / (D - 2))
+    found = verdicts(config)
+    assert found["config"][0] == "differs" and f"rope dict {theta:g}" in found["config"][1]
+    assert found["tgi"] == (
+        "differs",
+        f"rope_theta 10000 (from no rope_scaling or the top level); transformers 5 reads rope_parameters: {theta:g}",
+    )
+    assert found["vllm"][0] == "ok"
+
+
+def test_disagreeing_rope_scaling_and_rope_parameters(tmp_path):
+    config = saved_config(tmp_path, "yarn", factor=4)
+    config["rope_scaling"] = {"type": "linear", "rope_type": "linear", "factor": 4.0}
+    found = verdicts(config)
+    assert found["config"][0] == "differs" and "disagree (linear / yarn)" in found["config"][1]
+    assert found["vllm"][0] == "ok" and "linear x4" in found["vllm"][1]  # transformers 5 builds rope_scaling's
+    assert found["llama.cpp"] == (
+        "differs",
+        "reads yarn from rope_parameters; transformers 5 reads rope_scaling: linear",
+    )
+    config["rope_scaling"]["type"] = "yarn"
+    assert verdicts(config)["vllm"] == (
+        "refused",
+        "rope_scaling has type 'yarn' and rope_type 'linear': ValueError on loading",
+    )
+
+
+@pytest.mark.parametrize("method", ["dynamic-yarn", "alibi", "self-extend"])
+def test_hf_posencs_own_types_are_refused_except_by_llama_cpp_which_drops_them(tmp_path, method):
+    found = verdicts(saved_config(tmp_path, method))
+    assert {found[engine][0] for engine in ("vllm", "sglang", "tgi")} == {"refused"}
+    assert found["llama.cpp"][0] == "ignored" and "is unknown to it: plain RoPE" in found["llama.cpp"][1]
+
+
+def test_dca_is_read_by_vllm_and_sglang_without_an_attention_backend(tmp_path):
+    found = verdicts(saved_config(tmp_path, "dca", family="qwen2"))
+    sizes = f"chunk_size {3 * L // 4}, local_size {L // 16}"  # the defaults: 3L/4 and L/16
+    assert found["vllm"][0] == found["sglang"][0] == "refused"
+    assert sizes in found["vllm"][1] and "no attention backend" in found["sglang"][1]
+    assert found["tgi"][0] == "refused" and found["llama.cpp"][0] == "ignored"
+
+
+def test_a_gpt2_config_without_rope(tmp_path):
+    found = verdicts(saved_config(tmp_path / "pi", "pi", family="gpt2", factor=2))  # baked into wpe
+    assert {severity for severity, _ in found.values()} == {"ok"}
+    found = verdicts(saved_config(tmp_path / "sin", "sinusoidal", family="gpt2"))
+    assert found["vllm"][0] == found["tgi"][0] == "refused" and found["sglang"][0] == "ignored"
+
+
+def test_every_engine_says_how_it_builds_each_rope_type_hf_posenc_writes():
+    native = {"default", "linear", "dynamic", "yarn", "llama3", "longrope"}  # the Methods table of the README
+    assert native <= set(ROPE_INIT_FUNCTIONS) - set(OWN_ROPE_TYPES) | {"default"}
+    for engine in ENGINES:
+        assert set(engine.builds) == native, engine.name
+        assert engine.version and engine.doc and engine.unknown in SEVERITIES and engine.activation in SEVERITIES
+
+
+def test_a_config_must_be_an_object():
+    with pytest.raises(TypeError, match="JSON object, got a list"):
+        engine_findings([])

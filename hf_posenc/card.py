@@ -83,17 +83,8 @@ def load_eval_table(path: str | Path, record: PatchRecord) -> EvalTable:
         data = read_report(path, kind="perplexity", advice="pass the results.json of an `hf-posenc eval` run")
     except OSError as error:
         raise ValueError(f"Cannot read the eval results {path}: {error.strerror or error}.") from None
-    specs = {row["method"] for row in data["results"]}
-    matching = sorted(spec for spec in specs if _spec_matches(spec, record))
-    if not matching:
-        raise ValueError(
-            f"{path} has no rows for the pushed method {record.spec!r}; it has {sorted(specs)}. "
-            "Evaluate the method first, or push without eval results."
-        )
-    if len(matching) > 1:
-        raise ValueError(f"{path} has several rows matching {record.spec!r}: {matching}; keep one.")
-    _check_resolved_params(data["results"], matching[0], record, path)
-    method_ppl = _ppl_by_length(data["results"], matching[0], path)
+    spec = _matching_spec(data["results"], record, path, ("rows", "push without eval results"))
+    method_ppl = _ppl_by_length(data["results"], spec, path)
     base_ppl = _ppl_by_length(data["results"], NONE_METHOD, path)
     rows = [(length, base_ppl.get(length), method_ppl.get(length)) for length in sorted({*method_ppl, *base_ppl})]
     details = data["dataset_details"]
@@ -106,9 +97,9 @@ def load_eval_table(path: str | Path, record: PatchRecord) -> EvalTable:
         model=str(model.get("weights_from") or data["model"]),
         dataset=str(data["dataset"]) if hub_dataset else Path(str(data["dataset"])).name,  # no local folders' names
         hub_dataset=hub_dataset,
-        method_spec=matching[0],
+        method_spec=spec,
         rows=rows,
-        results=[row for row in data["results"] if row["method"] in (matching[0], NONE_METHOD)],
+        results=[row for row in data["results"] if row["method"] in (spec, NONE_METHOD)],
         measured_on=str(data["model"]),
         saved_patch=model.get("saved_patch"),
     )
@@ -139,6 +130,23 @@ def _public_field(key: str, item: Any) -> Any:
     if key in PATH_KEYS and isinstance(item, str) and _is_local_path(item):
         return Path(item).name
     return public_results(item)
+
+
+def _matching_spec(rows: list[dict[str, Any]], record: PatchRecord, path: Path, words: tuple[str, str]) -> str:
+    """The one method spec of ``rows`` (results rows or lm-eval runs) that is ``record``'s method with its resolved
+    parameters; ``words``: what the rows are, and the way out, for the errors."""
+    specs = {row["method"] for row in rows}
+    matching = sorted(spec for spec in specs if _spec_matches(spec, record))
+    what, way_out = words
+    if not matching:
+        raise ValueError(
+            f"{path} has no {what} of the pushed method {record.spec!r}; it has {sorted(specs)}. "
+            f"Evaluate the method first, or {way_out}."
+        )
+    if len(matching) > 1:
+        raise ValueError(f"{path} has several {what} matching {record.spec!r}: {matching}; keep one.")
+    _check_resolved_params(rows, matching[0], record, path)
+    return matching[0]
 
 
 def _spec_matches(spec: str, record: PatchRecord) -> bool:
@@ -226,22 +234,14 @@ def load_lm_eval_table(path: str | Path, record: PatchRecord) -> LmEvalTable:
     if problem:
         raise ValueError(f"{path} is not an lm-eval results file: {problem}; {LM_EVAL_ADVICE}.")
     runs = {run["method"]: run for run in data["runs"]}
-    matching = sorted(spec for spec in runs if _spec_matches(spec, record))
-    if not matching:
-        raise ValueError(
-            f"{path} has no lm-eval run of the pushed method {record.spec!r}; it has {sorted(runs)}. "
-            "Evaluate the method first, or leave the lm-eval results out."
-        )
-    if len(matching) > 1:
-        raise ValueError(f"{path} has several runs matching {record.spec!r}: {matching}; keep one.")
-    _check_resolved_params(data["runs"], matching[0], record, path)
-    method, base = runs[matching[0]]["results"], runs.get(NONE_METHOD, {"results": {}})["results"]
+    spec = _matching_spec(data["runs"], record, path, ("lm-eval runs", "leave the lm-eval results out"))
+    method, base = runs[spec]["results"], runs.get(NONE_METHOD, {"results": {}})["results"]
     model = data.get("model_details") if isinstance(data.get("model_details"), dict) else {}
     arguments = data.get("arguments") if isinstance(data.get("arguments"), dict) else {}
     return LmEvalTable(
         source=path,
         model=str(model.get("weights_from") or data["model"]),
-        method_spec=matching[0],
+        method_spec=spec,
         lm_eval_version=data["lm_eval_version"],
         max_length=data["max_length"],
         limit=arguments.get("limit"),

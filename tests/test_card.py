@@ -147,7 +147,7 @@ def test_pushed_results_name_no_local_path():
 
 def test_results_without_the_pushed_method_raise(tmp_path):
     results = write_results(tmp_path, {"yarn:factor=8": YARN_PPL, "none": BASE_PPL})
-    with pytest.raises(ValueError, match=r"no rows for the pushed method .*'yarn:factor=8'"):
+    with pytest.raises(ValueError, match=r"no rows of the pushed method .*'yarn:factor=8'"):
         load_eval_table(results, PatchRecord.from_config(yarn_model().config))
 
 

@@ -143,8 +143,8 @@ def test_the_card_shows_exactly_the_scores_of_the_file(run, tiny_dir):
 @pytest.mark.parametrize(
     ("method", "params", "message"),
     [
-        ("pi", {"factor": 4}, "no lm-eval run of the pushed method 'pi:"),
-        ("yarn", {"factor": 8}, "no lm-eval run of the pushed method 'yarn:"),  # the same method, another factor
+        ("pi", {"factor": 4}, "no lm-eval runs of the pushed method 'pi:"),
+        ("yarn", {"factor": 8}, "no lm-eval runs of the pushed method 'yarn:"),  # the same method, another factor
         ("yarn", {"factor": 4, "beta_fast": 16}, "measured 'yarn:factor=4' with other parameters"),
     ],
 )

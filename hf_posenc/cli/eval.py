@@ -182,12 +182,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, 
         metavar="DEVICE=SIZE,...",
         help="with --device-map: each device's budget, e.g. 0=70GiB,1=70GiB,cpu=200GiB",
     )
-    parser.add_argument(
-        "--dtype",
-        choices=("auto", "float32", "bfloat16", "float16"),
-        default="auto",
-        help="dtype of the weights and the forward (default: auto: bfloat16 on a GPU, float32 on a CPU)",
-    )
+    add_dtype_argument(parser)
     parser.add_argument(
         "--method",
         action="append",
@@ -200,6 +195,16 @@ def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, 
         "--lengths", type=_lengths, default=default_lengths, help=f"k = 1024 (default: {default_lengths})"
     )
     parser.add_argument("--output", type=Path, help="results folder (default: hf-posenc-results/<run>)")
+
+
+def add_dtype_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--dtype`` of the evaluated model (eval, passkey, lm-eval)."""
+    parser.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="dtype of the weights and the forward (default: auto: bfloat16 on a GPU, float32 on a CPU)",
+    )
 
 
 def _model_source(args: argparse.Namespace):

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..eval.lm_eval import LM_EVAL_JSON, format_lm_eval_table, import_lm_eval, run_lm_eval
 from ..eval.specs import DEFAULT_METHODS
-from .eval import _default_output
+from .eval import _default_output, add_dtype_argument
 
 # Library parameters, and the options that set them here.
 PARAMETER_FLAGS = {
@@ -95,12 +95,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, set[str]]:
     ours = parser.add_argument_group("hf-posenc")
     ours.add_argument("--model", "-M", help="Hub id or local folder (default: the offline SmolLM2-135M-Instruct GGUF)")
     ours.add_argument("--gguf-file", help="GGUF file name inside --model")
-    ours.add_argument(
-        "--dtype",
-        choices=("auto", "float32", "bfloat16", "float16"),
-        default="auto",
-        help="dtype of the weights and the forward (default: auto: bfloat16 on a GPU, float32 on a CPU)",
-    )
+    add_dtype_argument(ours)
     ours.add_argument(
         "--method", action="append", dest="methods", metavar="SPEC", help="repeatable; 'none' = unpatched"
     )

@@ -70,7 +70,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     command.set_defaults(
         func=lm_eval_command,
         parameter_flags=PARAMETER_FLAGS,
-        interrupted="interrupted: the methods finished are in {output}/" + LM_EVAL_JSON + ".",
+        interrupted="interrupted: the methods finished are in {output}/" + LM_EVAL_JSON + " (a rerun does not "
+        "resume: give it another --output).",
     )
 
 

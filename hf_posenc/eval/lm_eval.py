@@ -117,6 +117,11 @@ def run_lm_eval(
     refuse_duplicates(specs)
     if output is not None and Path(output).exists() and not Path(output).is_dir():
         raise ValueError(f"`output` {output} is a file; name a folder for {LM_EVAL_JSON}.")
+    if output is not None and (Path(output) / LM_EVAL_JSON).exists():  # no resume: never overwrite earlier scores
+        raise ValueError(
+            f"`output` {output} holds the {LM_EVAL_JSON} of an earlier run, which this run would replace (it does not "
+            "resume or add to it); choose another `output` folder, or move the file away."
+        )
     if task_manager is None:
         metadata = _with_tokenizer_name(metadata, _tokenizer_name(source, saved, tokenizer))
         task_manager, resolved_tasks = _resolve_tasks(tasks, include_path, metadata)

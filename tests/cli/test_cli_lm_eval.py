@@ -34,6 +34,10 @@ def test_lm_eval_writes_the_results_and_prints_the_table(tiny_dir, tasks, tmp_pa
     assert f"lm-eval {report['lm_eval_version']}, max_length 256:" in printed
     assert ["tiny_choice", "acc,none", *scores] in [line.split() for line in printed.splitlines()]
     assert f"Results: {output}/lm_eval.json" in printed
+    written = (output / "lm_eval.json").read_bytes()  # a rerun does not resume: it refuses, the scores kept
+    assert main([*argv, "--output", str(output)]) == 2
+    assert "holds the lm_eval.json of an earlier run" in _one_line_error(capsys)
+    assert (output / "lm_eval.json").read_bytes() == written
 
 
 def _one_line_error(capsys) -> str:

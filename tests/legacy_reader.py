@@ -21,7 +21,11 @@ def read(folder: str, ids: torch.Tensor) -> dict:
     config = AutoConfig.from_pretrained(folder)
     with torch.no_grad():
         logits = model(ids).logits
-    return {"logits": logits.tolist(), "rope_theta": getattr(config, "rope_theta", None)}
+        rotary = getattr(model.base_model, "rotary_emb", None)  # GPT-2 has none
+        positions = torch.arange(ids.shape[1])[None]
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions) if rotary is not None else ([], [])
+    rope = {"cos": cos.tolist(), "sin": sin.tolist()} if rotary is not None else {}
+    return {"logits": logits.tolist(), "rope_theta": getattr(config, "rope_theta", None), **rope}
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from typing import Any
 
 from ..record import CONFIG_KEY, PatchRecord
@@ -31,26 +32,53 @@ from .plan import Plan
 
 LEGACY_KEYS = ("rope_scaling", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings")
 _TOP_LEVEL = ("rope_theta", "partial_rotary_factor")
+_TYPE_AND_FACTOR = {"linear": ("type", "factor"), "dynamic": ("type", "factor")}
+# transformers 4.x config classes whose ``_rope_scaling_validation`` takes exactly these ``rope_scaling`` fields (any
+# other key is a ValueError): model_type -> rope type -> fields. Written so where the fields say all the method
+# does; otherwise the full dict, which such a class refuses rather than build another model.
+FIXED_FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
+    "phi3": {"longrope": ("type", "short_factor", "long_factor")},  # attention factor and L from the top level
+    "olmo": _TYPE_AND_FACTOR,
+    "olmo2": _TYPE_AND_FACTOR,
+    "olmo3": _TYPE_AND_FACTOR,
+}
 
 
-def legacy_rope_keys(rope_parameters: dict[str, Any]) -> dict[str, Any]:
+def legacy_rope_keys(rope_parameters: dict[str, Any], model_type: str | None = None) -> dict[str, Any]:
     """The transformers 4.x keys saying what a flat ``rope_parameters`` says (empty for per-layer-type ones,
-    which 4.x has no single key for)."""
+    which 4.x has no single key for), in the fields ``model_type``'s 4.x config class takes (:data:`FIXED_FIELDS`)."""
     if not isinstance(rope_parameters, dict) or "rope_type" not in rope_parameters:
         return {}
     rope_type = rope_parameters["rope_type"]
     scaling = {key: value for key, value in rope_parameters.items() if key not in _TOP_LEVEL}
-    keys: dict[str, Any] = {"rope_scaling": None if rope_type == "default" else {**scaling, "type": rope_type}}
+    scaling = _in_fixed_fields({**scaling, "type": rope_type}, FIXED_FIELDS.get(model_type or "", {}).get(rope_type))
+    keys: dict[str, Any] = {"rope_scaling": None if rope_type == "default" else scaling}
     keys.update({key: rope_parameters[key] for key in _TOP_LEVEL if key in rope_parameters})
     if rope_type == "longrope":
         keys["original_max_position_embeddings"] = rope_parameters["original_max_position_embeddings"]
     return copy.deepcopy(keys)
 
 
+def _in_fixed_fields(scaling: dict[str, Any], fields: tuple[str, ...] | None) -> dict[str, Any]:
+    """``scaling`` cut to ``fields`` where the others say nothing 4.x would not compute itself: LongRoPE's attention
+    factor where it is the default ``sqrt(1 + ln s / ln L)``, which 4.x computes from ``max_position_embeddings / L``
+    (``round(s L) / L``, as the patch writes them)."""
+    if fields is None:
+        return scaling
+    attention = scaling.get("attention_factor")
+    if attention is not None and "attention_factor" not in fields:
+        length = scaling["original_max_position_embeddings"]
+        ratio = round(scaling["factor"] * length) / length
+        default = math.sqrt(1 + math.log(ratio) / math.log(length)) if ratio > 1 else 1.0
+        if not math.isclose(attention, default, rel_tol=1e-12):
+            return scaling  # 4.x's class refuses it: better than a model with another attention factor
+    return {key: scaling[key] for key in fields}
+
+
 def with_legacy_keys(config: Any, plan: Plan) -> Plan:
     """``plan`` also writing the 4.x keys of the ``rope_parameters`` it sets, their base values (``None``:
     absent) kept in the record so that :meth:`PatchRecord.base_config` removes them again."""
-    keys = legacy_rope_keys(plan.updates.get("rope_parameters"))
+    keys = legacy_rope_keys(plan.updates.get("rope_parameters"), getattr(config, "model_type", None))
     if not keys:
         return plan
     record = PatchRecord.from_config(plan.updates)

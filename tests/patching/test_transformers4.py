@@ -8,7 +8,9 @@ transformers 4.x reads ``rope_scaling`` and a top-level ``rope_theta``; from a f
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import os
 import subprocess
 import sys
@@ -16,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny
+from conftest import TINY, make_tiny
 from helpers import method_params, pip_target
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, OlmoConfig, Phi3Config
 
 import hf_posenc
 
@@ -46,21 +48,46 @@ ROPE_METHODS = [
 CASES = [(family, method) for family in ("llama", "qwen2") for method in ROPE_METHODS] + [
     ("gpt2", method) for method in ("pi", "alibi", "nope", "sinusoidal", "t5-bias")
 ]
+LONG = {"factor": 4, "long_factor": [1.0 + i / 4 for i in range(8)]}
+# Families whose 4.x config class takes a fixed set of rope_scaling fields (legacy.FIXED_FIELDS): label -> (method,
+# parameters, what 4.x does). Their tiny models' logits differ between 5.x and 4.57.6 unpatched already (the two
+# releases build these families differently), so their rotary cos / sin are compared: what the config says.
+FIXED = {
+    ("phi3", "ntk"): ("ntk", {"factor": 4}, "same"),
+    ("phi3", "longrope"): ("longrope", LONG, "same"),  # 3 fields; the attention factor from max / L
+    ("phi3", "longrope-attention"): ("longrope", {**LONG, "attention_factor": 1.3}, "ValueError"),  # no field for it
+    ("olmo", "pi"): ("pi", {"factor": 4}, "same"),
+    ("olmo", "dynamic-ntk"): ("dynamic-ntk", {"factor": 4}, "same"),
+    ("olmo", "yarn"): ("yarn", {"factor": 4}, "ValueError"),  # OLMo's 4.x class takes linear and dynamic only
+}
 
 
 def _patched(family: str, method: str) -> torch.nn.Module:
+    if (family, method) in FIXED:
+        name, params, _ = FIXED[(family, method)]
+        config_class = {"phi3": Phi3Config, "olmo": OlmoConfig}[family]
+        torch.manual_seed(0)
+        trained = {"original_max_position_embeddings": 64} if family == "phi3" else {}  # Phi-3's own key, top level
+        config = config_class(**copy.deepcopy(TINY), **trained, pad_token_id=0, eos_token_id=0)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+        return hf_posenc.patch(model, name, original_max_position_embeddings=64, **params)
     overrides = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}} if family == "qwen2" else {}
     model = make_tiny(family, **overrides)
     params = {"factor": 4} if "+" in method else method_params(method, pairs=8)
     return hf_posenc.patch(model, method, **params)
 
 
+def _cos_sin(model) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotary module's cos and sin at positions 0 .. len(IDS) - 1."""
+    return model.base_model.rotary_emb(torch.zeros(1), torch.arange(len(IDS[0]))[None])
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory, one_thread):
-    """Each case patched and saved: folder -> (patched model, its logits on IDS)."""
+    """Each case patched and saved: case -> (folder, patched model, its logits on IDS)."""
     root = tmp_path_factory.mktemp("saved4")
     models = {}
-    for family, method in CASES:
+    for family, method in [*CASES, *FIXED]:
         model = _patched(family, method)
         folder = root / f"{family}-{method}"
         model.save_pretrained(folder)
@@ -108,6 +135,22 @@ def test_native_methods_load_exactly_and_the_others_are_refused(saved, read_by_4
             assert read["rope_theta"] == model.config.rope_parameters["rope_theta"]
     else:  # never a model with the original encoding: transformers 4.x has no rope type / activation of that name
         assert read.get("refused", "").startswith("KeyError: 'hf_posenc"), read.get("refused") or "loaded"
+
+
+@pytest.mark.parametrize("case", sorted(FIXED))
+def test_a_4x_class_with_fixed_rope_scaling_fields_gets_them_or_refuses(saved, read_by_4x, case):
+    """Phi-3's 4.x class takes exactly type, short_factor, long_factor; OLMo's type and factor: given the fields
+    that say the method, 4.57.6 builds the patched rotary embedding; where they cannot, it refuses the config."""
+    _, model, _ = saved[case]
+    read, expected = read_by_4x[case], FIXED[case][2]
+    if expected == "same":
+        assert "cos" in read, read.get("refused")
+        with torch.no_grad():
+            cos, sin = _cos_sin(model)
+        torch.testing.assert_close(torch.tensor(read["cos"]), cos, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(torch.tensor(read["sin"]), sin, rtol=1e-5, atol=1e-6)
+    else:
+        assert read.get("refused", "").startswith(f"{expected}: `rope_scaling`"), read.get("refused") or "loaded"
 
 
 @pytest.mark.parametrize("method", ["yarn", "longrope", "ntk", "dynamic-yarn"])
@@ -189,3 +232,16 @@ def test_legacy_keys(rope, expected):
     from hf_posenc.patching.legacy import legacy_rope_keys
 
     assert legacy_rope_keys(rope) == expected
+
+
+def test_legacy_keys_in_the_fields_a_4x_class_takes():
+    from hf_posenc.patching.legacy import legacy_rope_keys
+
+    longrope = {"rope_type": "longrope", "rope_theta": 1e4, "original_max_position_embeddings": 4096, "factor": 32.0,
+                "long_factor": [2.0], "short_factor": [1.0], "attention_factor": math.sqrt(1 + math.log(32) / math.log(4096))}  # fmt: skip
+    assert legacy_rope_keys(longrope, "phi3")["rope_scaling"] == {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}  # fmt: skip
+    other = {**longrope, "attention_factor": 1.2}  # no field says it: the whole dict, which Phi-3's 4.x class refuses
+    assert legacy_rope_keys(other, "phi3")["rope_scaling"] == legacy_rope_keys(other)["rope_scaling"]
+    linear = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}
+    assert legacy_rope_keys(linear, "olmo")["rope_scaling"] == {"type": "linear", "factor": 2.0}
+    assert legacy_rope_keys(linear, "llama")["rope_scaling"] == {"rope_type": "linear", "type": "linear", "factor": 2.0}

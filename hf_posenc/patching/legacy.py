@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from typing import Any
 
 from ..record import CONFIG_KEY, PatchRecord
@@ -34,10 +33,10 @@ LEGACY_KEYS = ("rope_scaling", "rope_theta", "partial_rotary_factor", "original_
 _TOP_LEVEL = ("rope_theta", "partial_rotary_factor")
 _TYPE_AND_FACTOR = {"linear": ("type", "factor"), "dynamic": ("type", "factor")}
 # transformers 4.x config classes whose ``_rope_scaling_validation`` takes exactly these ``rope_scaling`` fields (any
-# other key is a ValueError): model_type -> rope type -> fields. Written so where the fields say all the method
-# does; otherwise the full dict, which such a class refuses rather than build another model.
+# other key is a ValueError): model_type -> rope type -> fields. Not Phi-3's longrope (type, short_factor,
+# long_factor): transformers 5 takes a non-empty ``rope_scaling`` as its ``rope_parameters``, and would read those
+# three fields back without the factor and attention factor the patch records; its 4.x class refuses the full dict.
 FIXED_FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
-    "phi3": {"longrope": ("type", "short_factor", "long_factor")},  # attention factor and L from the top level
     "olmo": _TYPE_AND_FACTOR,
     "olmo2": _TYPE_AND_FACTOR,
     "olmo3": _TYPE_AND_FACTOR,
@@ -60,19 +59,8 @@ def legacy_rope_keys(rope_parameters: dict[str, Any], model_type: str | None = N
 
 
 def _in_fixed_fields(scaling: dict[str, Any], fields: tuple[str, ...] | None) -> dict[str, Any]:
-    """``scaling`` cut to ``fields`` where the others say nothing 4.x would not compute itself: LongRoPE's attention
-    factor where it is the default ``sqrt(1 + ln s / ln L)``, which 4.x computes from ``max_position_embeddings / L``
-    (``round(s L) / L``, as the patch writes them)."""
-    if fields is None:
-        return scaling
-    attention = scaling.get("attention_factor")
-    if attention is not None and "attention_factor" not in fields:
-        length = scaling["original_max_position_embeddings"]
-        ratio = round(scaling["factor"] * length) / length
-        default = math.sqrt(1 + math.log(ratio) / math.log(length)) if ratio > 1 else 1.0
-        if not math.isclose(attention, default, rel_tol=1e-12):
-            return scaling  # 4.x's class refuses it: better than a model with another attention factor
-    return {key: scaling[key] for key in fields}
+    """``scaling`` cut to ``fields`` (``type`` and ``factor`` say all of linear and dynamic)."""
+    return scaling if fields is None else {key: scaling[key] for key in fields}
 
 
 def with_legacy_keys(config: Any, plan: Plan) -> Plan:

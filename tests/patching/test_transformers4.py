@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import subprocess
 import sys
@@ -54,8 +53,7 @@ LONG = {"factor": 4, "long_factor": [1.0 + i / 4 for i in range(8)]}
 # releases build these families differently), so their rotary cos / sin are compared: what the config says.
 FIXED = {
     ("phi3", "ntk"): ("ntk", {"factor": 4}, "same"),
-    ("phi3", "longrope"): ("longrope", LONG, "same"),  # 3 fields; the attention factor from max / L
-    ("phi3", "longrope-attention"): ("longrope", {**LONG, "attention_factor": 1.3}, "ValueError"),  # no field for it
+    ("phi3", "longrope"): ("longrope", LONG, "ValueError"),  # its class takes 3 fields only, the patch says more
     ("olmo", "pi"): ("pi", {"factor": 4}, "same"),
     ("olmo", "dynamic-ntk"): ("dynamic-ntk", {"factor": 4}, "same"),
     ("olmo", "yarn"): ("yarn", {"factor": 4}, "ValueError"),  # OLMo's 4.x class takes linear and dynamic only
@@ -139,7 +137,7 @@ def test_native_methods_load_exactly_and_the_others_are_refused(saved, read_by_4
 
 @pytest.mark.parametrize("case", sorted(FIXED))
 def test_a_4x_class_with_fixed_rope_scaling_fields_gets_them_or_refuses(saved, read_by_4x, case):
-    """Phi-3's 4.x class takes exactly type, short_factor, long_factor; OLMo's type and factor: given the fields
+    """OLMo's 4.x class takes exactly type and factor, Phi-3's type, short_factor and long_factor: given the fields
     that say the method, 4.57.6 builds the patched rotary embedding; where they cannot, it refuses the config."""
     _, model, _ = saved[case]
     read, expected = read_by_4x[case], FIXED[case][2]
@@ -237,11 +235,8 @@ def test_legacy_keys(rope, expected):
 def test_legacy_keys_in_the_fields_a_4x_class_takes():
     from hf_posenc.patching.legacy import legacy_rope_keys
 
-    longrope = {"rope_type": "longrope", "rope_theta": 1e4, "original_max_position_embeddings": 4096, "factor": 32.0,
-                "long_factor": [2.0], "short_factor": [1.0], "attention_factor": math.sqrt(1 + math.log(32) / math.log(4096))}  # fmt: skip
-    assert legacy_rope_keys(longrope, "phi3")["rope_scaling"] == {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}  # fmt: skip
-    other = {**longrope, "attention_factor": 1.2}  # no field says it: the whole dict, which Phi-3's 4.x class refuses
-    assert legacy_rope_keys(other, "phi3")["rope_scaling"] == legacy_rope_keys(other)["rope_scaling"]
     linear = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}
     assert legacy_rope_keys(linear, "olmo")["rope_scaling"] == {"type": "linear", "factor": 2.0}
     assert legacy_rope_keys(linear, "llama")["rope_scaling"] == {"rope_type": "linear", "type": "linear", "factor": 2.0}
+    yarn = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4, "original_max_position_embeddings": 64}
+    assert legacy_rope_keys(yarn, "olmo") == legacy_rope_keys(yarn)  # no fields of OLMo's say it: refused there

@@ -103,6 +103,23 @@ def check_same_data(before: dict[str, Any], now: dict[str, Any], path: Path) -> 
         )
 
 
+def prompt_hashes(prompts: dict[int, list[list[int]]]) -> dict[str, str]:
+    """Per passkey length (a JSON key: its decimal string), a short SHA-256 of all its prompts' token ids."""
+    joined = {length: [token for ids in batch for token in ids] for length, batch in prompts.items()}
+    return {str(length): document_hashes([tokens])[0] for length, tokens in joined.items()}
+
+
+def check_same_prompts(before: dict[str, str] | None, now: dict[str, str], path: Path) -> None:
+    """Raise ``ValueError`` if a length scored in ``path`` had other prompt tokens than this run's (the tokenizer
+    changed under the same model name). Files written before prompt hashes were recorded are not compared."""
+    changed = sorted(int(n) for n in now if before and n in before and before[n] != now[n])
+    if changed:
+        raise ValueError(
+            f"The results in {path} were computed on other passkey prompts: the tokens at length {changed[0]} "
+            "differ now (same arguments; the tokenizer changed). Choose another `output` folder."
+        )
+
+
 def _counts(details: dict[str, Any]) -> str:
     return f"{details['documents']} documents of {details['tokens']} tokens"
 

@@ -46,7 +46,15 @@ from .results import (
     write_passkey_results,
     write_perplexity_results,
 )
-from .resume import check_output, check_same_data, document_hashes, load_previous, remove_stale_temporaries
+from .resume import (
+    check_output,
+    check_same_data,
+    check_same_prompts,
+    document_hashes,
+    load_previous,
+    prompt_hashes,
+    remove_stale_temporaries,
+)
 from .scoring import LengthScore, input_shape, passkey_flags, score_lengths, serves_every_length
 from .specs import parse_methods, refuse_duplicates
 
@@ -272,6 +280,9 @@ def run_passkey(
     bos_id = resolve_bos(bos, tokenizer)
     keys = random_keys(trials, seed)
     prompts = {n: [(d, build_prompt(tokenizer, n, d, k, bos_id)) for d in depths for k in keys] for n in lengths}
+    fingerprints = prompt_hashes({n: [p.input_ids for _, p in prompts[n]] for n in lengths})
+    earlier = previous.get("prompt_hashes") if previous else None
+    check_same_prompts(earlier, fingerprints, output / PASSKEY_JSON)
     done = {(t["method"], t["length"]) for t in done_trials}
     report = {
         "task": "passkey retrieval, greedy (teacher-forced): the key's tokens, then no further digit",
@@ -282,6 +293,7 @@ def run_passkey(
         "processes": accelerator.num_processes,
         "device": device_description(accelerator.device),
         "arguments": arguments,
+        "prompt_hashes": {**(earlier or {}), **fingerprints},
     }
     if accelerator.is_main_process:
         remove_stale_temporaries(output, PASSKEY_FILES)

@@ -389,3 +389,25 @@ def test_help_names_the_offline_model_and_every_default(capsys):
         "--chunk-size CHUNK_SIZE positions per output-head call; bounds the memory of the logits (default: 2048)"
         in text
     )
+
+
+def test_passkey_resume_refuses_prompts_whose_tokens_changed(tiny_dir, tmp_path, capsys, monkeypatch):
+    """Same arguments, other prompt tokens (the tokenizer of the folder changed): the finished lengths are not mixed
+    with new ones; refused in one line, passkey.json untouched. An unchanged rerun adding a method resumes."""
+    out = tmp_path / "pk"
+    argv = ["passkey", "--model", str(tiny_dir / "model"), "--output", str(out), "--lengths", "400", "--depths", "0"]
+    assert main([*argv, "--method", "none"]) == 0
+    assert set(json.loads((out / "passkey.json").read_text())["prompt_hashes"]) == {"400"}
+    assert main([*argv, "--method", "none", "--method", "pi:factor=8"]) == 0  # the same prompts: resumed
+    written = (out / "passkey.json").read_bytes()
+    build = runner.build_prompt
+
+    def other_tokens(tokenizer, length, depth, key, bos_id=None):
+        prompt = build(tokenizer, length, depth, key, bos_id)
+        return type(prompt)([prompt.input_ids[0] + 1, *prompt.input_ids[1:]], prompt.answer_from, prompt.key)
+
+    monkeypatch.setattr(runner, "build_prompt", other_tokens)
+    capsys.readouterr()
+    assert main([*argv, "--method", "none", "--method", "pi:factor=8", "--method", "yarn:factor=8"]) == 2
+    assert "other passkey prompts: the tokens at length 400 differ now" in capsys.readouterr().err
+    assert (out / "passkey.json").read_bytes() == written

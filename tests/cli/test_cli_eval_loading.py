@@ -7,6 +7,7 @@ import math
 import shutil
 
 import pytest
+from helpers import gpu
 from hub_server import TOKEN
 from huggingface_hub import HfApi
 from tiny_runs import eval_args, results_of
@@ -99,3 +100,18 @@ def test_revision_evaluates_that_commit_of_a_hub_model(fake_hub, tiny_dir, tmp_p
     assert _ppl(hub_first) == _ppl(local)
     assert _ppl(hub_main) != _ppl(local)
     assert results_of(hub_first)["model_details"]["revision"] == first
+
+
+@gpu
+def test_device_map_on_a_gpu_gives_the_numbers_of_the_model_placed_whole(tiny_dir, tmp_path):
+    """On CUDA, ``--device-map auto`` (and a budget that leaves part of the model on the CPU) scores what the model
+    placed whole on the GPU scores: inputs go to the embeddings' device, targets to the head's."""
+    plain, mapped, split = tmp_path / "plain", tmp_path / "mapped", tmp_path / "split"
+    dtype = ["--dtype", "float32"]
+    assert main([*eval_args(tiny_dir, plain), *METHODS, *dtype]) == 0
+    assert main([*eval_args(tiny_dir, mapped), *METHODS, *dtype, "--device-map", "auto"]) == 0
+    budget = ["--device-map", "sequential", "--max-memory", "0=60KB,cpu=2GiB"]  # a layer or so on the GPU
+    assert main([*eval_args(tiny_dir, split), *METHODS, *dtype, *budget]) == 0
+    for other in (mapped, split):
+        for key, value in _ppl(plain).items():
+            assert math.isclose(_ppl(other)[key], value, rel_tol=1e-4), (other, key)

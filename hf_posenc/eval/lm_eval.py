@@ -29,7 +29,7 @@ from ..saved import SavedPatch
 from ..spec import MethodSpec
 from .models import ModelSource, check_position_table, load_model, load_tokenizer, model_details
 from .results import device_description, versions
-from .runner import _applied
+from .runner import method_applied
 from .scoring import serves_every_length
 from .specs import parse_methods, refuse_duplicates
 
@@ -131,7 +131,7 @@ def run_lm_eval(
     resolved, contexts = _check_methods(subject, specs)
     length = max_length or max(contexts)
     for spec in specs:  # GPT-2's learned table: no input past its rows, patched or not
-        with _applied(subject.model, spec, spec.params):
+        with method_applied(subject.model, spec, spec.params):
             check_position_table(subject.model, spec.text, length)
     _warn_about_padding(subject.model, specs, batch_size)
     arguments = {"tasks": [task if isinstance(task, str) else task.get("task") for task in tasks]}
@@ -224,7 +224,7 @@ def _check_methods(subject: _Subject, specs: list[MethodSpec]) -> tuple[dict[str
     tokenizer = None if isinstance(subject.tokenizer, str) else subject.tokenizer
     resolved, contexts = {}, []
     for spec in specs:
-        with _applied(subject.model, spec, spec.params):
+        with method_applied(subject.model, spec, spec.params):
             resolved[spec.text] = {} if spec.unpatched else dict(get_patch(subject.model).params)
             contexts.append(resolve_max_length(subject.model.config, tokenizer))
     refuse_duplicates(specs, resolved=resolved)
@@ -249,7 +249,7 @@ def _evaluate(lm_eval: Any, subject: _Subject, spec: MethodSpec, params: dict[st
     if settings.get("use_cache"):  # lm-eval's cache is keyed by the request: one file per method
         settings["use_cache"] = f"{settings['use_cache']}-{re.sub(r'[^A-Za-z0-9._=-]+', '_', spec.text)}"
     settings.setdefault("log_samples", False)
-    with _applied(subject.model, spec, params):
+    with method_applied(subject.model, spec, params):
         lm = lm_eval.models.huggingface.HFLM(pretrained=subject.model, tokenizer=subject.tokenizer, **hflm_args)
         return lm_eval.simple_evaluate(model=lm, **settings)
 

@@ -62,7 +62,7 @@ logger = logging.getLogger("hf_posenc")
 
 
 @contextmanager
-def _applied(model, spec: MethodSpec, params: dict[str, Any]) -> Iterator[None]:
+def method_applied(model, spec: MethodSpec, params: dict[str, Any]) -> Iterator[None]:
     """The model patched with ``spec`` for the duration, from the parameters it resolved when checked (so
     nothing is resolved, or logged, twice); ``none``: unchanged. A saved model's own method gets the tensors it
     was saved with (:func:`~hf_posenc.saved.restore_saved_tensors`: a trained T5 table)."""
@@ -90,7 +90,7 @@ def load_checked(
     check_head_decomposition(model, torch.tensor([ids[:16]], dtype=torch.long, device=input_device(model)))
     resolved = {}
     for spec in specs:
-        with _applied(model, spec, spec.params):
+        with method_applied(model, spec, spec.params):
             resolved[spec.text] = {} if spec.unpatched else dict(get_patch(model).params)
             check_position_table(model, spec.text, longest)
     return model, resolved
@@ -199,7 +199,7 @@ def run_perplexity(
         if not todo[spec.text]:
             continue
         shared = derive_lengths and protocol == "truncate" and serves_every_length(model, spec.method)
-        with _applied(model, spec, resolved[spec.text]):
+        with method_applied(model, spec, resolved[spec.text]):
             for group in [todo[spec.text]] if shared else [[n] for n in todo[spec.text]]:
                 scores = score_lengths(
                     model,
@@ -306,7 +306,7 @@ def run_passkey(
             model, resolved = load_checked(model_source, saved, specs, accelerator, ids, longest)
         if not todo:
             continue
-        with _applied(model, spec, resolved[spec.text]):
+        with method_applied(model, spec, resolved[spec.text]):
             for n in todo:
                 desc = f"passkey {spec.text} @ {n}"
                 flags = passkey_flags(model, tokenizer, [p for _, p in prompts[n]], accelerator, desc)

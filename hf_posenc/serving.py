@@ -23,6 +23,7 @@ REFERENCE_READS = ("rope_scaling", "rope_parameters")  # transformers 5: rope_sc
 _NOT_PARAMS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 _BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}  # YaRN's defaults, fixed where an engine does not read them
 _LEGACY_PAIRS = {("su", "longrope"), ("mrope", "default")}  # type / rope_type pairs vLLM lets through
+_ALIASES = dict(_LEGACY_PAIRS)  # old names every reader takes as the new one (Phi-3's "su", Qwen2-VL's "mrope")
 
 
 @dataclass(frozen=True)
@@ -324,7 +325,8 @@ def rope_view(config: dict[str, Any], reads: tuple[str, ...], theta_from_rope: b
     rope = rope["full_attention"] if isinstance(rope.get("full_attention"), dict) else rope
     theta = rope.get("rope_theta", config.get("rope_theta")) if theta_from_rope else config.get("rope_theta")
     params = {key: value for key, value in rope.items() if key not in _NOT_PARAMS}
-    return View(rope.get("rope_type") or rope.get("type") or "default", params, float(theta or 10000.0), source)
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    return View(_ALIASES.get(rope_type, rope_type), params, float(theta or 10000.0), source)
 
 
 def _rotary_dim(config: dict[str, Any], view: View) -> int | None:

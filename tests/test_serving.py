@@ -218,3 +218,11 @@ def test_every_engine_says_how_it_builds_each_rope_type_hf_posenc_writes():
 def test_a_config_must_be_an_object():
     with pytest.raises(TypeError, match="JSON object, got a list"):
         engine_findings([])
+
+
+def test_old_rope_type_names_are_read_as_every_reader_reads_them():
+    """Phi-3's ``su`` is ``longrope`` to every engine, Qwen2-VL's ``mrope`` plain RoPE with sections."""
+    phi3 = {"model_type": "phi3", "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+            "rope_scaling": {"type": "su", "long_factor": [1.0] * 48, "short_factor": [1.0] * 48}}  # fmt: skip
+    assert [f.severity for f in engine_findings(phi3)] == ["differs", "differs", "ignored", "differs"]
+    assert all(f.severity != "refused" for f in engine_findings({"rope_scaling": {"type": "mrope"}}))

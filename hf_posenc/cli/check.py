@@ -52,7 +52,10 @@ def check_command(args: argparse.Namespace) -> int:
     """Print the findings for ``args.config`` (a table, or JSON with ``--json``); the exit status: 0 or 1."""
     config = read_config(args.config, args.revision)
     record = PatchRecord.from_config(config, missing_ok=True)
-    findings = engine_findings(config)
+    try:
+        findings = engine_findings(config)
+    except (TypeError, ValueError, KeyError, ArithmeticError) as error:  # a RoPE value of the wrong type, say
+        raise ValueError(f"{args.config}: its RoPE keys are malformed ({type(error).__name__}: {error}).") from None
     status = 0 if all(finding.severity == "ok" for finding in findings) else 1
     if args.json:
         method = None if record is None else {"method": record.method, "native": record.native}

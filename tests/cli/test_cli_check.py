@@ -97,3 +97,11 @@ def test_a_hub_repo_at_a_revision(fake_hub, tmp_path, capsys):
     assert main(["check", "me/absent"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Reading config.json of 'me/absent' failed" in err and TOKEN not in err
+
+
+def test_malformed_rope_values_are_one_line(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"rope_scaling": {"type": "yarn", "factor": "x"}}))
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hf-posenc check: error:") and "its RoPE keys are malformed" in err and "\n" not in err

@@ -36,6 +36,7 @@ from .report_files import read_report, report_for_file
 METADATA_FILE = "hf_posenc.json"
 METADATA_FORMAT = 1
 RESULTS_FILE = "eval_results.json"
+LM_EVAL_FILE = "lm_eval.json"
 # Files a push writes that a later push to the same repo may not write again: removed in that push's commit
 # (unless it writes them), so a repo never mixes two pushes (a config-only push over earlier weights).
 # Names save_pretrained gives (huggingface_hub matches with fnmatch, whose * also matches "/": each pattern
@@ -49,6 +50,7 @@ PUSH_ARTIFACTS = (
     "pytorch_model.bin.index.json",
     "generation_config.json",
     RESULTS_FILE,
+    LM_EVAL_FILE,
     PLOT_FILE,
     FREQUENCY_PLOT,
 )
@@ -234,7 +236,7 @@ def _push_contents(
 def stage_repo(
     model: PreTrainedModel, folder: Path, *, repo_id: str, contents: _PushContents, tokenizer: Any = None
 ) -> None:
-    """Write every file of the repo into ``folder``: config (and weights), card, metadata, eval results."""
+    """Write every file of the repo into ``folder``: config (and weights), card, metadata, eval and lm-eval results."""
     if contents.with_weights:
         with _config_restored(model):
             model.save_pretrained(folder)
@@ -263,6 +265,9 @@ def stage_repo(
         )
         title = f"{repo_id}: perplexity on {table.dataset}\nprotocol {table.protocol}"
         plot_ppl_vs_length(folder / PLOT_FILE, table.results, trained_context=trained, title=title)
+    if contents.lm_eval_table is not None:  # read and checked by load_lm_eval_table; local paths cut
+        scores = public_results(json.loads(contents.lm_eval_table.source.read_text(encoding="utf-8")))
+        (folder / LM_EVAL_FILE).write_text(json_text(scores), encoding="utf-8")
     if contents.encoding_plot is not None:
         write_patch_plot(folder / contents.encoding_plot, model.config)
     _render(model, repo_id, contents).save(folder / "README.md")

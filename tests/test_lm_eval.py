@@ -169,3 +169,20 @@ def test_gpt2_past_its_learned_table_is_refused_before_any_task_runs(tiny_dir, t
             str(tiny_dir / "gpt2"), TASKS, methods=["none"], max_length=128, task_manager=task_manager, output=tmp_path
         )
     assert not (tmp_path / LM_EVAL_JSON).exists()
+
+
+def test_push_uploads_the_lm_eval_results_beside_the_card(run, tiny_dir, fake_hub):
+    """``lm_eval.json`` lands in the repo (standard JSON, no local folder named), its scores in the card."""
+    from hf_posenc.hub import push_to_hub
+
+    report, output = run
+    model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(tiny_dir / "model"), "yarn", factor=4)
+    push_to_hub(model, "me/tiny-lm", lm_eval_results=output / LM_EVAL_JSON, with_weights=True)
+    files = fake_hub.files("me/tiny-lm")
+
+    def refuse(constant):
+        raise ValueError(constant)
+
+    pushed = json.loads(files["lm_eval.json"], parse_constant=refuse)
+    assert [r["results"] for r in pushed["runs"]] == [r["results"] for r in report["runs"]]
+    assert str(tiny_dir) not in files["lm_eval.json"].decode() and "| Task | Metric |" in files["README.md"].decode()

@@ -9,6 +9,8 @@ boundaries (chunks of 48 - 4 = 44 tokens: 44, 88).
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from conftest import make_tiny
@@ -127,13 +129,15 @@ CHUNKS = [37, 1, 1, 6, 1, 19, 1, 4, 18, 1, 11]  # 100 tokens; pieces straddle 44
 
 
 def _fed_in_pieces(model, ids: torch.Tensor, cache) -> torch.Tensor:
+    # transformers 5.24 renamed forward's past_key_values to cache (the old name warns, and goes in 5.40)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     logits, start = [], 0
     with torch.no_grad():
         for size in CHUNKS:
             piece = slice(start, start + size)
             out = model(
                 ids[:, piece],
-                past_key_values=cache,
+                **{name: cache},
                 use_cache=True,
                 cache_position=torch.arange(start, start + size),
             )

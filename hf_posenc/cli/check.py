@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ def check_command(args: argparse.Namespace) -> int:
     config = read_config(args.config, args.revision)
     record = PatchRecord.from_config(config, missing_ok=True)
     try:
+        _check_rope_values(config)
         findings = engine_findings(config)
     except (TypeError, ValueError, KeyError, ArithmeticError) as error:  # a RoPE value of the wrong type, say
         raise ValueError(f"{args.config}: its RoPE keys are malformed ({type(error).__name__}: {error}).") from None
@@ -73,6 +75,26 @@ def check_command(args: argparse.Namespace) -> int:
     print(f"{args.config}: hf_posenc record: {'none' if record is None else record.method}{native}")
     print(format_table(findings))
     return status
+
+
+def _check_rope_values(config: dict[str, Any]) -> None:
+    """``rope_scaling`` / ``rope_parameters`` objects or null; their numbers (and the sizes read) finite and > 0."""
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = config.get(key)
+        if rope is not None and not isinstance(rope, dict):
+            raise TypeError(f"{key} is a {type(rope).__name__}, not an object")
+        entries = [rope] if rope and "full_attention" not in rope else list((rope or {}).values())
+        for entry in (e for e in entries if isinstance(e, dict)):
+            for name in ("factor", "rope_theta", "original_max_position_embeddings"):
+                _positive(f"{key}.{name}", entry.get(name))
+    for name in ("rope_theta", "max_position_embeddings", "num_attention_heads", "hidden_size", "head_dim"):
+        _positive(name, config.get(name))
+
+
+def _positive(name: str, value: Any) -> None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if value is not None and not (number and 0 < value < math.inf):  # NaN fails the comparison too
+        raise ValueError(f"{name} is {value!r}, not a finite number > 0")
 
 
 def format_table(findings: list[Finding]) -> str:
@@ -98,7 +120,7 @@ def read_config(source: str, revision: str | None = None) -> dict[str, Any]:
         path = _download(source, revision)
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise ValueError(f"{path} is not a JSON file: {error}") from None
     if not isinstance(config, dict):
         raise ValueError(f"{path} holds a JSON {type(config).__name__}, not a config object.")

@@ -135,9 +135,10 @@ def rope_inv_freq(
 def frequency_problem(inv_freq: torch.Tensor, attention_factor: float) -> str | None:
     """Why RoPE frequencies are unusable, or None: every ``theta_i'`` must be finite and > 0 in float32 (the dtype
     models keep them in: 0 would stop the rotation, inf make NaN), and the attention factor as :func:`attention_scale`
-    says."""
+    says. Frequencies on the meta device (transformers builds a model there before loading its weights) have no
+    values to check: the same parameters are checked where the model computes them for real."""
     as_float32 = inv_freq.float()
-    if not bool((as_float32.isfinite() & (as_float32 > 0)).all()):
+    if not as_float32.is_meta and not bool((as_float32.isfinite() & (as_float32 > 0)).all()):
         return (
             f"gives inverse frequencies from {inv_freq.min().item():.4g} to {inv_freq.max().item():.4g}; RoPE needs "
             "each finite and > 0 in float32 (the dtype models keep them in). Use values closer to the model's own."

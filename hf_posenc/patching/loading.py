@@ -123,7 +123,7 @@ def _warn_where_edited(source: str, saved: Any, patched: Any, record: PatchRecor
         for key in record.base
         if key not in LEGACY_KEYS
         for name, in_config, from_record in _differences(
-            key, _without_legacy_type(getattr(saved, key, None)), getattr(patched, key, None)
+            key, _without_legacy_type(getattr(saved, key, None)), _without_legacy_type(getattr(patched, key, None))
         )
     ]
     if differences:
@@ -137,8 +137,9 @@ def _warn_where_edited(source: str, saved: Any, patched: Any, record: PatchRecor
 
 
 def _without_legacy_type(value: Any) -> Any:
-    """``rope_parameters`` as read from a file with 4.x's ``rope_scaling``: without the ``type`` it copied in."""
-    if isinstance(value, dict) and "type" in value and value.get("type") == value.get("rope_type"):
+    """``rope_parameters`` without 4.x's ``type``, an alias of the ``rope_type`` compared anyway: a file read with
+    4.x's ``rope_scaling`` copies it in, and a base loaded from a 4.x config may keep a stale one."""
+    if isinstance(value, dict) and "type" in value:
         return {key: entry for key, entry in value.items() if key != "type"}
     return value
 

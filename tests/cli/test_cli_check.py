@@ -105,3 +105,23 @@ def test_malformed_rope_values_are_one_line(tmp_path, capsys):
     assert main(["check", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("hf-posenc check: error:") and "its RoPE keys are malformed" in err and "\n" not in err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"rope_scaling": "yarn"}', "rope_scaling is a str, not an object"),
+        ('{"rope_scaling": {"type": "yarn", "factor": NaN}}', "rope_scaling.factor is nan, not a finite number > 0"),
+        ('{"rope_scaling": {"type": "dynamic", "factor": -2}}', "rope_scaling.factor is -2"),
+        ('{"rope_scaling": {"type": "linear", "factor": true}}', "rope_scaling.factor is True"),
+        ('{"rope_parameters": {"rope_type": "yarn", "factor": 1e400}}', "rope_parameters.factor is inf"),
+        ('{"max_position_embeddings": 0, "rope_theta": 1e4}', "max_position_embeddings is 0"),
+        ("[" * 100000 + "]" * 100000, "is not a JSON file"),  # nested past Python's recursion limit
+    ],
+)
+def test_values_no_engine_could_read_are_one_line(tmp_path, capsys, text, message):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hf-posenc check: error:") and message in err and "\n" not in err, err

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -240,3 +241,34 @@ def test_legacy_keys_in_the_fields_a_4x_class_takes():
     assert legacy_rope_keys(linear, "llama")["rope_scaling"] == {"rope_type": "linear", "type": "linear", "factor": 2.0}
     yarn = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4, "original_max_position_embeddings": 64}
     assert legacy_rope_keys(yarn, "olmo") == legacy_rope_keys(yarn)  # no fields of OLMo's say it: refused there
+
+
+def test_a_saved_dynamic_yarn_loads_with_plain_transformers_after_import(tmp_path):
+    """``import hf_posenc`` then plain ``from_pretrained``: transformers builds the model on the meta device first,
+    where hf_posenc's rope init has no values to check (it used to raise there); the model then equals the patched
+    one, inside the trained context and on a first call past it."""
+    model = _patched("qwen2", "dynamic-yarn")
+    model.save_pretrained(tmp_path)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    for length in (40, 90):
+        ids = torch.tensor(IDS)[:, :length]
+        with torch.no_grad():
+            torch.testing.assert_close(plain(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_a_base_loaded_from_a_4x_config_reloads_patched_without_a_false_warning(tmp_path, caplog):
+    """A base whose config.json has only 4.x keys keeps their ``type`` in ``rope_parameters`` under transformers 5;
+    patched with ALiBi, saved and reloaded, nothing was edited: no 'disagrees' warning."""
+    base = make_tiny("qwen2")
+    base.save_pretrained(tmp_path / "base")
+    config = json.loads((tmp_path / "base" / "config.json").read_text())
+    del config["rope_parameters"]
+    config.update(rope_theta=1e6, rope_scaling={"type": "linear", "factor": 2.0}, max_position_embeddings=128)
+    (tmp_path / "base" / "config.json").write_text(json.dumps(config))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "base", attn_implementation="eager")
+    assert model.config.rope_parameters.get("type") == "linear"  # what transformers 5 keeps of the 4.x file
+    hf_posenc.patch(model, "alibi")
+    model.save_pretrained(tmp_path / "alibi")
+    with caplog.at_level(logging.WARNING, logger="hf_posenc"):
+        hf_posenc.from_pretrained(tmp_path / "alibi", attn_implementation="eager")
+    assert not [r for r in caplog.records if "disagrees" in r.getMessage()]

@@ -111,6 +111,8 @@ def run_lm_eval(
         ValueError: a method spec, a task name, or a method the model refuses.
     """
     lm_eval = import_lm_eval()
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+        raise ValueError(f"`max_length` must be a positive integer (tokens), got {max_length!r}.")
     source = _source(model, gguf_file, dtype)
     saved = source.saved_patch() if source else None
     specs = parse_methods(None if methods is None else [_text(m) for m in methods], saved)

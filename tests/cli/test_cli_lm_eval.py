@@ -53,6 +53,7 @@ def _one_line_error(capsys) -> str:
         (["--tasks", "tiny_choice", "--trust_remote_code"], "never runs code"),
         (["--tasks", "tiny_choice", "--model_args", "pretrained=gpt2"], "--model names the model"),
         (["--tasks", "no_such_task"], "Tasks not found: no_such_task"),
+        (["--tasks", "tiny_choice", "--model_args", "max_length=abc"], "--model_args max_length=N must be a positive"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tiny_dir, tasks, tmp_path, capsys, extra, message):

@@ -81,7 +81,7 @@ def report_for_file(report: dict[str, Any]) -> dict[str, Any]:
     rows = report.get("results")
     if not isinstance(rows, list):
         return report
-    marked = [{**row, "status": row_status(row)} if row_status(row) else row for row in rows]
+    marked = [{**row, "status": status} if (status := row_status(row)) else row for row in rows]
     return {**report, "results": marked}
 
 

@@ -226,3 +226,17 @@ def test_old_rope_type_names_are_read_as_every_reader_reads_them():
             "rope_scaling": {"type": "su", "long_factor": [1.0] * 48, "short_factor": [1.0] * 48}}  # fmt: skip
     assert [f.severity for f in engine_findings(phi3)] == ["differs", "differs", "ignored", "differs"]
     assert all(f.severity != "refused" for f in engine_findings({"rope_scaling": {"type": "mrope"}}))
+
+
+def test_patch_warns_once_per_spec_where_an_engine_builds_it_otherwise(caplog, monkeypatch):
+    from hf_posenc.patching import apply
+
+    monkeypatch.setattr(apply, "_CHECKED", set())
+    with caplog.at_level(logging.WARNING, logger="hf_posenc"):
+        for method in ("dynamic-ntk", "dynamic-ntk", "yarn"):
+            hf_posenc.patch(make_tiny("llama"), method, factor=4)
+    warned = [r.getMessage() for r in caplog.records if "serving engines" in r.getMessage()]
+    assert warned == [
+        "hf_posenc: serving engines build the dynamic-ntk config otherwise: vllm (differs), sglang (differs), "
+        "llama.cpp (ignored), tgi (differs) (`hf-posenc check SAVED` says how)."
+    ]

@@ -194,21 +194,25 @@ def patch(model: nn.Module, method: str, **params: Any) -> nn.Module:
         plan = plan_patch(model, method, params)
         _apply(model, plan)
     logger.info("hf_posenc: patched %s with %s %s", type(model).__name__, plan.info.method, plan.info.params)
-    _warn_serving_gaps(model.config.to_dict(), plan.info)
+    _warn_serving_gaps(model, plan.info)
     return model
 
 
-_WARNED: set[str] = set()  # the specs whose serving gaps were logged (once a process: eval patches many times)
+_CHECKED: set[str] = set()  # the specs whose serving gaps were looked at (once a process: eval patches many times)
 
 
-def _warn_serving_gaps(config: dict[str, Any], info: PatchInfo) -> None:
+def _warn_serving_gaps(model: nn.Module, info: PatchInfo) -> None:
     """Log once per method spec the serving engines known to build the saved config otherwise, or without the
-    method (:mod:`hf_posenc.serving`; a refusal is what a config of hf_posenc's own types asks for)."""
-    gaps = [f for f in engine_findings(config) if f.engine != "config" and f.severity in ("differs", "ignored")]
+    method (:mod:`hf_posenc.serving`; a refusal is what a config of hf_posenc's own types asks for). A spec seen
+    before is not looked at again."""
     spec = format_method_spec(info.method, info.params)
-    if not gaps or spec in _WARNED:
+    if spec in _CHECKED:
         return
-    _WARNED.add(spec)
+    _CHECKED.add(spec)
+    findings = engine_findings(model.config.to_dict())
+    gaps = [f for f in findings if f.engine != "config" and f.severity in ("differs", "ignored")]
+    if not gaps:
+        return
     logger.warning(
         "hf_posenc: serving engines build the %s config otherwise: %s (`hf-posenc check SAVED` says how).",
         info.method,

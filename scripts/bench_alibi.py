@@ -8,7 +8,9 @@ model builds it once for all layers). Variants:
   (the target's reference);
 * ``alibi_flex``: hf_posenc's flex backend (compiled ``flex_attention`` + ALiBi score_mod, O(n) memory);
 * ``alibi_cudnn``: hf_posenc's cudnn backend (cuDNN frontend's fused ALiBi; needs ``nvidia-cudnn-frontend``);
-* ``alibi_sdpa``: hf_posenc's sdpa backend (an n x n bias per call), only up to ``--sdpa-max``.
+* ``alibi_sdpa``: hf_posenc's sdpa backend (an n x n bias per call), only up to ``--sdpa-max``;
+* ``cudnn_direct``: NVIDIA's fused ALiBi called directly (CUDA): the same cuDNN graphs planned once, executed on
+  buffers and a workspace allocated once, no autograd, no mask function: the floor of the ``cudnn`` backend.
 
 Before timing, each ALiBi backend is checked against the eager reference at a small length. Reports
 median ms, TFLOP/s (causal: forward 2·B·H·n²·D, backward 2.5x that) and peak memory, as JSON.
@@ -86,6 +88,39 @@ def fused(q, k, v, scale: float, backward: bool) -> bool:
     )
 
 
+def cudnn_direct(q, k, v, backward: bool, calls: int = 1):
+    """One call of cuDNN's fused ALiBi graph(s), everything but the kernels done beforehand."""
+    frontend = cudnn.cudnn
+    handle = frontend.create_handle()
+    frontend.set_stream(handle=handle, stream=torch.cuda.current_stream(q.device).cuda_stream)
+    q, k, v, scale = q.detach(), k.detach(), v.detach(), q.shape[-1] ** -0.5
+    graphs, packs = [cudnn.forward_graph(q, k, v, scale, training=backward, handle=handle)], []
+    output, stats = cudnn.new_output(q), torch.empty(*q.shape[:3], 1, dtype=torch.float32, device=q.device)
+    packs.append({graphs[0].q: q, graphs[0].k: k, graphs[0].v: v, graphs[0].o: output})
+    if backward:
+        packs[0][graphs[0].stats] = stats
+        grad_output = torch.randn_like(output)
+        graph = cudnn.backward_graph(q, k, v, output, grad_output, stats, scale, handle=handle)
+        tensors = (q, k, v, output, grad_output, stats, *(torch.empty_like(t) for t in (q, k, v)))
+        handles = (graph.q, graph.k, graph.v, graph.o, graph.d_o, graph.stats, graph.dq, graph.dk, graph.dv)
+        graphs.append(graph)
+        packs.append(dict(zip(handles, tensors, strict=True)))
+    workspaces = []
+    for built in graphs:
+        built.graph.build_operation_graph()
+        built.graph.create_execution_plans([frontend.heur_mode.A, frontend.heur_mode.FALLBACK])
+        built.graph.check_support()
+        built.graph.build_plans()
+        workspaces.append(torch.empty(built.graph.get_workspace_size(), dtype=torch.uint8, device=q.device))
+
+    def run():
+        for _ in range(calls):
+            for built, pack, workspace in zip(graphs, packs, workspaces, strict=True):
+                built.graph.execute(pack, workspace, handle=handle)
+
+    return run
+
+
 def check_against_eager(args: argparse.Namespace, device: torch.device) -> dict[str, float]:
     """Max |difference| of each backend against the eager reference (float32 math) at 1024 tokens."""
     q, k, v = make_inputs(1024, args, device, grad=False)
@@ -98,23 +133,39 @@ def check_against_eager(args: argparse.Namespace, device: torch.device) -> dict[
     return errors
 
 
-def timed(run, q, k, v, backward: bool):
+def timed(run, q, k, v, backward: bool, calls: int = 1):
+    """One timed unit: ``calls`` calls back to back (the next one queued while the last runs, as a model's layers
+    are), so that launch overhead counts as it does in a forward rather than once per synchronisation."""
     if not backward:
 
         def forward():
             with torch.no_grad():
-                return run(q, k, v)
+                for _ in range(calls):
+                    run(q, k, v)
 
         return forward
     grad = torch.randn_like(q).transpose(1, 2)  # outputs are (B, T, H, D) from our functions
 
     def forward_backward():
-        out = run(q, k, v)
-        out = out if out.shape == grad.shape else out.transpose(1, 2)
-        out.backward(grad)
-        q.grad = k.grad = v.grad = None
+        for _ in range(calls):
+            out = run(q, k, v)
+            out = out if out.shape == grad.shape else out.transpose(1, 2)
+            out.backward(grad)
+            q.grad = k.grad = v.grad = None
 
     return forward_backward
+
+
+def peak_gib(run, device: torch.device) -> float | None:
+    """Peak memory of one call (GiB), the inputs included; None off CUDA."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    run()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) / 2**30
 
 
 def bench(args: argparse.Namespace) -> dict:
@@ -123,26 +174,28 @@ def bench(args: argparse.Namespace) -> dict:
     for length in args.lengths:
         for backward in (False, True):
             q, k, v = make_inputs(length, args, device, grad=backward)
-            variants = {"sdpa_causal": timed(lambda q, k, v: causal_sdpa(q, k, v, device), q, k, v, backward)}
+            calls = max(1, min(16, (16384 // length) ** 2))  # short calls: many per timed unit
+            sdpa = timed(lambda q, k, v: causal_sdpa(q, k, v, device), q, k, v, backward, calls)
+            variants = {"sdpa_causal": sdpa}
             for name in BACKENDS:
                 if name == "alibi_sdpa" and length > args.sdpa_max:
                     continue
                 if name in ("alibi_flex", "alibi_cudnn") and backward and device.type != "cuda":
                     continue  # flex_attention has no backward on CPU; cudnn falls back to flex there
-                variants[name] = timed(alibi_call(name, q, k, v, device, args.heads), q, k, v, backward)
+                variants[name] = timed(alibi_call(name, q, k, v, device, args.heads), q, k, v, backward, calls)
+            if "alibi_cudnn" in BACKENDS and device.type == "cuda":
+                variants["cudnn_direct"] = cudnn_direct(q, k, v, backward, calls)
             flops = 2 * args.batch * args.heads * length**2 * args.head_dim * (3.5 if backward else 1.0)
+            seconds = time_rounds(variants, device, args.repeats)  # interleaved: drift hits every variant alike
             for name, run in variants.items():
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                    torch.cuda.reset_peak_memory_stats(device)
-                seconds = time_rounds({name: run}, device, args.repeats)[name]
-                peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+                peak = peak_gib(run, device)
                 row = {
                     "length": length,
                     "pass": "forward+backward" if backward else "forward",
                     "variant": name,
-                    "ms": seconds * 1e3,
-                    "tflops": flops / seconds / 1e12,
+                    "calls_per_timing": calls,
+                    "ms": seconds[name] / calls * 1e3,
+                    "tflops": flops * calls / seconds[name] / 1e12,
                     "peak_gib": peak,
                     **({"fused": fused(q, k, v, args.head_dim**-0.5, backward)} if name == "alibi_cudnn" else {}),
                 }
@@ -155,6 +208,11 @@ def bench(args: argparse.Namespace) -> dict:
             if r["length"] == row["length"] and r["pass"] == row["pass"] and r["variant"] == "sdpa_causal"
         )
         row["vs_sdpa_causal"] = base["ms"] / row["ms"]
+        if row["variant"] == "alibi_cudnn":
+            direct = [r for r in results if r["variant"] == "cudnn_direct" and r["length"] == row["length"]]
+            direct = [r for r in direct if r["pass"] == row["pass"]]
+            if direct:
+                row["vs_cudnn_direct"] = direct[0]["ms"] / row["ms"]
     return {
         "benchmark": "alibi_attention",
         "args": vars(args),
@@ -174,7 +232,7 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--sdpa-max", type=int, default=16384, help="longest length for the n x n-bias sdpa backend")
     parser.add_argument("--out", type=Path, default=None, help="results JSON (printed only when omitted)")
     args = parser.parse_args()

@@ -23,6 +23,7 @@ def test_compiled_flex_generates_without_recompiling(monkeypatch):
     monkeypatch.setattr(masks, "compiles_flex", lambda device: True)
     compiled = torch.compile(functions.flex_attention, dynamic=True, backend="aot_eager")
     monkeypatch.setattr(functions, "_compiled_flex_attention", lambda: compiled)
+    monkeypatch.setattr(functions, "STATIC_PREFILLS", 0)  # prefills too on the compilation for dynamic shapes
     torch._dynamo.reset()
     model = make_tiny("llama")
     hf_posenc.patch(model, "alibi", backend="flex")
@@ -52,3 +53,24 @@ def left_padded(length: int, padding: int) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.randint(1, 97, (2, length), generator=torch.Generator().manual_seed(length))
     mask = (torch.arange(length) >= torch.tensor([[0], [padding]])).long()
     return ids, mask
+
+
+def test_prefills_get_fixed_shape_compilations_up_to_a_bound(monkeypatch):
+    """A prefill gets flex compiled for its shapes (a faster kernel), for the first few kinds of call; decoding
+    steps and kinds past the bound get the compilation for dynamic shapes, so dynamo's recompile limit (past
+    which flex runs uncompiled, n x n) is never reached."""
+    monkeypatch.setattr(functions, "_static_prefills", set())
+    monkeypatch.setattr(functions, "_compiled_flex_attention", lambda: "dynamic")
+    monkeypatch.setattr(functions, "_compiled_static_flex_attention", lambda: "static")
+
+    def compiled_for(q_length: int, kv_length: int, kind: str = "ALiBi indices") -> str:
+        query, key = torch.empty(1, 4, q_length, 16), torch.empty(1, 2, kv_length, 16)
+        return functions._compiled_flex_for(query, key, kind)
+
+    assert compiled_for(1, 40) == "dynamic"  # a decoding step
+    kinds = [compiled_for(n, n) for n in (64, 128, 256)] + [compiled_for(64, 64, "ALiBi positions")]
+    assert kinds == ["static"] * functions.STATIC_PREFILLS
+    assert compiled_for(512, 512) == "dynamic"  # past the bound
+    assert compiled_for(128, 128) == "static"  # a kind already compiled for
+    with torch.no_grad():
+        assert compiled_for(128, 128) == "dynamic"  # grad mode is part of the kind (dynamo guards on it)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Issue 16's GPU runs through the device tool, results and logs under $OUT. Stages, in the order given:
+#   bash scripts/gpu_run.sh tests alibi     # python -m pytest -m gpu; scripts/bench_alibi.py
+#   bash scripts/gpu_run.sh eval rope extension   # bench_eval.py, bench_rope_overhead.py, bench_extension.py
+# (all five take about 14 minutes on an H100: two calls of the tool's 10-minute limit). The machine's
+# transformers is older than the project's floor: newer pure-Python wheels travel in .whl/ (see the device
+# README); the project itself runs from the working tree.
+set -u -o pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,temperature.gpu --format=csv
+python3 -c "import torch, transformers, cudnn; print(torch.__version__, torch.version.cuda, transformers.__version__,
+      'cudnn', torch.backends.cudnn.version(), 'frontend', cudnn.__version__, 'backend', cudnn.backend_version())"
+ROPE_METHODS=(pi:factor=4 ntk:factor=4 dynamic-ntk:factor=4 ntk-by-parts:factor=4 yarn:factor=4 dynamic-yarn llama3:factor=8)
+for stage in "$@"; do
+    case "$stage" in
+    tests) timeout 200 python3 -m pytest -m gpu -p no:cacheprovider -q -rs --continue-on-collection-errors ;;
+    alibi) timeout 200 python3 scripts/bench_alibi.py --lengths 4096,16384,32768,131072 --out "$OUT/alibi_h100.json" ;;
+    eval) timeout 200 python3 scripts/bench_eval.py --output "$OUT/eval_h100.json" ;;
+    rope)
+        timeout 330 python3 scripts/bench_rope_overhead.py --shape llama-7b --lengths 4096,16384,32768 \
+            "${ROPE_METHODS[@]/#/--method=}" --note "H100, device tool" --output "$OUT/rope_overhead_h100.json"
+        ;;
+    extension)
+        timeout 150 python3 scripts/bench_extension.py --device cuda --dtype bfloat16 --lengths 32k,128k \
+            --output "$OUT/extension_h100.json"
+        ;;
+    *)
+        echo "unknown stage $stage: tests, alibi, eval, rope, extension" >&2
+        exit 2
+        ;;
+    esac 2>&1 | tee "$OUT/$stage.log"
+done

@@ -8,11 +8,14 @@
 
 from __future__ import annotations
 
+from ._startup import quiet_interrupt
 from ._version import __version__
-from .hub import HubError, HubPushError, from_pretrained, push_to_hub
-from .methods import alibi_slopes, rope_frequencies, sinusoidal_table, t5_buckets
-from .patching import PatchInfo, get_patch, patch, patched, unpatch
-from .registry import available_methods
+
+with quiet_interrupt():  # seconds of torch and transformers: Ctrl-C there is one line in the hf-posenc command
+    from .hub import HubError, HubPushError, from_pretrained, push_to_hub
+    from .methods import alibi_slopes, rope_frequencies, sinusoidal_table, t5_buckets
+    from .patching import PatchInfo, get_patch, patch, patched, unpatch
+    from .registry import available_methods
 
 __all__ = [
     "HubError",

@@ -18,6 +18,7 @@ import importlib
 import re
 import sys
 
+from .._startup import INTERRUPTED_EXIT, quiet_interrupt
 from ..hub_errors import HubError, redact
 
 COMMAND_MODULES = (
@@ -30,7 +31,6 @@ COMMAND_MODULES = (
 )
 _PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
 INTERRUPTED = "interrupted."
-INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command killed by Ctrl-C
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +59,8 @@ def with_flags(message: str, flags: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    with quiet_interrupt():  # importing the commands' modules
+        args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:

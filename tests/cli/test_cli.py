@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
+from hf_posenc import _startup
 from hf_posenc.cli import build_parser, flag_names, main, with_flags
 from hf_posenc.cli import eval as eval_cli
 from hf_posenc.cli import hub as hub_cli
@@ -82,3 +86,41 @@ def test_every_message_printed_is_redacted(monkeypatch, capsys):
     assert main(["card", "--model", "org/m", "--method", "yarn", "--token", "given-token-7"]) == 2
     err = capsys.readouterr().err
     assert err == "hf-posenc card: error: the server said: ***, ***, Bearer ***, ***\n"
+
+
+# Ctrl-C at the moment `import transformers` runs (where a real one usually lands: seconds of imports).
+_INTERRUPTED_IMPORT = """
+import builtins, sys
+sys.argv[0] = {argv0!r}
+real_import = builtins.__import__
+def interrupting(name, *args, **kwargs):
+    if name == "transformers":
+        raise KeyboardInterrupt
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = interrupting
+import hf_posenc.cli
+"""
+
+
+@pytest.mark.parametrize("argv0", ["/venv/bin/hf-posenc", "-m"])  # the console script; python -m hf_posenc
+def test_ctrl_c_while_the_command_starts_is_one_line_and_130(argv0):
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_IMPORT.format(argv0=argv0)], capture_output=True, text=True
+    )
+    assert done.returncode == 130
+    assert done.stderr == f"hf-posenc: {_startup.STARTING}\n"
+
+
+def test_a_program_importing_hf_posenc_keeps_its_keyboard_interrupt():
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_IMPORT.format(argv0="train.py")], capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "Traceback" in done.stderr and done.stderr.rstrip().endswith("KeyboardInterrupt")
+
+
+@pytest.mark.parametrize(
+    ("argv0", "command"), [("hf-posenc", True), ("hf-posenc.exe", True), ("-m", True), ("pytest", False), ("", False)]
+)
+def test_the_command_is_told_apart_by_its_argv0(monkeypatch, argv0, command):
+    monkeypatch.setattr(sys, "argv", [argv0])
+    assert _startup.is_command() is command

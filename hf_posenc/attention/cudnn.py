@@ -200,9 +200,12 @@ def prepare(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: 
         return False
     if not training:
         return True
-    output, stats = new_output(query), _new_stats(query)
-    build = functools.partial(backward_graph, query, key, value, output, output, stats, scale, handle)
-    return _cached(_key("backward", query, key, value, scale), build) is not None
+
+    def build_backward() -> BackwardGraph:  # the output and statistics as the forward lays them out
+        output = new_output(query)
+        return backward_graph(query, key, value, output, output, _new_stats(query), scale, handle)
+
+    return _cached(_key("backward", query, key, value, scale), build_backward) is not None
 
 
 def _new_stats(query: torch.Tensor) -> torch.Tensor:

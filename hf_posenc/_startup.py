@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Iterator
 
@@ -17,10 +18,25 @@ STARTING = "interrupted while starting; nothing was run or written."
 
 
 def is_command() -> bool:
-    """Whether this process is the ``hf-posenc`` command: its console script, or ``python -m hf_posenc`` (and
-    ``accelerate launch -m hf_posenc``), whose ``sys.argv[0]`` is ``-m`` while the package is imported."""
+    """Whether this process is the ``hf-posenc`` command: its console script, or ``python -m hf_posenc`` (as
+    ``accelerate launch -m hf_posenc`` runs it), told from the interpreter's own command line."""
     argv = getattr(sys, "argv", None) or [""]
-    return os.path.splitext(os.path.basename(argv[0]))[0] in ("hf-posenc", "-m")
+    if os.path.splitext(re.split(r"[\\/]", argv[0])[-1])[0].lower() == "hf-posenc":
+        return True
+    return _module_run(list(getattr(sys, "orig_argv", []))[1:]) == "hf_posenc"
+
+
+def _module_run(options: list[str]) -> str | None:
+    """The module of ``python [options] -m MODULE``, or None for a script, ``-c`` or the interactive prompt."""
+    index = 0
+    while index < len(options):
+        option = options[index]
+        if option.startswith("-m"):
+            return option[2:] or (options[index + 1] if index + 1 < len(options) else None)
+        if not option.startswith("-") or option == "-" or option.startswith("-c"):
+            return None
+        index += 2 if option in ("-X", "-W", "--check-hash-based-pycs") else 1
+    return None
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from hf_posenc.attention import cudnn
 from hf_posenc.eval.results import device_description
 
 # Llama-2-7B's shape (random weights) and a tiny one for a CPU smoke run.
@@ -48,6 +49,8 @@ def environment(device: torch.device) -> dict:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
+        **({"cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()} if device.type == "cuda" else {}),
+        **({"cudnn_frontend": cudnn.cudnn.__version__} if cudnn.installed() else {}),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
 

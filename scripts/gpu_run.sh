@@ -14,6 +14,7 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,temperature.gpu --format=csv
 python3 -c "import torch, transformers, cudnn; print(torch.__version__, torch.version.cuda, transformers.__version__,
       'cudnn', torch.backends.cudnn.version(), 'frontend', cudnn.__version__, 'backend', cudnn.backend_version())"
+status=0  # a failed stage fails the script, after the later stages have run
 ROPE_METHODS=(pi:factor=4 ntk:factor=4 dynamic-ntk:factor=4 ntk-by-parts:factor=4 yarn:factor=4 dynamic-yarn llama3:factor=8)
 for stage in "$@"; do
     case "$stage" in
@@ -32,5 +33,6 @@ for stage in "$@"; do
         echo "unknown stage $stage: tests, alibi, eval, rope, extension" >&2
         exit 2
         ;;
-    esac 2>&1 | tee "$OUT/$stage.log"
+    esac 2>&1 | tee "$OUT/$stage.log" || status=1
 done
+exit "$status"

@@ -20,6 +20,7 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from ..methods.alibi import alibi_slopes
 from . import cudnn, masks
+from .compiled_flex import compiled_flex
 from .masks import AlibiBlockMask, AlibiPrefillMask, alibi_distance_mask
 
 
@@ -116,48 +117,11 @@ def sdpa_bias_attention(bias_of: BiasOf, name: str) -> Callable[..., tuple[torch
     return attention
 
 
-@functools.cache
-def _compiled_flex_attention():
-    return torch.compile(flex_attention, dynamic=True)
-
-
-STATIC_PREFILLS = 4
-"""How many kinds of prefill call get flex compiled for their exact shapes (see :func:`_compiled_flex_for`)."""
-_static_prefills: set[tuple] = set()
-
-
-def _static_flex(*args: Any, **kwargs: Any) -> torch.Tensor:
-    """``flex_attention`` under a name of its own: dynamo counts recompilations per code object, so the
-    compilations for fixed shapes leave the budget of the dynamic one alone."""
-    return flex_attention(*args, **kwargs)
-
-
-@functools.cache
-def _compiled_static_flex_attention():
-    return torch.compile(_static_flex, dynamic=False)
-
-
-def _compiled_flex_for(query: torch.Tensor, key: torch.Tensor, kind: str) -> Callable:
-    """Compiled flex for a call on CUDA. Compiled for fixed lengths, the kernel runs about 1.6x faster than
-    compiled for dynamic shapes on an H100 (16k and 32k tokens; scripts/bench_alibi.py), so a prefill (query
-    length = key length: the long forwards of evaluation and training) gets a compilation for its shapes, for
-    the first :data:`STATIC_PREFILLS` kinds of call seen. Every other call (a decoding step, whose key length
-    grows by one each time) and kinds past those run the compilation for dynamic shapes: one per length would
-    reach dynamo's recompile limit, past which flex runs uncompiled, n x n in memory."""
-    if query.shape[2] != key.shape[2]:
-        return _compiled_flex_attention()
-    call = (kind, query.shape, key.shape, query.dtype, query.device, torch.is_grad_enabled(), query.requires_grad)
-    if call not in _static_prefills and len(_static_prefills) >= STATIC_PREFILLS:
-        return _compiled_flex_attention()
-    _static_prefills.add(call)
-    return _compiled_static_flex_attention()
-
-
 def flex_bias_attention(score_bias: ScoreBias, name: str) -> Callable[..., tuple[torch.Tensor, None]]:
     """``flex_attention`` with a score_mod adding ``score_bias(module, device)(i - j, head)``: the bias is computed
-    per block, memory O(n). Compiled (one compilation, dynamic shapes) on CUDA; on CPU it runs uncompiled, as a
-    small-size check. ``i - j`` from the token positions (with padding), else from the indices and the cache
-    offsets (``index_shift``: no loads of positions)."""
+    per block, memory O(n). Compiled on CUDA (:mod:`hf_posenc.attention.compiled_flex`); on CPU it runs
+    uncompiled, as a small-size check. ``i - j`` from the token positions (with padding), else from the indices
+    and the cache offsets (``index_shift``: no loads of positions)."""
 
     def attention(
         module: nn.Module,
@@ -181,18 +145,17 @@ def flex_bias_attention(score_bias: ScoreBias, name: str) -> Callable[..., tuple
         def index_score_mod(score, batch, head, q_idx, kv_idx):
             return score + bias(q_idx - kv_idx + shift, head)
 
-        attend = flex_attention
-        if masks.compiles_flex(query.device):
-            attend = _compiled_flex_for(query, key, f"{name} {'positions' if shift is None else 'indices'}")
-        output = attend(
-            query,
-            key,
-            value,
+        flex = dict(
             score_mod=score_mod if shift is None else index_score_mod,
             block_mask=attention_mask.block_mask,
             scale=scaling,
             enable_gqa=query.shape[1] != key.shape[1],
         )
+        if masks.compiles_flex(query.device):
+            label = f"{name} {'positions' if shift is None else 'indices'}"
+            output = compiled_flex(label, query, key, value, **flex)
+        else:
+            output = flex_attention(query, key, value, **flex)
         return output.transpose(1, 2).contiguous(), None  # (B, q, H, D)
 
     return attention

@@ -9,21 +9,23 @@ inductor as in the library. Compiling takes tens of seconds on CPU, so the test 
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from conftest import make_tiny
 from helpers import generate
 
 import hf_posenc
-from hf_posenc.attention import functions, masks
+from hf_posenc.attention import compiled_flex, functions, masks
 
 
 @pytest.mark.slow
 def test_compiled_flex_generates_without_recompiling(monkeypatch):
     monkeypatch.setattr(masks, "compiles_flex", lambda device: True)
     compiled = torch.compile(functions.flex_attention, dynamic=True, backend="aot_eager")
-    monkeypatch.setattr(functions, "_compiled_flex_attention", lambda: compiled)
-    monkeypatch.setattr(functions, "STATIC_PREFILLS", 0)  # prefills too on the compilation for dynamic shapes
+    monkeypatch.setattr(compiled_flex, "_compiled_flex_attention", lambda: compiled)
+    monkeypatch.setattr(compiled_flex, "STATIC_PREFILLS", 0)  # prefills too on the compilation for dynamic shapes
     torch._dynamo.reset()
     model = make_tiny("llama")
     hf_posenc.patch(model, "alibi", backend="flex")
@@ -57,20 +59,61 @@ def left_padded(length: int, padding: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_prefills_get_fixed_shape_compilations_up_to_a_bound(monkeypatch):
     """A prefill gets flex compiled for its shapes (a faster kernel), for the first few kinds of call; decoding
-    steps and kinds past the bound get the compilation for dynamic shapes, so dynamo's recompile limit (past
-    which flex runs uncompiled, n x n) is never reached."""
-    monkeypatch.setattr(functions, "_static_prefills", set())
-    monkeypatch.setattr(functions, "_compiled_flex_attention", lambda: "dynamic")
-    monkeypatch.setattr(functions, "_compiled_static_flex_attention", lambda: "static")
+    steps and kinds past the bound get the compilation for dynamic shapes."""
+    monkeypatch.setattr(compiled_flex, "_STATIC", compiled_flex.StaticPrefills())
+    monkeypatch.setattr(compiled_flex, "_compiled_flex_attention", lambda: lambda *args, **kwargs: "dynamic")
+    monkeypatch.setattr(compiled_flex, "_compiled_static_flex_attention", lambda: lambda *args, **kwargs: "static")
 
-    def compiled_for(q_length: int, kv_length: int, kind: str = "ALiBi indices") -> str:
+    def compiled_for(q_length: int, kv_length: int, label: str = "ALiBi indices") -> str:
         query, key = torch.empty(1, 4, q_length, 16), torch.empty(1, 2, kv_length, 16)
-        return functions._compiled_flex_for(query, key, kind)
+        return compiled_flex.compiled_flex(label, query, key, key, scale=0.25)
 
     assert compiled_for(1, 40) == "dynamic"  # a decoding step
     kinds = [compiled_for(n, n) for n in (64, 128, 256)] + [compiled_for(64, 64, "ALiBi positions")]
-    assert kinds == ["static"] * functions.STATIC_PREFILLS
+    assert kinds == ["static"] * compiled_flex.STATIC_PREFILLS
     assert compiled_for(512, 512) == "dynamic"  # past the bound
     assert compiled_for(128, 128) == "static"  # a kind already compiled for
     with torch.no_grad():
         assert compiled_for(128, 128) == "dynamic"  # grad mode is part of the kind (dynamo guards on it)
+
+
+@pytest.mark.slow
+def test_at_dynamos_recompile_limit_prefills_go_to_the_dynamic_compilation(monkeypatch):
+    """Dynamo guards on more than a kind records, and the bound may be set past its recompile limit (8): the
+    fixed-shape compilation raises there (fullgraph) and that call, and every later prefill, runs the dynamic
+    compilation, never uncompiled flex (n x n on a GPU). Same logits as the eager backend throughout."""
+    monkeypatch.setattr(masks, "compiles_flex", lambda device: True)
+    monkeypatch.setattr(compiled_flex, "STATIC_PREFILLS", 100)  # only dynamo's limit stops the fixed shapes
+    dynamic = torch.compile(functions.flex_attention, dynamic=True, backend="aot_eager")
+    static = torch.compile(compiled_flex._static_flex, dynamic=False, fullgraph=True, backend="eager")
+    calls = {"static": 0, "dynamic": 0}
+
+    def counted(name, compiled):
+        def run(*args, **kwargs):
+            calls[name] += 1
+            return compiled(*args, **kwargs)
+
+        return lambda: run
+
+    monkeypatch.setattr(compiled_flex, "_STATIC", compiled_flex.StaticPrefills())
+    monkeypatch.setattr(compiled_flex, "_compiled_flex_attention", counted("dynamic", dynamic))
+    monkeypatch.setattr(compiled_flex, "_compiled_static_flex_attention", counted("static", static))
+    torch._dynamo.reset()
+    model, eager = make_tiny("llama"), make_tiny("llama")
+    hf_posenc.patch(model, "alibi", backend="flex")
+    hf_posenc.patch(eager, "alibi", backend="eager")
+    ids = torch.randint(1, 97, (1, 40), generator=torch.Generator().manual_seed(2))
+    with pytest.warns() as warned:
+        for length in (16, 24, 32, 40):
+            for mode, cache in ((torch.no_grad, False), (torch.inference_mode, False), (torch.no_grad, True)):
+                with mode():
+                    logits = model(ids[:, :length], use_cache=cache).logits
+                    expected = eager(ids[:, :length], use_cache=cache).logits
+                torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+        warnings.warn("the block needs one warning for pytest.warns", stacklevel=1)
+    assert not [w for w in warned if "without torch.compile" in str(w.message)]  # never uncompiled
+    assert compiled_flex._STATIC.closed  # the limit was reached, and the calls went on
+    limit, layers = torch._dynamo.config.recompile_limit, model.config.num_hidden_layers
+    # Forwards 1..limit on fixed shapes (one compilation each, all layers); the next one's first layer refused
+    # there, and it and every later forward on the dynamic compilation.
+    assert calls == {"static": layers * limit + 1, "dynamic": layers * (12 - limit)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -88,39 +89,61 @@ def test_every_message_printed_is_redacted(monkeypatch, capsys):
     assert err == "hf-posenc card: error: the server said: ***, ***, Bearer ***, ***\n"
 
 
-# Ctrl-C at the moment `import transformers` runs (where a real one usually lands: seconds of imports).
-_INTERRUPTED_IMPORT = """
-import builtins, sys
-sys.argv[0] = {argv0!r}
+# Ctrl-C at the moment a module is imported (where a real one usually lands: seconds of imports), for every
+# program the interpreter runs: a sitecustomize on the path.
+_INTERRUPTING_IMPORT = """
+import builtins
 real_import = builtins.__import__
 def interrupting(name, *args, **kwargs):
-    if name == "transformers":
+    if name == {name!r}:
         raise KeyboardInterrupt
     return real_import(name, *args, **kwargs)
 builtins.__import__ = interrupting
-import hf_posenc.cli
 """
 
 
-@pytest.mark.parametrize("argv0", ["/venv/bin/hf-posenc", "-m"])  # the console script; python -m hf_posenc
-def test_ctrl_c_while_the_command_starts_is_one_line_and_130(argv0):
-    done = subprocess.run(
-        [sys.executable, "-c", _INTERRUPTED_IMPORT.format(argv0=argv0)], capture_output=True, text=True
-    )
-    assert done.returncode == 130
-    assert done.stderr == f"hf-posenc: {_startup.STARTING}\n"
+def _interrupted_run(tmp_path, monkeypatch, at: str, *command: str) -> subprocess.CompletedProcess:
+    (tmp_path / "sitecustomize.py").write_text(_INTERRUPTING_IMPORT.format(name=at))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    return subprocess.run([sys.executable, *command], capture_output=True, text=True, cwd=tmp_path)
 
 
-def test_a_program_importing_hf_posenc_keeps_its_keyboard_interrupt():
-    done = subprocess.run(
-        [sys.executable, "-c", _INTERRUPTED_IMPORT.format(argv0="train.py")], capture_output=True, text=True
-    )
+@pytest.mark.parametrize(
+    ("at", "command"),
+    [
+        ("transformers", ["-m", "hf_posenc", "eval", "--help"]),  # the package's import
+        ("training.packing", ["-m", "hf_posenc", "eval", "--help"]),  # the commands' modules, in main()
+        ("transformers", ["-c", "import sys; sys.argv[0] = '/venv/bin/hf-posenc'; import hf_posenc.cli"]),  # script
+    ],
+)
+def test_ctrl_c_while_the_command_starts_is_one_line_and_130(tmp_path, monkeypatch, at, command):
+    done = _interrupted_run(tmp_path, monkeypatch, at, *command)
+    assert (done.returncode, done.stderr) == (130, f"hf-posenc: {_startup.STARTING}\n")
+
+
+def test_a_program_importing_hf_posenc_keeps_its_keyboard_interrupt(tmp_path, monkeypatch):
+    (tmp_path / "myproject").mkdir()
+    (tmp_path / "myproject" / "__init__.py").write_text("import hf_posenc\n")
+    (tmp_path / "myproject" / "__main__.py").write_text("")
+    done = _interrupted_run(tmp_path, monkeypatch, "transformers", "-m", "myproject")
     assert done.returncode != 0 and "Traceback" in done.stderr and done.stderr.rstrip().endswith("KeyboardInterrupt")
 
 
 @pytest.mark.parametrize(
-    ("argv0", "command"), [("hf-posenc", True), ("hf-posenc.exe", True), ("-m", True), ("pytest", False), ("", False)]
+    ("argv", "line", "command"),
+    [
+        (["/venv/bin/hf-posenc"], ["/venv/bin/python", "/venv/bin/hf-posenc", "eval"], True),
+        (["C:\\venv\\Scripts\\HF-POSENC.EXE"], ["python.exe", "hf-posenc.exe"], True),
+        (["-m"], ["python", "-m", "hf_posenc", "eval"], True),  # while the package imports
+        (["/x/hf_posenc/__main__.py"], ["python", "-X", "importtime", "-m", "hf_posenc"], True),  # then
+        (["/x/hf_posenc/__main__.py"], ["python", "-mhf_posenc"], True),
+        (["-m"], ["python", "-m", "myproject.train"], False),  # a package that imports hf_posenc
+        (["train.py"], ["python", "train.py", "-m", "hf_posenc"], False),  # an argument of a script
+        (["pytest"], ["python", "-m", "pytest"], False),
+        ([], [], False),
+    ],
 )
-def test_the_command_is_told_apart_by_its_argv0(monkeypatch, argv0, command):
-    monkeypatch.setattr(sys, "argv", [argv0])
+def test_the_command_is_told_apart_by_the_interpreters_command_line(monkeypatch, argv, line, command):
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(sys, "orig_argv", line)
     assert _startup.is_command() is command

@@ -26,7 +26,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import hf_posenc
-from hf_posenc.attention import IMPLEMENTATIONS
+from hf_posenc.attention import IMPLEMENTATIONS, compiled_flex
 from hf_posenc.methods import alibi_slopes
 from hf_posenc.patching import attention as alibi_planner
 
@@ -355,7 +355,10 @@ def test_bad_input_raises_and_changes_nothing(case, build, params, error, match)
 
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_flex_compiled_on_cuda_matches_eager(dtype):
+@pytest.mark.parametrize("fixed_shapes", [4, 0])  # prefills compiled for their shapes, or all dynamic
+def test_flex_compiled_on_cuda_matches_eager(monkeypatch, dtype, fixed_shapes):
+    monkeypatch.setattr(compiled_flex, "STATIC_PREFILLS", fixed_shapes)
+    monkeypatch.setattr(compiled_flex, "_STATIC", compiled_flex.StaticPrefills())  # whatever ran before
     ids = torch.randint(1, 97, (2, 700), generator=torch.Generator().manual_seed(9)).cuda()
     mask = torch.ones_like(ids)
     mask[0, :123] = 0

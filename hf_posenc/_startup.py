@@ -40,7 +40,7 @@ def _module_run(options: list[str]) -> str | None:
 
 
 @contextlib.contextmanager
-def quiet_interrupt(prefix: str = "hf-posenc") -> Iterator[None]:
+def quiet_interrupt() -> Iterator[None]:
     """Turn a ``KeyboardInterrupt`` inside the block into ``SystemExit(130)`` and one line on stderr, in the
     command's process only."""
     try:
@@ -48,5 +48,5 @@ def quiet_interrupt(prefix: str = "hf-posenc") -> Iterator[None]:
     except KeyboardInterrupt:
         if not is_command():
             raise
-        print(f"{prefix}: {STARTING}", file=sys.stderr)
+        print(f"hf-posenc: {STARTING}", file=sys.stderr)
         raise SystemExit(INTERRUPTED_EXIT) from None

@@ -27,7 +27,7 @@ from ._version import __version__
 from .card import PLOT_FILE, EvalTable, LmEvalTable, load_eval_table, load_lm_eval_table, public_results, render_card
 from .encoding_plots import FREQUENCY_PLOT, patch_plot_file, write_patch_plot
 from .files import json_text
-from .hub_errors import HubError, HubPushError, call_hub
+from .hub_errors import HubError, HubPushError, call_hub, refuse_missing_folder
 from .patching.loading import load_patched_model
 from .plots import plot_ppl_vs_length
 from .record import PatchRecord
@@ -332,6 +332,7 @@ def read_metadata(
     if local.is_dir():
         path = local / METADATA_FILE if (local / METADATA_FILE).is_file() else None
     else:
+        refuse_missing_folder(pretrained_model_name_or_path)
         action = f"Reading {METADATA_FILE} of {pretrained_model_name_or_path!r}"
         hub_kwargs = dict(revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only)
         path = call_hub(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import httpx2
@@ -65,6 +66,14 @@ def _login_token() -> str | None:
         return get_token()
     except Exception:
         return None
+
+
+def refuse_missing_folder(name: str) -> None:
+    """Raise ``FileNotFoundError`` when ``name`` is written as a path (it starts with ``/``, ``.`` or ``~``, holds a
+    backslash or more than one ``/``: no Hub id does) and nothing is there. Asked for it, the Hub would answer
+    that the name is no valid repo id."""
+    if (name.startswith(("/", ".", "~")) or "\\" in name or name.count("/") > 1) and not Path(name).exists():
+        raise FileNotFoundError(f"{name!r}: no such file or folder (a path, not a Hub id)")
 
 
 def call_hub(call: Callable[[], T], error_type: type[HubError], action: str, token: str | bool | None) -> T:

@@ -25,7 +25,7 @@ import torch
 from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
 
 from .hub import from_pretrained, read_metadata
-from .hub_errors import HubError, call_hub
+from .hub_errors import HubError, call_hub, refuse_missing_folder
 from .patching import added_tensors, get_patch, unpatch
 from .record import PatchRecord
 from .registry import get_method
@@ -86,6 +86,7 @@ def saved_patch(name: str, *, gguf_file: str | None = None, **hub_kwargs: Any) -
 
 def read_config(name: str, **hub_kwargs: Any) -> PreTrainedConfig:
     """``AutoConfig.from_pretrained``, a failure of the Hub raised as a redacted :class:`HubError`."""
+    refuse_missing_folder(name)
     return call_hub(
         lambda: AutoConfig.from_pretrained(name, **hub_kwargs),
         HubError,

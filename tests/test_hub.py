@@ -19,6 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posenc
 from hf_posenc import hub
+from hf_posenc.hub_errors import refuse_missing_folder
 
 IDS = torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79] * 6])  # (1, 96) > L = 64
 
@@ -327,3 +328,20 @@ def test_pushed_results_are_standard_json_with_the_status_of_non_finite_rows(fak
     statuses = {row["length"]: (row["ppl"], row.get("status")) for row in pushed if row["method"] != "none"}
     assert statuses[8192] == (None, "overflow") and statuses[16384] == (None, "nan")
     assert all(status is None for length, (_, status) in statuses.items() if length < 8192)
+
+
+@pytest.mark.parametrize("name", ["/models/absent", "./absent", "../absent", "~/absent", "a/b/c", "C:\\models\\m"])
+def test_a_path_to_nothing_is_refused_before_the_hub_is_asked(tmp_path, monkeypatch, name):
+    """Asked, the Hub would answer that the name is no valid repo id."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+        refuse_missing_folder(name)
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+        hf_posenc.from_pretrained(name)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "org/name", "org/name.v2"])
+def test_hub_ids_and_existing_folders_go_on(tmp_path, name):
+    refuse_missing_folder(name)  # a Hub id: for the Hub to answer
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    refuse_missing_folder(str(tmp_path / "a" / "b"))

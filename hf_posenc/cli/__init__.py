@@ -77,5 +77,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _report(args: argparse.Namespace, message: str) -> None:
     """One line on stderr: ``message`` with flags for parameter names, and no token (``--token`` or the login's)."""
-    shown = redact(with_flags(message, args.flags), getattr(args, "token", None))
+    lines = (line.strip() for line in message.splitlines())  # a library's message may span several
+    shown = redact(with_flags(" ".join(line for line in lines if line), args.flags), getattr(args, "token", None))
     print(f"hf-posenc {args.command}: {shown}", file=sys.stderr)

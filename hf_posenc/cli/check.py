@@ -12,7 +12,7 @@ from typing import Any
 
 from huggingface_hub import hf_hub_download
 
-from ..hub_errors import HubError, call_hub
+from ..hub_errors import HubError, call_hub, refuse_missing_folder
 from ..record import PatchRecord
 from ..serving import ENGINES, Finding, engine_findings
 
@@ -115,6 +115,7 @@ def read_config(source: str, revision: str | None = None) -> dict[str, Any]:
         if not path.is_file():
             raise OSError(f"The folder {source} has no {CONFIG_FILE}.")
     elif not path.exists():
+        refuse_missing_folder(source)
         if not _REPO_ID.fullmatch(source) or source.endswith(".json"):
             raise OSError(f"{source}: no such file or folder, nor a Hub repo id (user/name).")
         path = _download(source, revision)

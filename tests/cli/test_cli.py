@@ -147,3 +147,31 @@ def test_the_command_is_told_apart_by_the_interpreters_command_line(monkeypatch,
     monkeypatch.setattr(sys, "argv", argv)
     monkeypatch.setattr(sys, "orig_argv", line)
     assert _startup.is_command() is command
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["eval", "--model", "{missing}", "--output", "{output}"],
+        ["passkey", "--model", "{missing}", "--output", "{output}"],
+        ["card", "--model", "{missing}", "--method", "yarn:factor=4", "--output", "{output}/README.md"],
+        ["push", "--model", "{missing}", "--method", "yarn:factor=4", "--repo", "me/r"],
+        ["check", "{missing}"],
+    ],
+)
+def test_a_model_path_to_nothing_is_one_line_and_writes_nothing(tmp_path, capsys, argv):
+    """Not the Hub's answer about repo ids: the path named, nothing written."""
+    missing, output = tmp_path / "models" / "absent", tmp_path / "run"
+    assert main([arg.format(missing=missing, output=output) for arg in argv]) == 2
+    err = capsys.readouterr().err
+    assert err == f"hf-posenc {argv[0]}: error: {str(missing)!r}: no such file or folder (a path, not a Hub id)\n"
+    assert not output.exists()
+
+
+def test_a_message_over_several_lines_is_printed_on_one(monkeypatch, capsys, tmp_path):
+    def failing(*args, **kwargs):
+        raise OSError("We couldn't connect.\n  Check your connection.\n")
+
+    monkeypatch.setattr(eval_cli, "run_perplexity", failing)
+    assert main(["eval", "--model", "org/m", "--dataset", "texts", "--output", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == "hf-posenc eval: error: We couldn't connect. Check your connection.\n"

@@ -62,7 +62,7 @@ def write(path, text: str):
 @pytest.mark.parametrize(
     ("make", "expected"),
     [
-        (lambda tmp: tmp / "missing" / "config.json", "no such file or folder, nor a Hub repo id"),
+        (lambda tmp: tmp / "missing" / "config.json", "no such file or folder (a path, not a Hub id)"),
         (lambda tmp: tmp, "has no config.json"),
         (lambda tmp: write(tmp / "config.json", "{not json"), "is not a JSON file"),
         (lambda tmp: write(tmp / "config.json", "[1, 2]"), "holds a JSON list, not a config object"),

@@ -3,7 +3,8 @@
 A Hub server (or a proxy) may echo the request's ``Authorization: Bearer <token>`` header in its error, and the
 Hub client's exception keeps the request (headers included) in ``response``. So an error of the Hub is never
 re-raised or chained: :func:`call_hub` raises a new :class:`HubError` with a redacted message, outside the
-``except`` block, so that neither its ``__cause__`` nor its ``__context__`` holds the original.
+``except`` block, so that neither its ``__cause__`` nor its ``__context__`` holds the original. A name written as
+a path to nothing is refused before the Hub is asked (:func:`refuse_missing_folder`).
 """
 
 from __future__ import annotations

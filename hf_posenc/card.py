@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ class EvalTable:
     results: list[dict[str, Any]]  # the results.json rows of the method and of none, for the plot
     measured_on: str = ""  # the --model of the run: a saved patched model, or the same as ``model``
     saved_patch: str | None = None  # the method that --model was saved with (its patch undone for ``none``)
+    report: dict[str, Any] = field(default_factory=dict, repr=False)  # the whole file as read (a push uploads it)
 
     def eval_results(self) -> list[EvalResult]:
         """One ``model-index`` perplexity per context length, for the method's finite rows on a Hub dataset
@@ -102,6 +103,7 @@ def load_eval_table(path: str | Path, record: PatchRecord) -> EvalTable:
         results=[row for row in data["results"] if row["method"] in (spec, NONE_METHOD)],
         measured_on=str(data["model"]),
         saved_patch=model.get("saved_patch"),
+        report=data,
     )
 
 
@@ -220,6 +222,7 @@ class LmEvalTable:
     max_length: int
     limit: float | None  # lm-eval's --limit: at most that many examples per task (a fraction below 1)
     rows: list[tuple[str, str, float | None, float | None]]  # (task, metric, none's score, the method's)
+    report: dict[str, Any] = field(default_factory=dict, repr=False)  # the whole file as read (a push uploads it)
 
 
 def load_lm_eval_table(path: str | Path, record: PatchRecord) -> LmEvalTable:
@@ -251,6 +254,7 @@ def load_lm_eval_table(path: str | Path, record: PatchRecord) -> LmEvalTable:
             for key, value in values.items()
             if "_stderr," not in key
         ],
+        report=data,
     )
 
 

@@ -31,7 +31,7 @@ from .hub_errors import HubError, HubPushError, call_hub, refuse_missing_folder
 from .patching.loading import load_patched_model
 from .plots import plot_ppl_vs_length
 from .record import PatchRecord
-from .report_files import read_report, report_for_file
+from .report_files import report_for_file
 
 METADATA_FILE = "hf_posenc.json"
 METADATA_FORMAT = 1
@@ -256,8 +256,7 @@ def stage_repo(
     (folder / METADATA_FILE).write_text(json_text(metadata), encoding="utf-8")
     if contents.eval_table is not None:
         table = contents.eval_table
-        report = read_report(table.source, kind="perplexity", advice="pass the results.json of an `hf-posenc eval` run")
-        results = {**public_results(report_for_file(report)), "dataset": table.dataset}
+        results = {**public_results(report_for_file(table.report)), "dataset": table.dataset}
         (folder / RESULTS_FILE).write_text(json_text(results), encoding="utf-8")
         trained = (
             contents.record.params.get("original_max_position_embeddings")
@@ -265,8 +264,8 @@ def stage_repo(
         )
         title = f"{repo_id}: perplexity on {table.dataset}\nprotocol {table.protocol}"
         plot_ppl_vs_length(folder / PLOT_FILE, table.results, trained_context=trained, title=title)
-    if contents.lm_eval_table is not None:  # read and checked by load_lm_eval_table; local paths cut
-        scores = public_results(json.loads(contents.lm_eval_table.source.read_text(encoding="utf-8")))
+    if contents.lm_eval_table is not None:  # as load_lm_eval_table read and checked it; local paths cut
+        scores = public_results(contents.lm_eval_table.report)
         (folder / LM_EVAL_FILE).write_text(json_text(scores), encoding="utf-8")
     if contents.encoding_plot is not None:
         write_patch_plot(folder / contents.encoding_plot, model.config)

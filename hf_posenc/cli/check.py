@@ -130,9 +130,9 @@ def read_config(source: str, revision: str | None = None) -> dict[str, Any]:
 
 def _download(repo_id: str, revision: str | None) -> Path:
     """The Hub repo's ``config.json``, downloaded; a failure of the Hub is an OSError here (exit 2: the config could
-    not be read), its redacted message on one line."""
+    not be read), with its redacted message (the CLI prints it on one line, as every message)."""
     action = f"Reading {CONFIG_FILE} of {repo_id!r}" + (f" at {revision!r}" if revision else "")
     try:
         return Path(call_hub(lambda: hf_hub_download(repo_id, CONFIG_FILE, revision=revision), HubError, action, None))
     except HubError as error:
-        raise OSError(re.sub(r"\s*\n\s*", " ", str(error))) from None
+        raise OSError(str(error)) from None

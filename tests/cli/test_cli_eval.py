@@ -369,8 +369,9 @@ def test_each_note_on_the_trained_context_is_logged_once_per_method(tiny_dir, tm
 )
 def test_the_offline_banner_names_the_protocol(tiny_dir, tmp_path, capsys, monkeypatch, protocol, phrase):
     from hf_posenc.cli import eval as eval_cli
+    from hf_posenc.eval import models
 
-    monkeypatch.setattr(eval_cli, "smollm2_gguf", lambda: (tiny_dir / "model", None))
+    monkeypatch.setattr(models, "smollm2_gguf", lambda: (tiny_dir / "model", None))
     monkeypatch.setattr(eval_cli, "essays_dir", lambda: tiny_dir / "texts")
     argv = ["eval", "--output", str(tmp_path / "out"), "--method", "none", "--lengths", "32,48"]
     assert main(argv + protocol) == 0

@@ -20,6 +20,7 @@ PLANNERS = {
     "hf_posenc.patching.attention",
     "hf_posenc.patching.extension",
     "hf_posenc.patching.learned",
+    "hf_posenc.patching.encodings",
 }
 
 

@@ -71,8 +71,8 @@ def check_command(args: argparse.Namespace) -> int:
         }
         print(json.dumps(report, indent=2))
         return status
-    native = "" if record is None or record.native else " (hf_posenc's own rope type: load it with hf_posenc)"
-    print(f"{args.config}: hf_posenc record: {'none' if record is None else record.method}{native}")
+    own_type = "" if record is None or record.native else " (hf_posenc's own rope type: load it with hf_posenc)"
+    print(f"{args.config}: hf_posenc record: {'none' if record is None else record.method}{own_type}")
     print(format_table(findings))
     return status
 

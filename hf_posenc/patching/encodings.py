@@ -44,7 +44,7 @@ def _plan_nope(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan
     """NoPE: the rotation (or ``wpe``) removed, nothing else."""
     resolved = method.make_params(**params)
     config_changes, changes, rope_type = positions_removed(model, method, in_attention=False)
-    return _plan(model, method, resolved, config_changes, changes, rope_type)
+    return _replacement_plan(model, method, resolved, config_changes, changes, rope_type)
 
 
 def _plan_sinusoidal(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
@@ -61,7 +61,7 @@ def _plan_sinusoidal(model: nn.Module, method: Method, params: dict[str, Any]) -
     parent_name, _, attribute = _table_path(model, table)
     replace = functools.partial(_replace_table, attribute, resolved.scale, resolved.base)
     changes: list[tuple[nn.Module, ModuleChange]] = [(model.get_submodule(parent_name), replace)]
-    return _plan(model, method, resolved, {"activation_function": replaced_marker(method)}, changes, None)
+    return _replacement_plan(model, method, resolved, {"activation_function": replaced_marker(method)}, changes, None)
 
 
 def _table_path(model: nn.Module, table: nn.Module) -> tuple[str, str, str]:
@@ -73,7 +73,7 @@ def _replace_table(attribute: str, scale: float, base: float, parent: nn.Module)
     setattr(parent, attribute, SinusoidalPositions(getattr(parent, attribute), scale, base))
 
 
-def _plan(
+def _replacement_plan(
     model: nn.Module,
     method: Method,
     resolved: Any,

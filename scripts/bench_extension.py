@@ -94,7 +94,9 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=32)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--context", type=int, default=8192, help="trained context L the methods are set for")
-    parser.add_argument("--backend", default="flex", choices=["flex", "blocked", "eager"], help="remaps' backend")
+    parser.add_argument(
+        "--backend", default="flex", choices=["flex", "blocked", "sdpa", "eager"], help="remaps' backend"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", type=Path, default=None, help="results JSON (default: print only)")
     args = parser.parse_args()

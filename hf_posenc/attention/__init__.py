@@ -10,11 +10,11 @@ matching mask function makes padding and the KV cache reach it.
 from __future__ import annotations
 
 from .extension import (
-    extension_blocked_attention,
     extension_eager_attention,
     extension_mask,  # noqa: F401  (registered by hf_posenc.registrations)
     temperature_attention,
 )
+from .extension_blocks import extension_blocked_attention, extension_sdpa_attention
 from .extension_flex import extension_flex_attention
 from .functions import alibi_cudnn_attention, alibi_eager_attention, alibi_flex_attention, alibi_sdpa_attention
 from .masks import alibi_distance_mask, alibi_flex_mask, alibi_prefill_mask
@@ -45,12 +45,14 @@ T5_FUNCTIONS = {
 EXTENSION_IMPLEMENTATIONS = {
     "eager": "hf_posenc_extension_eager",
     "blocked": "hf_posenc_extension_blocked",
+    "sdpa": "hf_posenc_extension_sdpa",
     "flex": "hf_posenc_extension_flex",
 }
 EXTENSION_BACKEND_OF = {name: backend for backend, name in EXTENSION_IMPLEMENTATIONS.items()}
 EXTENSION_FUNCTIONS = {
     "eager": extension_eager_attention,
     "blocked": extension_blocked_attention,
+    "sdpa": extension_sdpa_attention,
     "flex": extension_flex_attention,
 }
 # log-n alone wraps the model's own implementation: its name -> the wrapper's name.

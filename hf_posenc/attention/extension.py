@@ -8,7 +8,8 @@ frequencies, so cached keys are re-rotated on the fly, never stored twice. Tempe
 each query by its position's factor first. Backends, all with one softmax over every segment's logits:
 
 * ``eager``: the reference; float32 ``n x n`` logits of every segment, merged by segment, one softmax.
-* ``blocked``: query blocks against the key range each segment can reach there; memory ``O(block * n)``.
+* ``blocked`` and ``sdpa`` (:mod:`~hf_posenc.attention.extension_blocks`): query blocks against the key range
+  each segment can reach there; memory ``O(block * n)``.
 * ``flex`` (:mod:`~hf_posenc.attention.extension_flex`): ``flex_attention`` with block masks that skip
   the pairs a segment does not hold; memory linear in ``n``.
 
@@ -31,8 +32,6 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..methods.remap import RemapParams
 from ..methods.temperature import TemperatureParams
-
-BLOCK = 1024  # query rows per block of the blocked backend
 
 
 @dataclass(eq=False)
@@ -158,34 +157,48 @@ def scaled_queries(state: ExtensionState, query: torch.Tensor, positions: torch.
     return query * state.temperature.scale(positions)[:, None, :, None].to(query.dtype)
 
 
-def segment_states(
-    state: ExtensionState,
-    mask: PositionMask,
-    segment: int,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    rows: slice = slice(None),
-    columns: slice = slice(None),
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k (the mask's query ``rows`` and key ``columns``) as segment ``segment`` sees them: as given where
-    its distances are the true ones, else re-rotated (float32). The rotations depend on the positions alone, so
-    they are computed once per call of the model and kept on the mask for every layer."""
+def _rotations(state: ExtensionState, mask: PositionMask, segment: int) -> tuple[tuple[torch.Tensor, ...], ...]:
+    """The (cos, sin) turning queries and keys to segment ``segment``'s positions. They depend on the positions
+    alone, so they are computed once per call of the model and kept on the mask for every layer."""
     remap = state.remap
-    if remap.TRUE_DISTANCES[segment]:
-        return query, key
     if (remap, segment) not in mask.rotations:
         qpos, kpos, inv_freq = mask.query_positions, mask.key_positions, state.rotary.inv_freq
         mask.rotations[remap, segment] = (
             rotation(remap.query_position(segment, qpos) - qpos, inv_freq),
             rotation(remap.key_position(segment, kpos) - kpos, inv_freq),
         )
-    (q_cos, q_sin), (k_cos, k_sin) = mask.rotations[remap, segment]
-    query = rotate(query, q_cos[:, :, rows], q_sin[:, :, rows], state.rotary_dim)
-    key = rotate(key, k_cos[:, :, columns], k_sin[:, :, columns], state.rotary_dim)
-    return query, key
+    return mask.rotations[remap, segment]
 
 
-def _grouped_scores(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
+def segment_queries(
+    state: ExtensionState, mask: PositionMask, segment: int, query: torch.Tensor, rows: slice = slice(None)
+) -> torch.Tensor:
+    """q (the mask's query ``rows``) as segment ``segment`` sees it: as given where its distances are the true
+    ones, else re-rotated (float32)."""
+    if state.remap.TRUE_DISTANCES[segment]:
+        return query
+    cos, sin = _rotations(state, mask, segment)[0]
+    return rotate(query, cos[:, :, rows], sin[:, :, rows], state.rotary_dim)
+
+
+def segment_keys(
+    state: ExtensionState, mask: PositionMask, segment: int, key: torch.Tensor, columns: slice = slice(None)
+) -> torch.Tensor:
+    """k (the mask's key ``columns``) as segment ``segment`` sees it, as :func:`segment_queries` does q."""
+    if state.remap.TRUE_DISTANCES[segment]:
+        return key
+    cos, sin = _rotations(state, mask, segment)[1]
+    return rotate(key, cos[:, :, columns], sin[:, :, columns], state.rotary_dim)
+
+
+def segment_states(
+    state: ExtensionState, mask: PositionMask, segment: int, query: torch.Tensor, key: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every query and key as segment ``segment`` sees them (:func:`segment_queries`, :func:`segment_keys`)."""
+    return segment_queries(state, mask, segment, query), segment_keys(state, mask, segment, key)
+
+
+def grouped_scores(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
     """``(B, H, q, D) x (B, H_kv, k, D) -> (B, H, q, k)`` float32 logits, each key head serving its query
     heads without copies."""
     batch, heads, length, dim = query.shape
@@ -195,7 +208,7 @@ def _grouped_scores(query: torch.Tensor, key: torch.Tensor, scaling: float) -> t
     return scores.reshape(batch, heads, length, key.shape[2])
 
 
-def _grouped_output(weights: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+def grouped_output(weights: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """``(B, H, q, k) x (B, H_kv, k, D) -> (B, q, H, D)``."""
     batch, heads, length, keys = weights.shape
     kv_heads = value.shape[1]
@@ -204,7 +217,7 @@ def _grouped_output(weights: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return output.transpose(1, 2).contiguous()
 
 
-def _softmax(scores: torch.Tensor) -> torch.Tensor:
+def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
     """Softmax over the last axis; a row with no allowed key (a padding query) gets weights 0, not NaN."""
     empty = torch.isneginf(scores).all(-1, keepdim=True)
     return torch.softmax(scores.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
@@ -236,58 +249,10 @@ def extension_eager_attention(
     segment_of = state.remap.segment_of(qpos[:, None, :, None], kpos[:, None, None, :])  # (B, 1, q, kv)
     scores = None
     for segment in range(len(state.remap.SEGMENTS)):
-        here = _grouped_scores(*segment_states(state, mask, segment, query, key), scaling)
+        here = grouped_scores(*segment_states(state, mask, segment, query, key), scaling)
         scores = here if scores is None else torch.where(segment_of == segment, here, scores)
-    weights = _softmax(scores.masked_fill(~mask.allowed(), -torch.inf))
-    return _grouped_output(weights, value), weights
-
-
-def _key_range(positions: torch.Tensor, lo: int, hi: int) -> tuple[int, int]:
-    """Indices ``[start, stop)`` covering, in every row, the keys whose positions lie in ``lo .. hi``."""
-    bounds = torch.tensor([lo, hi], device=positions.device)
-    start = torch.searchsorted(positions, bounds[:1].expand(positions.shape[0], 1).contiguous())
-    stop = torch.searchsorted(positions, bounds[1:].expand(positions.shape[0], 1).contiguous(), right=True)
-    return int(start.min()), int(stop.max())
-
-
-def extension_blocked_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: PositionMask,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """Query blocks of :data:`BLOCK` rows; each segment's logits only over the keys it can reach there."""
-    state, mask, query = prepared(module, query, attention_mask, dropout, kwargs)
-    qpos, kpos = mask.query_positions, mask.key_positions.contiguous()
-    outputs = []
-    for start in range(0, query.shape[2], BLOCK):
-        rows = slice(start, start + BLOCK)
-        first, last = int(qpos[:, rows].min()), int(qpos[:, rows].max())
-        scores, values = [], []
-        for segment in range(len(state.remap.SEGMENTS)):
-            begin, end = _key_range(kpos, *state.remap.key_span(segment, first, last))
-            if begin >= end:
-                continue
-            cols = slice(begin, end)
-            q_here, k_here = qpos[:, rows], kpos[:, cols]
-            block_query, block_key = segment_states(
-                state, mask, segment, query[:, :, rows], key[:, :, cols], rows, cols
-            )
-            here = state.remap.segment_of(q_here[:, None, :, None], k_here[:, None, None, :]) == segment
-            allowed = mask.allowed(rows, cols) & here
-            scores.append(_grouped_scores(block_query, block_key, scaling).masked_fill(~allowed, -torch.inf))
-            values.append(value[:, :, cols])
-        if not scores:  # padding queries before any token: nothing to attend to
-            rows_here = query[:, :, rows].shape[2]
-            outputs.append(value.new_zeros(query.shape[0], rows_here, query.shape[1], value.shape[-1]))
-            continue
-        weights = _softmax(torch.cat(scores, -1))
-        outputs.append(_grouped_output(weights, torch.cat(values, 2)))
-    return torch.cat(outputs, 1), None
+    weights = masked_softmax(scores.masked_fill(~mask.allowed(), -torch.inf))
+    return grouped_output(weights, value), weights
 
 
 def temperature_attention(base: str) -> Any:

@@ -17,7 +17,7 @@ import torch
 
 from ._common import RopeParams
 
-BACKENDS = ("auto", "eager", "blocked", "flex")
+BACKENDS = ("auto", "eager", "blocked", "sdpa", "flex")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,9 +25,10 @@ class RemapParams(RopeParams):
     """Args:
     backend (`str`, defaults to ``"auto"``): ``"eager"`` (the reference: every segment's ``n x n`` logits in
         float32, one softmax), ``"blocked"`` (query blocks, each against the key range its segments reach:
-        memory linear in the length), ``"flex"`` (``flex_attention`` with block masks, memory linear: per segment
-        merged by log-sum-exp on CUDA, segments side by side in one call on a CPU), or ``"auto"``: flex on CUDA,
-        blocked elsewhere, decided when patching (a model moved to CUDA afterwards keeps blocked).
+        memory linear in the length), ``"sdpa"`` (the same blocks, each one ``scaled_dot_product_attention`` call
+        on the segments side by side), ``"flex"`` (``flex_attention`` with block masks, memory linear: per
+        segment merged by log-sum-exp on CUDA, segments side by side in one call on a CPU), or ``"auto"``: flex on
+        CUDA, sdpa elsewhere, decided when patching (a model moved to CUDA afterwards keeps sdpa).
     original_max_position_embeddings (`int`, *optional*): the trained context ``L``; ``patch`` reads it from
         the config when omitted.
     """
@@ -58,7 +59,7 @@ class RemapParams(RopeParams):
 
     def key_span(self, segment: int, first: int, last: int) -> tuple[int, int]:
         """``(lo, hi)``: every key position that queries at ``first .. last`` can see in ``segment`` lies in
-        ``lo .. hi`` (inclusive; empty when ``lo > hi``). Lets the blocked backend skip the rest."""
+        ``lo .. hi`` (inclusive; empty when ``lo > hi``). Lets the query-block backends skip the rest."""
         raise NotImplementedError
 
 

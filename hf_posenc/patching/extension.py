@@ -74,12 +74,12 @@ def _check_model(model: nn.Module, remaps: bool) -> None:
 
 
 def _implementation(model: nn.Module, remap: Any) -> str:
-    """The attention implementation the patch selects: the remap's backend (``auto``: flex on CUDA, blocked
+    """The attention implementation the patch selects: the remap's backend (``auto``: flex on CUDA, sdpa
     elsewhere), or log-n's wrapper of the model's own."""
     if remap is not None:
         backend = remap.backend
         if backend == "auto":
-            backend = "flex" if next(model.parameters()).is_cuda else "blocked"
+            backend = "flex" if next(model.parameters()).is_cuda else "sdpa"
         return EXTENSION_IMPLEMENTATIONS[backend]
     current = model.config._attn_implementation
     if current not in TEMPERATURE_IMPLEMENTATIONS:

@@ -18,7 +18,7 @@ from helpers import generate
 from transformers import DynamicCache, StaticCache
 
 import hf_posenc
-from hf_posenc.attention import extension as extension_attention
+from hf_posenc.attention import extension_blocks
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -32,12 +32,14 @@ SE = {"group_size": 4, "window": 16}  # reaches (64 - 16) * 4 + 16 = 208 tokens
 DCA = {"chunk_size": 48, "local_size": 4}  # chunks of 44 tokens
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 
-# (method, params, family, base attention implementation): remaps on both CPU backends, log-n on eager and sdpa.
+# (method, params, family, base attention implementation): remaps on the CPU backends, log-n on eager and sdpa.
 CASES = {
     "self-extend-blocked": ("self-extend", {**SE, "backend": "blocked"}, "llama", "eager"),
     "self-extend-eager": ("self-extend", {**SE, "backend": "eager"}, "qwen3", "eager"),
     "dca-blocked": ("dca", {**DCA, "backend": "blocked"}, "qwen2", "eager"),
     "dca-eager": ("dca", {**DCA, "backend": "eager"}, "mistral", "eager"),
+    "self-extend-sdpa": ("self-extend", {**SE, "backend": "sdpa"}, "qwen2", "eager"),
+    "dca+logn-sdpa": ("dca+logn", {**DCA, "backend": "sdpa"}, "llama", "eager"),
     "logn-eager": ("logn", {}, "llama", "eager"),
     "logn-sdpa": ("logn", {}, "qwen2", "sdpa"),
     "self-extend+logn-blocked": ("self-extend+logn", {**SE, "backend": "blocked"}, "llama", "eager"),
@@ -259,11 +261,12 @@ def test_positions_that_do_not_count_real_tokens_are_refused(case):
         model(batch, attention_mask=mask)  # the model's own default: 0..n-1
 
 
-@pytest.mark.parametrize("case", ["self-extend+logn-blocked", "dca-blocked"])
-def test_blocked_backend_across_many_query_blocks(monkeypatch, case):
-    """The blocked backend with 16-row query blocks (1024 by default, more than these inputs): a batch whose
-    first blocks are padding in every row, and a cached forward in pieces, give each sequence's logits alone."""
-    monkeypatch.setattr(extension_attention, "BLOCK", 16)
+@pytest.mark.parametrize("case", ["self-extend+logn-blocked", "dca-blocked", "self-extend-sdpa", "dca+logn-sdpa"])
+def test_query_block_backends_across_many_blocks(monkeypatch, case):
+    """The query-block backends (blocked, sdpa) with 16-row blocks (1024 by default, more than these inputs): a
+    batch whose first blocks are padding in every row, and a cached forward in pieces, give each sequence's logits
+    alone."""
+    monkeypatch.setattr(extension_blocks, "BLOCK", 16)
     model = patched_tiny(case)
     rows = [tokens(length, seed=20 + length) for length in (80, 71, 60)]
     batch = torch.cat([torch.cat([torch.zeros(1, 100 - row.shape[1], dtype=torch.long), row], 1) for row in rows])
@@ -271,12 +274,12 @@ def test_blocked_backend_across_many_query_blocks(monkeypatch, case):
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         together = model(batch, attention_mask=mask, position_ids=position_ids).logits
-    monkeypatch.setattr(extension_attention, "BLOCK", 1024)
+    monkeypatch.setattr(extension_blocks, "BLOCK", 1024)
     for index, alone in enumerate(rows):
         with torch.no_grad():
             expected = model(alone).logits[0]
         torch.testing.assert_close(together[index, mask[index].bool()], expected, **TOLERANCE)
-    monkeypatch.setattr(extension_attention, "BLOCK", 16)
+    monkeypatch.setattr(extension_blocks, "BLOCK", 16)
     ids = tokens(100, seed=14)
     with torch.no_grad():
         full = model(ids, use_cache=False).logits

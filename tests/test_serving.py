@@ -231,12 +231,21 @@ def test_old_rope_type_names_are_read_as_every_reader_reads_them():
 def test_patch_warns_once_per_spec_where_an_engine_builds_it_otherwise(caplog, monkeypatch):
     from hf_posenc.patching import apply
 
-    monkeypatch.setattr(apply, "_CHECKED", set())
+    monkeypatch.setattr(apply, "_WARNED", set())
     with caplog.at_level(logging.WARNING, logger="hf_posenc"):
-        for method in ("dynamic-ntk", "dynamic-ntk", "yarn"):
-            hf_posenc.patch(make_tiny("llama"), method, factor=4)
+        models = [
+            hf_posenc.patch(make_tiny("llama"), method, factor=4) for method in ("dynamic-ntk", "dynamic-ntk", "yarn")
+        ]
     warned = [r.getMessage() for r in caplog.records if "serving engines" in r.getMessage()]
     assert warned == [
         "hf_posenc: serving engines build the dynamic-ntk config otherwise: vllm (differs), sglang (differs), "
         "llama.cpp (ignored), tgi (differs) (`hf-posenc check SAVED` says how)."
     ]
+    # get_patch says the same for each model (warned or not), as hf-posenc check does for the saved config
+    for model in models:
+        expected = [f for f in engine_findings(model.config.to_dict()) if f.severity in ("differs", "ignored")]
+        assert list(hf_posenc.get_patch(model).serving) == expected
+    assert [(f.engine, f.severity) for f in hf_posenc.get_patch(models[0]).serving] == [
+        ("vllm", "differs"), ("sglang", "differs"), ("llama.cpp", "ignored"), ("tgi", "differs")
+    ]  # fmt: skip
+    assert hf_posenc.get_patch(models[2]).serving == ()  # yarn: every engine builds it as intended

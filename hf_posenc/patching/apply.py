@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import threading
 import weakref
@@ -26,7 +27,7 @@ from torch import nn
 
 from ..record import PatchRecord, set_config_attribute
 from ..registry import get_method
-from ..serving import engine_findings
+from ..serving import Finding, engine_findings
 from ..spec import format_method_spec
 from .dispatch import plan_method
 from .plan import PatchInfo, Plan
@@ -193,26 +194,30 @@ def patch(model: nn.Module, method: str, **params: Any) -> nn.Module:
     with _lock_of(model):
         plan = plan_patch(model, method, params)
         _apply(model, plan)
+        applied = _APPLIED[model]
+        applied.info = dataclasses.replace(plan.info, serving=_serving_gaps(model))
     logger.info("hf_posenc: patched %s with %s %s", type(model).__name__, plan.info.method, plan.info.params)
-    _warn_serving_gaps(model, plan.info)
+    _warn_serving_gaps(applied.info)
     return model
 
 
-_CHECKED: set[str] = set()  # the specs whose serving gaps were looked at (once a process: eval patches many times)
+_WARNED: set[str] = set()  # the specs whose serving gaps were logged (once a process: eval patches many times)
 
 
-def _warn_serving_gaps(model: nn.Module, info: PatchInfo) -> None:
-    """Log once per method spec the serving engines known to build the saved config otherwise, or without the
-    method (:mod:`hf_posenc.serving`; a refusal is what a config of hf_posenc's own types asks for). A spec seen
-    before is not looked at again."""
-    spec = format_method_spec(info.method, info.params)
-    if spec in _CHECKED:
-        return
-    _CHECKED.add(spec)
+def _serving_gaps(model: nn.Module) -> tuple[Finding, ...]:
+    """The serving engines known to build the patched config otherwise, or without the method
+    (:mod:`hf_posenc.serving`; a refusal is what a config of hf_posenc's own types asks for)."""
     findings = engine_findings(model.config.to_dict())
-    gaps = [f for f in findings if f.engine != "config" and f.severity in ("differs", "ignored")]
-    if not gaps:
+    return tuple(f for f in findings if f.engine != "config" and f.severity in ("differs", "ignored"))
+
+
+def _warn_serving_gaps(info: PatchInfo) -> None:
+    """Log ``info.serving`` once per method spec."""
+    spec = format_method_spec(info.method, info.params)
+    if not info.serving or spec in _WARNED:
         return
+    _WARNED.add(spec)
+    gaps = info.serving
     logger.warning(
         "hf_posenc: serving engines build the %s config otherwise: %s (`hf-posenc check SAVED` says how).",
         info.method,

@@ -15,6 +15,7 @@ from typing import Any
 from torch import nn
 
 from ..registry import Method
+from ..serving import Finding
 
 
 @dataclass(frozen=True)
@@ -27,12 +28,17 @@ class PatchInfo:
         native (`bool`): the config says it in transformers' own vocabulary (loads without hf_posenc).
         rope_type (`str`, *optional*): the ``rope_type`` written to ``config.rope_parameters``; ``None`` for
             models without RoPE.
+        serving (`tuple[Finding, ...]`): the serving engines known to build the patched config otherwise
+            (``differs``) or without the method (``ignored``), from :mod:`hf_posenc.serving`; empty where every
+            engine builds it as intended or refuses it (a config of hf_posenc's own types). ``hf-posenc check``
+            gives the whole verdict.
     """
 
     method: str
     params: dict[str, Any]
     native: bool
     rope_type: str | None
+    serving: tuple[Finding, ...] = ()
 
 
 ModuleChange = Callable[[nn.Module], None]

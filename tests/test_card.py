@@ -169,3 +169,25 @@ def test_results_of_another_model_are_told_apart_by_hub_id_or_folder(tmp_path):
     assert _different_models(str(first), str(second))
     assert not _different_models(str(first), str(tmp_path / "second" / ".." / "first"))  # one folder, two spellings
     assert not _different_models("org/model-a", str(first))  # a Hub id against a folder: cannot tell
+
+
+@pytest.mark.parametrize(("method", "params"), [("dynamic-ntk", {"factor": 4}), ("yarn", {"factor": 4}), ("alibi", {})])
+def test_the_serving_table_is_hf_posenc_checks_verdict(method, params):
+    """The card's "Serving engines" table has one row per engine, each the finding ``hf-posenc check`` gives for
+    this config (the same data, ``hf_posenc.serving``): dynamic NTK differs in vLLM, SGLang and TGI and is ignored
+    by llama.cpp; ALiBi, hf_posenc's own rope type, is refused by every engine but llama.cpp's converter, which
+    writes plain RoPE (the card says so: the failure a reader of the card must know of)."""
+    from hf_posenc.serving import engine_findings
+
+    model = hf_posenc.patch(make_tiny("llama"), method, **params)
+    text = str(render_card(model.config, repo_id="me/x", base_model="org/tiny", base_revision=None, config_only=True))
+    table = text.split("## Serving engines", 1)[1]
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and not line.startswith("| E")]
+    findings = engine_findings(model.config.to_dict())
+    assert [(row[0].removeprefix("| "), row[1]) for row in rows] == [(f.engine, f.severity) for f in findings]
+    assert [row[2].removesuffix(" |") for row in rows] == [f.message.replace("|", "/") for f in findings]
+    verdicts = {f.engine: f.severity for f in findings}
+    if method == "dynamic-ntk":
+        assert verdicts == {"vllm": "differs", "sglang": "differs", "llama.cpp": "ignored", "tgi": "differs"}
+    if method == "alibi":
+        assert verdicts == {"vllm": "refused", "sglang": "refused", "llama.cpp": "ignored", "tgi": "refused"}

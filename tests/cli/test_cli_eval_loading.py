@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 
@@ -116,3 +117,28 @@ def test_device_map_on_a_gpu_gives_the_numbers_of_the_model_placed_whole(tiny_di
     for other in (mapped, split):
         for key, value in _ppl(plain).items():
             assert math.isclose(_ppl(other)[key], value, rel_tol=1e-4), (other, key)
+
+
+def test_passkey_loads_the_model_as_eval_does(tiny_dir, tmp_path, capsys):
+    """``passkey`` takes the same loading options: eager attention and ``--device-map auto`` give the default run's
+    verdicts, recorded in passkey.json; a revision of a local folder is refused in one line, nothing written."""
+    argv = ["passkey", "--model", str(tiny_dir / "model"), "--lengths", "300", "--depths", "0.5", "--trials", "2"]
+    runs = {
+        "default": [],
+        "eager": ["--attn-implementation", "eager"],
+        "mapped": ["--device-map", "auto", "--max-memory", "cpu=2GiB"],
+    }
+    records = {}
+    for name, extra in runs.items():
+        assert main([*argv, "--method", "none", "--output", str(tmp_path / name), *extra]) == 0
+        records[name] = json.loads((tmp_path / name / "passkey.json").read_text())
+    verdicts = {name: [t["correct"] for t in record["trials"]] for name, record in records.items()}
+    assert verdicts["eager"] == verdicts["mapped"] == verdicts["default"]
+    assert records["eager"]["model_details"]["attn_implementation"] == "eager"
+    assert records["mapped"]["model_details"]["device_map"] == "auto"
+    assert "attn_implementation" not in records["default"]["model_details"]
+    capsys.readouterr()
+    assert main([*argv, "--output", str(tmp_path / "rev"), "--revision", "v1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hf-posenc passkey: error:") and "--revision names a commit of a Hub repo" in err
+    assert not (tmp_path / "rev").exists()

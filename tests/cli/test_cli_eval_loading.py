@@ -122,7 +122,7 @@ def test_device_map_on_a_gpu_gives_the_numbers_of_the_model_placed_whole(tiny_di
 def test_passkey_loads_the_model_as_eval_does(tiny_dir, tmp_path, capsys):
     """``passkey`` takes the same loading options: eager attention and ``--device-map auto`` give the default run's
     verdicts, recorded in passkey.json; a revision of a local folder is refused in one line, nothing written."""
-    argv = ["passkey", "--model", str(tiny_dir / "model"), "--lengths", "300", "--depths", "0.5", "--trials", "2"]
+    argv = ["passkey", "--model", str(tiny_dir / "model"), "--lengths", "400", "--depths", "0.5", "--trials", "2"]
     runs = {
         "default": [],
         "eager": ["--attn-implementation", "eager"],

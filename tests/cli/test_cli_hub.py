@@ -12,6 +12,7 @@ from helpers import BASE_PPL, YARN_PPL, write_results
 from hub_server import BASE_REPO, TOKEN, upload_base
 
 import hf_posenc
+from hf_posenc.cli import main
 
 CLI = "import sys; from hf_posenc.cli import main; sys.exit(main(sys.argv[1:]))"
 
@@ -51,7 +52,19 @@ def test_cli_push_and_card(fake_hub, tmp_path):
     assert "hf-posenc push" in failed.stderr and wrong not in failed.stderr + failed.stdout
 
 
-def test_cli_reads_a_private_base_with_the_token_and_reports_user_errors_in_one_line(fake_hub, tmp_path):
+def _in_process(capsys, *argv: str) -> tuple[int, str, str]:
+    """``hf-posenc`` in this interpreter (the fake_hub fixture points huggingface_hub here): exit code, out, err."""
+    capsys.readouterr()
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_reads_a_private_base_with_the_token_and_reports_user_errors_in_one_line(
+    fake_hub, tmp_path, capsys, monkeypatch
+):
+    """The token reaches the base's private config (in a fresh interpreter, as a user runs it); the user errors are
+    each one line (in this one: the same code, without four more interpreter starts)."""
     upload_base()
     fake_hub.repos[BASE_REPO].private = True
     method = ["--model", BASE_REPO, "--method", "yarn:factor=4,original_max_position_embeddings=64"]
@@ -69,28 +82,28 @@ def test_cli_reads_a_private_base_with_the_token_and_reports_user_errors_in_one_
             "measured on 'org/another-model', not on the base model 'org/tiny-base'",
         ),
     }
+    monkeypatch.delenv("HF_TOKEN")
     for case, (argv, message) in cases.items():
-        failed = run_cli(*argv, HF_TOKEN="")
-        assert failed.returncode in (1, 2), (case, failed.stderr)  # 1: the Hub refused, 2: bad input
-        assert failed.stderr.startswith("hf-posenc card:") and message in failed.stderr, (case, failed.stderr)
-        assert "Traceback" not in failed.stderr, case
+        code, _, err = _in_process(capsys, *argv)
+        assert code in (1, 2), (case, err)  # 1: the Hub refused, 2: bad input
+        assert err.startswith("hf-posenc card:") and message in err and err.count("\n") == 1, (case, err)
 
 
-def test_a_401_echoing_the_token_when_reading_the_base_is_shown_without_it(fake_hub):
+def test_a_401_echoing_the_token_when_reading_the_base_is_shown_without_it(fake_hub, capsys, monkeypatch):
     """The server echoes ``Authorization: Bearer <token>`` in its 401 (an expired token, say) when the CLI first
     reads the base model (its config), with the login's token (push) and with --token (card)."""
     upload_base()
     fake_hub.fail("resolve", 401, BASE_REPO)
     method = ["--model", BASE_REPO, "--method", "yarn:factor=4,original_max_position_embeddings=64"]
-    for argv, env in (
-        (["push", *method, "--repo", "me/p"], {}),
-        (["card", *method, "--token", TOKEN], {"HF_TOKEN": ""}),
-    ):
-        failed = run_cli(*argv, **env)
-        assert failed.returncode in (1, 2) and "Traceback" not in failed.stderr, failed.stderr
-        assert failed.stderr.startswith(f"hf-posenc {argv[0]}:") and "401" in failed.stderr, failed.stderr
-        assert "Bearer ***" in failed.stderr  # the echo reached the message, redacted
-        assert TOKEN not in failed.stderr + failed.stdout
+    failed = run_cli("push", *method, "--repo", "me/p")  # the login's token, in a fresh interpreter
+    assert failed.returncode in (1, 2) and "Traceback" not in failed.stderr, failed.stderr
+    assert failed.stderr.startswith("hf-posenc push:") and "401" in failed.stderr, failed.stderr
+    assert "Bearer ***" in failed.stderr  # the echo reached the message, redacted
+    assert TOKEN not in failed.stderr + failed.stdout
+    monkeypatch.delenv("HF_TOKEN")
+    code, out, err = _in_process(capsys, "card", *method, "--token", TOKEN)  # --token, in this interpreter
+    assert code in (1, 2) and err.startswith("hf-posenc card:") and "401" in err and "Bearer ***" in err, err
+    assert TOKEN not in err + out
     assert all(r.authorization == f"Bearer {TOKEN}" for r in fake_hub.requests[-2:])  # it was sent, never shown
     assert "me/p" not in fake_hub.repos
 

@@ -143,3 +143,18 @@ def test_nope_leaves_attention_alone_so_any_rope_decoder_takes_it():
     hf_posenc.patch(model, "nope")
     with torch.no_grad():
         assert torch.equal(model(ids).logits, reference(ids).logits)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "method", "match"),
+    [
+        ({"n_embd": 63, "n_head": 3}, "sinusoidal", "The sinusoidal table needs an even width; this model's is 63"),
+        ({"add_cross_attention": True}, "sinusoidal", r"GPT-2 with cross-attention \(add_cross_attention=True\)"),
+        ({"add_cross_attention": True}, "nope", r"GPT-2 with cross-attention \(add_cross_attention=True\)"),
+        ({"add_cross_attention": True}, "t5-bias", r"GPT-2 with cross-attention \(add_cross_attention=True\)"),
+    ],
+)
+def test_gpt2_shapes_an_encoding_does_not_fit_are_refused_and_change_nothing(overrides, method, match):
+    """sin/cos come in pairs (an odd width has no table); a GPT-2 with cross-attention has a second attention per
+    layer that the encodings do not cover."""
+    assert_refused(make_tiny("gpt2", **overrides), method, {}, ValueError, match)

@@ -72,6 +72,7 @@ def saved_patch(name: str, *, gguf_file: str | None = None, **hub_kwargs: Any) -
         gguf_file (`str`, *optional*): a GGUF file inside ``name``: then None.
         **hub_kwargs: ``revision``, ``token``, ``cache_dir``, ``local_files_only``.
     """
+    refuse_missing_folder(name)
     if gguf_file:
         return None
     hub_kwargs = {key: value for key, value in hub_kwargs.items() if key in _HUB_KWARGS and value is not None}

@@ -44,8 +44,15 @@ class ModelSource:
     max_memory: dict[int | str, str] | None = None
 
     def __post_init__(self) -> None:
-        if self.revision is not None and Path(self.name).is_dir():
+        folder = Path(self.name)
+        if self.revision is not None and folder.is_dir():
             raise ValueError(f"`revision` names a commit of a Hub repo, and `model` {self.name} is a local folder.")
+        if self.gguf_file and folder.is_dir() and not (folder / self.gguf_file).is_file():
+            present = sorted(path.name for path in folder.glob("*.gguf")) or ["none"]
+            raise FileNotFoundError(
+                f"`gguf_file` {self.gguf_file!r} is not a file in the folder {self.name} (GGUF files there: "
+                f"{', '.join(present)})."
+            )
         if self.max_memory is not None and self.device_map is None:
             raise ValueError("`max_memory` budgets the devices a `device_map` splits the model over; give both.")
         if self.attn_implementation is not None and self.attn_implementation not in ATTN_IMPLEMENTATIONS:

@@ -55,6 +55,7 @@ def test_device_map_gives_the_same_numbers_and_is_recorded(tiny_dir, tmp_path):
         (["--max-memory", "0=10GiB"], "--max-memory budgets the devices a --device-map"),
         (["--attn-implementation", "flash_attention_2"], "--attn-implementation 'flash_attention_2' cannot be used"),
         (["--revision", "v1"], "--revision names a commit of a Hub repo, and --model"),  # a local folder has none
+        (["--gguf-file", "m.gguf"], "--gguf-file 'm.gguf' is not a file in the folder"),
     ],
 )
 def test_combinations_that_cannot_work_are_one_line_and_write_nothing(tiny_dir, tmp_path, capsys, extra, message):

@@ -288,6 +288,8 @@ def test_streaming_reads_the_same_windows(tiny_dir, tmp_path):
         ),
         (["--method", "no-such-method"], "error: Unknown method 'no-such-method'"),
         (["--warmup-steps", "-1"], "error: --warmup-steps must be 0 or more, not -1."),
+        (["--gguf-file", "missing.gguf"], "--gguf-file 'missing.gguf' is not a file in the folder"),  # as eval
+        (["--model", "./no/such/folder"], "'./no/such/folder': no such file or folder (a path, not a Hub id)"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tiny_dir, tmp_path, capsys, change, said):

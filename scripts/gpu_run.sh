@@ -2,6 +2,7 @@
 # Issue 16's GPU runs through the device tool, results and logs under $OUT. Stages, in the order given:
 #   bash scripts/gpu_run.sh tests alibi     # python -m pytest -m gpu; scripts/bench_alibi.py
 #   bash scripts/gpu_run.sh eval rope extension   # bench_eval.py, bench_rope_overhead.py, bench_extension.py
+#   bash scripts/gpu_run.sh extension-sdpa        # bench_extension.py --backend sdpa (the remaps' query-block SDPA)
 # (all five take about 14 minutes on an H100: two calls of the tool's 10-minute limit). The machine's
 # transformers is older than the project's floor: newer pure-Python wheels travel in .whl/ (see the device
 # README); the project itself runs from the working tree.
@@ -29,8 +30,12 @@ for stage in "$@"; do
         timeout 150 python3 scripts/bench_extension.py --device cuda --dtype bfloat16 --lengths 32k,128k \
             --output "$OUT/extension_h100.json"
         ;;
+    extension-sdpa)  # the remaps' query-block SDPA backend on CUDA (not measured there yet)
+        timeout 200 python3 scripts/bench_extension.py --device cuda --dtype bfloat16 --lengths 32k,128k \
+            --backend sdpa --output "$OUT/extension_sdpa_h100.json"
+        ;;
     *)
-        echo "unknown stage $stage: tests, alibi, eval, rope, extension" >&2
+        echo "unknown stage $stage: tests, alibi, eval, rope, extension, extension-sdpa" >&2
         exit 2
         ;;
     esac 2>&1 | tee "$OUT/$stage.log" || status=1

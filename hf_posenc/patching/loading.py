@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cached_file
 
 from ..record import PatchRecord
@@ -48,11 +48,12 @@ def load_patched_model(pretrained_model_name_or_path: str, **kwargs: Any) -> Pre
         raise ValueError("hf_posenc never loads remote code; trust_remote_code=True is refused.")
     config_kwargs = {key: kwargs[key] for key in _CONFIG_KWARGS if key in kwargs}
     given = kwargs.pop("config", None)  # copied: the caller's object is neither changed nor shared with the model
-    config = (
-        copy.deepcopy(given)
-        if given is not None
-        else AutoConfig.from_pretrained(pretrained_model_name_or_path, **config_kwargs)
-    )
+    if given is not None:
+        config, in_file = copy.deepcopy(given), None
+    else:
+        config = AutoConfig.from_pretrained(pretrained_model_name_or_path, **config_kwargs)
+        # the file as written: transformers 5 reads 4.x's rope_scaling over an edited rope_parameters
+        in_file = PretrainedConfig.get_config_dict(pretrained_model_name_or_path, **config_kwargs)[0]
     record = PatchRecord.from_config(config, missing_ok=True)
     if record is None or record.baked:
         return AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, config=config, **kwargs)
@@ -63,7 +64,7 @@ def load_patched_model(pretrained_model_name_or_path: str, **kwargs: Any) -> Pre
     model = AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, config=base_config, **kwargs)
     patch(model, record.method, **params)
     _load_added_tensors(model, pretrained_model_name_or_path, config_kwargs)
-    _warn_where_edited(pretrained_model_name_or_path, config, model.config, record)
+    _warn_where_edited(pretrained_model_name_or_path, config, in_file, model.config, record)
     return model
 
 
@@ -114,25 +115,29 @@ def read_checkpoint_tensors(source: str, names: list[str], **hub_kwargs: Any) ->
     return found
 
 
-def _warn_where_edited(source: str, saved: Any, patched: Any, record: PatchRecord) -> None:
-    """Warn, naming both values, where the saved config and the record's patch of the base disagree. The 4.x keys
-    are not compared on their own: transformers 5 read them into ``rope_parameters`` when loading (``type``
-    too, which is dropped here where it repeats ``rope_type``)."""
-    differences = [
-        f"{name} is {in_config!r} in the config, {from_record!r} from the record"
-        for key in record.base
-        if key not in LEGACY_KEYS
-        for name, in_config, from_record in _differences(
-            key, _without_legacy_type(getattr(saved, key, None)), _without_legacy_type(getattr(patched, key, None))
-        )
-    ]
+def _warn_where_edited(
+    source: str, saved: Any, in_file: dict[str, Any] | None, patched: Any, record: PatchRecord
+) -> None:
+    """Warn, naming both values, where the saved config and the record's patch of the base disagree: the config as
+    transformers 5 reads it (4.x's keys read into ``rope_parameters``, ``type`` too, which is dropped here where it
+    repeats ``rope_type``) and, where they differ, the file's own values (``in_file``: an edited
+    ``rope_parameters`` that 4.x's keys hide from transformers)."""
+    differences: dict[str, None] = {}
+    for key in record.base:
+        if key in LEGACY_KEYS:
+            continue
+        expected = _without_legacy_type(getattr(patched, key, None))
+        readings = [getattr(saved, key, None)] + ([in_file[key]] if in_file and key in in_file else [])
+        for reading in readings:
+            for name, in_config, from_record in _differences(key, _without_legacy_type(reading), expected):
+                differences[f"{name} is {in_config!r} in the config, {from_record!r} from the record"] = None
     if differences:
         logger.warning(
             "hf_posenc: the config of %s disagrees with its hf_posenc record (%s): %s. hf_posenc applies the "
             "record; plain transformers would build the model from the config's values.",
             source,
             record.spec,
-            "; ".join(differences),
+            "; ".join(differences),  # in order, each once
         )
 
 

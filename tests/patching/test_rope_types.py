@@ -108,6 +108,10 @@ EDITS = [  # config.json says the method twice (rope_scaling for transformers 4.
     ("factor", lambda config: [config[key].update(factor=8.0) for key in ("rope_parameters", "rope_scaling")], ["rope_parameters['factor'] is 8.0 in the config, 4.0 from the record"]),
     ("rope type", lambda config: config.update(rope_parameters={"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0}, rope_scaling={"rope_type": "linear", "type": "linear", "factor": 8.0}), ["rope_parameters['rope_type'] is 'linear' in the config, 'yarn' from the record", "rope_parameters['factor'] is 8.0 in the config, 4.0 from the record", "rope_parameters['beta_fast'] is None in the config, 32.0 from the record"]),
     ("context", lambda config: config.update(max_position_embeddings=1024), ["max_position_embeddings is 1024 in the config, 256 from the record"]),
+    # only transformers 5's key edited: transformers reads 4.x's rope_scaling over it, the file still says it
+    ("factor in rope_parameters only", lambda config: config["rope_parameters"].update(factor=8.0), ["rope_parameters['factor'] is 8.0 in the config, 4.0 from the record"]),
+    ("theta in rope_parameters only", lambda config: config["rope_parameters"].update(rope_theta=500000.0), ["rope_parameters['rope_theta'] is 500000.0 in the config, 10000.0 from the record"]),
+    ("beta_fast in rope_scaling only", lambda config: config["rope_scaling"].update(beta_fast=16.0), ["rope_parameters['beta_fast'] is 16.0 in the config, 32.0 from the record"]),
 ]  # fmt: skip
 
 

@@ -233,6 +233,8 @@ def load_lm_eval_table(path: str | Path, record: PatchRecord) -> LmEvalTable:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"Cannot read the lm-eval results {path}: {error}; {LM_EVAL_ADVICE}.") from None
+    except RecursionError:
+        raise ValueError(f"Cannot read the lm-eval results {path}: nested too deep; {LM_EVAL_ADVICE}.") from None
     problem = _lm_eval_problem(data)
     if problem:
         raise ValueError(f"{path} is not an lm-eval results file: {problem}; {LM_EVAL_ADVICE}.")

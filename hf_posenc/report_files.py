@@ -28,6 +28,16 @@ PERPLEXITY_ROW = {
     "nll": (*_NUMBER, type(None)),
     "tokens": (int,),
 }
+# Fields a row may leave out (files of earlier versions), checked where present; None: the field may be null.
+PERPLEXITY_ROW_OPTIONAL = {
+    "windows": (int,),
+    "skipped_documents": (int,),
+    "dropped_tokens": (int,),
+    "forwards": (int,),
+    "derived_from": (int, type(None)),
+    "seconds": _NUMBER,
+}
+MAX_LENGTH = 2**40  # tokens: no window is longer; a longer length is an edited or damaged file
 # A row whose perplexity is not a finite number says so in its file as null plus a ``status`` (standard JSON has no
 # NaN or Infinity); read back, the floats are restored: ``nan`` -> NLL and PPL NaN (a numerical failure),
 # ``overflow`` -> PPL +inf (exp(NLL) past the float range; a null NLL is +inf too).
@@ -37,6 +47,7 @@ DATASET_DETAILS = {"documents": (int,), "tokens": (int,)}
 RUN_FIELDS = {"protocol_details": (dict,), "model_details": (dict,)}
 RUN_DETAILS = {"protocol_details": {"bos": (bool,)}, "model_details": {"dtype": (str,), "trained_context": (int,)}}
 PASSKEY_FILE = {"model": (str,), "trials": (list,), "accuracy": (list,)}
+PASSKEY_FILE_OPTIONAL = {"prompt_hashes": (dict,)}
 PASSKEY_TRIAL = {"method": (str,), "length": (int,), "depth": _NUMBER, "correct": (bool,)}
 PASSKEY_CELL = {"method": (str,), "length": (int,), "depth": _NUMBER, "accuracy": _NUMBER, "trials": (int,)}
 
@@ -58,6 +69,8 @@ def read_report(path: Path, *, kind: str, advice: str) -> dict[str, Any]:
         raise ValueError(f"{path} is not a results file (not UTF-8 text: {error.reason}); {advice}.") from None
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not a results file (not JSON: {error}); {advice}.") from None
+    except RecursionError:
+        raise ValueError(f"{path} is not a results file (nested too deep to read); {advice}.") from None
     if not isinstance(report, dict):
         raise ValueError(f"{path} is not a results file (a JSON {type(report).__name__}, not an object); {advice}.")
     problem = _perplexity_problem(report) if kind == "perplexity" else _passkey_problem(report)
@@ -109,6 +122,8 @@ def _perplexity_problem(report: dict[str, Any]) -> str | None:
         fields_problem(report, PERPLEXITY_FILE, "the file")
         or fields_problem(report["dataset_details"], DATASET_DETAILS, "'dataset_details'")
         or _rows_problem(report["results"], PERPLEXITY_ROW, "results")
+        or _optional_problem(report["results"], PERPLEXITY_ROW_OPTIONAL, "results")
+        or _values_problem(report["results"])
         or _params_problem(report["results"])
         or _status_problem(report["results"])
         or _hashes_problem(report["dataset_details"].get("document_hashes"))
@@ -124,6 +139,8 @@ def _hashes_problem(hashes: Any) -> str | None:
 def _passkey_problem(report: dict[str, Any]) -> str | None:
     return (
         fields_problem(report, PASSKEY_FILE, "the file")
+        or _optional_problem([report], PASSKEY_FILE_OPTIONAL, "the file")
+        or _hash_map_problem(report.get("prompt_hashes"))
         or _rows_problem(report["trials"], PASSKEY_TRIAL, "trials")
         or _rows_problem(report["accuracy"], PASSKEY_CELL, "accuracy")
     )
@@ -151,7 +168,45 @@ def _rows_problem(rows: list[Any], fields: dict[str, tuple], name: str) -> str |
             return problem
         if row.get("length", 1) <= 0:
             return f"{name}[{i}] has length {row['length']}, not a positive number of tokens"
+        if row.get("length", 1) > MAX_LENGTH:
+            return f"{name}[{i}] has length {row['length']}, more tokens than any window (2**40)"
     return None
+
+
+def _optional_problem(rows: list[dict[str, Any]], fields: dict[str, tuple], name: str) -> str | None:
+    """:func:`fields_problem` for the ``fields`` each row has (the file itself for ``name`` "the file")."""
+    for i, row in enumerate(rows):
+        where = name if name == "the file" else f"{name}[{i}]"
+        problem = fields_problem(row, {key: types for key, types in fields.items() if key in row}, where)
+        if problem:
+            return problem
+    return None
+
+
+def _values_problem(rows: list[dict[str, Any]]) -> str | None:
+    """Counts that are negative, an NLL below 0 or a perplexity below 1 (``exp`` of a mean of NLLs >= 0), a row
+    derived from a length that is not longer."""
+    for i, row in enumerate(rows):
+        for key in ("tokens", "windows", "skipped_documents", "dropped_tokens", "forwards"):
+            if row.get(key, 0) < 0:
+                return f"results[{i}] has {key} {row[key]}, below 0"
+        if row.get("seconds", 0) < 0 or not math.isfinite(row.get("seconds", 0)):
+            return f"results[{i}] has seconds {row['seconds']}, not a finite time"
+        nll, ppl = row["nll"], row["ppl"]  # NaN and infinity: earlier versions' files (and a status here)
+        if nll is not None and math.isfinite(nll) and nll < 0:
+            return f"results[{i}] has nll {nll}, below 0"
+        if ppl is not None and math.isfinite(ppl) and ppl < 1:
+            return f"results[{i}] has ppl {ppl}, below 1"
+        source = row.get("derived_from")
+        if source is not None and not row["length"] < source <= MAX_LENGTH:
+            return f"results[{i}] has derived_from {source}, not a length above its own {row['length']}"
+    return None
+
+
+def _hash_map_problem(hashes: Any) -> str | None:
+    if hashes is None or all(isinstance(k, str) and isinstance(v, str) for k, v in hashes.items()):
+        return None
+    return "the file has 'prompt_hashes' that are not an object of strings"
 
 
 def _params_problem(rows: list[dict[str, Any]]) -> str | None:

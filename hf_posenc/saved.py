@@ -88,12 +88,15 @@ def saved_patch(name: str, *, gguf_file: str | None = None, **hub_kwargs: Any) -
 def read_config(name: str, **hub_kwargs: Any) -> PreTrainedConfig:
     """``AutoConfig.from_pretrained``, a failure of the Hub raised as a redacted :class:`HubError`."""
     refuse_missing_folder(name)
-    return call_hub(
-        lambda: AutoConfig.from_pretrained(name, **hub_kwargs),
-        HubError,
-        f"Reading the config of {name!r}",
-        hub_kwargs.get("token"),
-    )
+    try:
+        return call_hub(
+            lambda: AutoConfig.from_pretrained(name, **hub_kwargs),
+            HubError,
+            f"Reading the config of {name!r}",
+            hub_kwargs.get("token"),
+        )
+    except RecursionError:
+        raise ValueError(f"The config of {name!r} is nested too deep to read: not a model's config.") from None
 
 
 def load_base_model(name: str, saved: SavedPatch | None, **kwargs: Any) -> PreTrainedModel:

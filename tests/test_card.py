@@ -11,7 +11,7 @@ from huggingface_hub import ModelCard
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
 import hf_posenc
-from hf_posenc.card import load_eval_table, public_results, render_card
+from hf_posenc.card import load_eval_table, load_lm_eval_table, public_results, render_card
 from hf_posenc.hub import _different_models
 from hf_posenc.record import PatchRecord
 
@@ -68,12 +68,18 @@ def test_results_measured_with_other_resolved_parameters_are_refused(tmp_path):
         load_eval_table(own, record)
 
 
-@pytest.mark.parametrize("content", ["[1, 2]", "not json", '{"protocol": "x"}'])
+DEEP = "[" * 100_000 + "]" * 100_000  # nested past the JSON parser's recursion limit
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", "not json", '{"protocol": "x"}', DEEP])
 def test_a_file_that_is_not_eval_results_is_a_clear_error(tmp_path, content):
     path = tmp_path / "results.json"
     path.write_text(content)
+    record = PatchRecord.from_config(yarn_model().config)
     with pytest.raises(ValueError, match=f"{path}"):
-        load_eval_table(path, PatchRecord.from_config(yarn_model().config))
+        load_eval_table(path, record)
+    with pytest.raises(ValueError, match=f"{path}"):
+        load_lm_eval_table(path, record)
 
 
 def test_card_without_results_or_license_has_no_model_index():

@@ -209,7 +209,13 @@ def _dataset_rows(path: Path, builder: str, files: list[Path], streaming: bool) 
         kwargs["sample_by"] = "document"
     try:
         yield from load_dataset(builder, streaming=streaming, **kwargs)
-    except (ValueError, TypeError, OSError, DatasetGenerationError) as error:  # ArrowInvalid: a ValueError
+    except (
+        ValueError,
+        TypeError,
+        OSError,
+        RecursionError,
+        DatasetGenerationError,
+    ) as error:  # ArrowInvalid: ValueError
         found = next(((file, problem) for file in files if (problem := _file_problem(file, builder))), None)
         if found is not None:
             raise ValueError(f"{found[0]} {found[1]}.") from error
@@ -237,7 +243,12 @@ def _file_problem(path: Path, builder: str) -> str | None:
         return f"is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); save it as UTF-8"
     if "\0" in text:
         return f"holds a NUL byte at offset {data.index(0)}: a binary file, or UTF-16 or UTF-32 text, not UTF-8 text"
-    return _json_problem(text) if builder == "json" else None
+    if builder != "json":
+        return None
+    try:
+        return _json_problem(text)
+    except RecursionError:
+        return "holds JSON nested too deep to read"
 
 
 def _json_problem(text: str) -> str | None:

@@ -49,6 +49,15 @@ def test_someone_elses_csv_and_plot_are_not_overwritten(tiny_dir, tmp_path, caps
         (lambda r: r.update(results=None), "the file has null as 'results'"),
         (lambda r: r.update(results="none"), "the file has a string as 'results'"),
         (lambda r: r.pop("dataset_details"), "the file has no 'dataset_details'"),
+        (lambda r: r["results"][0].update(derived_from="x"), "results[0] has a string as 'derived_from'"),
+        (lambda r: r["results"][0].update(derived_from=32), "results[0] has derived_from 32, not a length above"),
+        (
+            lambda r: r["results"][0].update(length=10**40),
+            "results[0] has length 10000000000000000000000000000000000000000, more tokens than any window",
+        ),
+        (lambda r: r["results"][1].update(tokens=-5), "results[1] has tokens -5, below 0"),
+        (lambda r: r["results"][1].update(ppl=0.5), "results[1] has ppl 0.5, below 1"),
+        (lambda r: r["results"][0].update(forwards="two"), "results[0] has a string as 'forwards'"),
     ],
 )
 def test_a_rerun_on_a_malformed_results_file_rewrites_nothing(tiny_dir, tmp_path, capsys, edit, field):
@@ -72,13 +81,26 @@ def test_a_malformed_passkey_file_is_one_line_and_kept(tiny_dir, tmp_path, capsy
     out = tmp_path / "out"
     argv = ["passkey", "--model", str(tiny_dir / "model"), "--method", "none", "--lengths", "400", "--output", str(out)]
     assert main(argv) == 0
-    report = json.loads((out / "passkey.json").read_text())
-    del report["trials"][0]["correct"]
-    (out / "passkey.json").write_text(json.dumps(report))
-    before = folder_files(out)
+    written = json.loads((out / "passkey.json").read_text())
+    edits = [
+        (lambda r: r["trials"][0].pop("correct"), "is malformed: trials[0] has no 'correct'"),
+        (lambda r: r.update(prompt_hashes=["a"]), "is malformed: the file has a list as 'prompt_hashes'"),
+        (
+            lambda r: r.update(prompt_hashes={"400": 7}),
+            "is malformed: the file has 'prompt_hashes' that are not an object of strings",
+        ),
+    ]
+    for edit, said in edits:
+        report = json.loads(json.dumps(written))
+        edit(report)
+        (out / "passkey.json").write_text(json.dumps(report))
+        before = folder_files(out)
+        assert main(argv) == 2
+        assert f"{out / 'passkey.json'} {said}" in _one_line_error(capsys, "passkey")
+        assert folder_files(out) == before
+    (out / "passkey.json").write_text("[" * 100_000 + "]" * 100_000)  # nested past the parser's recursion
     assert main(argv) == 2
-    assert f"{out / 'passkey.json'} is malformed: trials[0] has no 'correct'" in _one_line_error(capsys, "passkey")
-    assert folder_files(out) == before
+    assert "passkey.json is not a results file (nested too deep" in _one_line_error(capsys, "passkey")
 
 
 def test_a_document_changed_with_the_same_counts_is_refused(tiny_dir, tmp_path, capsys):
@@ -141,3 +163,14 @@ def test_a_pickle_checkpoint_torch_refuses_is_one_line(tiny_dir, tmp_path, capsy
     line = _one_line_error(capsys)
     assert "torch refused to load a pickle checkpoint with weights_only (Unsupported global: GLOBAL" in line
     assert "pwned" not in capsys.readouterr().out and not (tmp_path / "out" / "results.json").exists()
+
+
+def test_a_config_nested_too_deep_is_one_line(tiny_dir, tmp_path, capsys):
+    model, out = tmp_path / "model", tmp_path / "out"
+    shutil.copytree(tiny_dir / "model", model)
+    config = (model / "config.json").read_text().rstrip()
+    (model / "config.json").write_text(config[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    argv = ["eval", "--model", str(model), "--dataset", str(tiny_dir / "texts"), "--output", str(out)]
+    assert main(argv) == 2
+    assert f"The config of '{model}' is nested too deep to read" in _one_line_error(capsys)
+    assert not out.exists()

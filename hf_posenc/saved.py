@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
 
 from .hub import from_pretrained, read_metadata
@@ -153,15 +154,28 @@ def base_config(name: str, saved: SavedPatch | None, **hub_kwargs: Any) -> PreTr
 @contextlib.contextmanager
 def loading_errors(name: str, gguf_file: str | None = None) -> Iterator[None]:
     """The loaders' errors on damaged or refused files as one-line ``ValueError``: a pickle checkpoint torch's
-    safe loading refuses (never loaded otherwise), a GGUF file that does not parse (truncated?)."""
+    safe loading refuses (never loaded otherwise), a GGUF or safetensors file that does not parse (truncated?),
+    weights whose shapes are not the config's."""
     try:
         yield
+    except SafetensorError as error:
+        raise ValueError(
+            f"{name}: cannot read its safetensors weights ({error}). A truncated or damaged file fails so: download "
+            "or save it again."
+        ) from None
     except pickle.UnpicklingError as error:
         found = re.search(r"WeightsUnpickler error: (.*?)(\.\s|$)", str(error), re.MULTILINE)
         reason = f" ({found.group(1)})" if found else ""
         raise ValueError(
             f"{name}: torch refused to load a pickle checkpoint with weights_only{reason}; hf_posenc never "
             "loads pickles unsafely: use a safetensors copy of the model."
+        ) from None
+    except RuntimeError as error:
+        if "ignore_mismatched_sizes" not in str(error):
+            raise
+        raise ValueError(
+            f"{name}: its weights do not have the shapes its config.json gives (an edited config, or weights of "
+            "another model); transformers' load report above lists them."
         ) from None
     except (struct.error, ValueError, IndexError, EOFError, KeyError) as error:
         if not gguf_file:

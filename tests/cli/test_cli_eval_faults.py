@@ -174,3 +174,24 @@ def test_a_config_nested_too_deep_is_one_line(tiny_dir, tmp_path, capsys):
     assert main(argv) == 2
     assert f"The config of '{model}' is nested too deep to read" in _one_line_error(capsys)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["eval", "passkey"])
+def test_truncated_safetensors_and_weights_of_other_shapes_are_one_line(tiny_dir, tmp_path, capsys, command):
+    """A checkpoint cut in half, and a config whose vocab_size is not the weights': one line each, nothing written."""
+    cut, edited = tmp_path / "cut", tmp_path / "edited"
+    for folder in (cut, edited):
+        shutil.copytree(tiny_dir / "model", folder)
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    config = json.loads((edited / "config.json").read_text())
+    (edited / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] - 3}))
+    data = ["--dataset", str(tiny_dir / "texts"), "--lengths", "32"] if command == "eval" else ["--lengths", "400"]
+    for folder, said in (
+        (cut, f"{cut}: cannot read its safetensors weights (Error while deserializing header"),
+        (edited, f"{edited}: its weights do not have the shapes its config.json gives"),
+    ):
+        out = tmp_path / f"out-{folder.name}"
+        assert main([command, "--model", str(folder), "--output", str(out), *data]) == 2
+        assert said in _one_line_error(capsys, command)
+        assert not out.exists()

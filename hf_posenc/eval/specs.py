@@ -15,10 +15,12 @@ DEFAULT_METHODS = ("none", "yarn:factor=4")
 
 def parse_methods(texts: Sequence[str] | None, saved: SavedPatch | None = None) -> list[MethodSpec]:
     """Every method spec parsed and checked without a model (``ValueError`` naming the bad one). None: the
-    base model and the method a saved patched model carries (:mod:`hf_posenc.saved`), else
-    ``DEFAULT_METHODS``."""
-    if texts is None:
-        texts = ("none", saved.spec) if saved is not None else DEFAULT_METHODS
+    base model and the method a saved patched model carries (:mod:`hf_posenc.saved`; a baked patch, GPT-2 ``pi``,
+    cannot be undone: ``none`` is the model as saved, the only default), else ``DEFAULT_METHODS``."""
+    if texts is None and saved is not None:
+        texts = ("none",) if saved.record.baked else ("none", saved.spec)
+    elif texts is None:
+        texts = DEFAULT_METHODS
     return [MethodSpec.parse(text, parameter="methods") for text in texts]
 
 

@@ -126,3 +126,17 @@ def test_a_saved_t5_bias_model_is_evaluated_with_its_trained_table(tiny_dir, tmp
     n96 = next(r for r in row if r["length"] == 96)
     assert n96["windows"] == len(windows) == 2 and math.isclose(n96["ppl"], math.exp(nll / 190), rel_tol=1e-4)
     assert ppl["t5-bias:init=zeros", 96] != ppl["t5-bias:backend=eager", 96]  # another patch: a fresh table
+
+
+def test_a_saved_gpt2_pi_is_the_model_as_saved(tiny_dir, tmp_path):
+    """GPT-2 ``pi`` is baked (the resampled table is in the weights, the original gone): the model as saved is
+    the base, ``none`` by default is that model, and the results name the saved patch. Before: the saved method
+    was applied again by default and refused (a 128-row table is no 64-row one)."""
+    gpt2 = AutoModelForCausalLM.from_pretrained(tiny_dir / "gpt2")
+    hf_posenc.patch(gpt2, "pi", factor=2).save_pretrained(tmp_path / "saved")
+    AutoTokenizer.from_pretrained(tiny_dir / "model").save_pretrained(tmp_path / "saved")
+    ppl = _eval(tmp_path / "saved", tiny_dir / "texts", tmp_path / "out")
+    details = results_of(tmp_path / "out")["model_details"]
+    assert details["saved_patch"] == "pi:factor=2.0,original_max_position_embeddings=64"
+    direct = _eval(tiny_dir / "gpt2", tiny_dir / "texts", tmp_path / "direct", "pi:factor=2")
+    assert ppl == {("none", n): direct["pi:factor=2", n] for n in (32, 96)}

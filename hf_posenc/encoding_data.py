@@ -27,7 +27,10 @@ BIAS_KINDS = ("alibi", "t5-bias", "sinusoidal", "rope")
 UNSCALED_ROPE = "rope"  # in a list of specs: RoPE as trained, like ``none``
 DYNAMIC_FACTOR = 4  # a dynamic method without a factor (dynamic-yarn) is drawn at l = 4 L
 MAX_DISTANCE = 2**20
-CHUNK = 2**12  # distances computed at once (memory: CHUNK x d values)
+MAX_HEAD_DIM = 2**12  # beyond any model's; the bounds keep the figures' memory bounded
+MAX_HEADS = 2**10
+MAX_WIDTH = 2**16  # num_heads * head_dim, the sinusoidal table's width
+CHUNK_VALUES = 2**22  # values computed at once: distances x width
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class Geometry:
     seq_len: int | None = None
 
     def __post_init__(self) -> None:
-        if positive_int("`head_dim`", self.head_dim) % 2:
+        if positive_int("`head_dim`", self.head_dim, MAX_HEAD_DIM) % 2:
             raise ValueError(f"`head_dim` (the rotary dimension d) must be even, got {self.head_dim}.")
         if real_number("`base`", self.base) <= 1:
             raise ValueError(f"`base` (RoPE's b in theta_i = b^(-2i/d)) must be > 1, got {self.base!r}.")
@@ -159,11 +162,12 @@ def rope_decay_bound(inv_freq: torch.Tensor, distances: torch.Tensor) -> torch.T
         angles = n.to(torch.float64)[:, None] * theta  # (chunk, d/2)
         return torch.polar(torch.ones_like(angles), angles).cumsum(-1).abs().mean(-1)
 
-    return _chunked(bound, distances)
+    return _chunked(bound, distances, len(theta))
 
 
-def _chunked(fn: Callable[[torch.Tensor], torch.Tensor], distances: torch.Tensor) -> torch.Tensor:
-    return torch.cat([fn(part) for part in distances.split(CHUNK)])
+def _chunked(fn: Callable[[torch.Tensor], torch.Tensor], distances: torch.Tensor, width: int) -> torch.Tensor:
+    """``fn`` over ``distances`` a chunk at a time: ``width`` values per distance, at most CHUNK_VALUES at once."""
+    return torch.cat([fn(part) for part in distances.split(max(1, CHUNK_VALUES // width))])
 
 
 @dataclass(frozen=True)
@@ -201,7 +205,7 @@ def _bias_curves(
     if encoding.kind == "sinusoidal":
         dim, base, scale = num_heads * geometry.head_dim, params["base"], params["scale"] or 1.0
         origin = sinusoidal_embedding(torch.zeros(()), dim, base=base)
-        product = _chunked(lambda n: sinusoidal_embedding(n, dim, base=base) @ origin, distances)
+        product = _chunked(lambda n: sinusoidal_embedding(n, dim, base=base) @ origin, distances, dim)
         return [curve(f"d = {dim}", product * scale**2 / (dim / 2))]
     inv_freq, _, length = _frequencies(encoding, geometry)
     at = "" if length is None else f" at l = {length} = {length / geometry.trained_context:g} L"
@@ -230,7 +234,12 @@ def bias_data(
     (default ``factor * L``).
     """
     geometry = Geometry(head_dim, base, trained_context, seq_len)
-    positive_int("`num_heads`", num_heads)
+    positive_int("`num_heads`", num_heads, MAX_HEADS)
+    if num_heads * head_dim > MAX_WIDTH:
+        raise ValueError(
+            f"`num_heads` x `head_dim` (the width of the sinusoidal table) must be at most {MAX_WIDTH}, got "
+            f"{num_heads} x {head_dim}."
+        )
     distances = torch.arange(positive_int("`max_distance_shown`", max_distance_shown, MAX_DISTANCE) + 1)
     encodings = _encodings(specs, BIAS_KINDS)
     return [curve for each in encodings for curve in _bias_curves(each, distances, num_heads, geometry, t5_table)]

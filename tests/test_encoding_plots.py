@@ -182,6 +182,14 @@ def test_bad_input_writes_nothing(tmp_path):
         write_frequency_plot(tmp_path / "out", ["pi:factor=2"], head_dim=7, base=BASE, trained_context=L)
     with pytest.raises(ValueError, match="Unknown method 'foo'"):
         write_bias_plot(tmp_path / "out", ["rope", "foo"], max_distance_shown=10, num_heads=2, **GEOMETRY)
+    # sizes that would ask for terabytes: refused before anything is allocated
+    with pytest.raises(ValueError, match=r"`head_dim` must be at most 4096, got 1000000000000"):
+        write_frequency_plot(tmp_path / "out", ["pi:factor=2"], head_dim=10**12, base=BASE, trained_context=L)
+    with pytest.raises(ValueError, match=r"`num_heads` must be at most 1024, got 1000000000"):
+        write_bias_plot(tmp_path / "out", ["alibi"], max_distance_shown=10, num_heads=10**9, **GEOMETRY)
+    with pytest.raises(ValueError, match=r"`num_heads` x `head_dim` .* at most 65536, got 1024 x 1024"):
+        geometry = {**GEOMETRY, "head_dim": 1024}
+        write_bias_plot(tmp_path / "out", ["sinusoidal"], max_distance_shown=10, num_heads=1024, **geometry)
     assert not (tmp_path / "out").exists()
 
 

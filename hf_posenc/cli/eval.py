@@ -23,7 +23,7 @@ from ..eval.results import (
     derivation_note,
     format_table,
 )
-from ..eval.runner import run_passkey, run_perplexity
+from ..eval.runner import MAX_TRIALS, run_passkey, run_perplexity
 from ..eval.specs import DEFAULT_METHODS
 from ..offline import essays_dir
 
@@ -146,7 +146,7 @@ def add_parser(subparsers) -> None:
     )
     _add_model_arguments(passkey, PASSKEY_LENGTHS, DEFAULT_METHODS)
     passkey.add_argument("--depths", type=_depths, default=PASSKEY_DEPTHS, help=f"(default: {PASSKEY_DEPTHS})")
-    passkey.add_argument("--trials", type=_positive_int, default=1, help="keys per length and depth (default: 1)")
+    passkey.add_argument("--trials", type=_trials, default=1, help="keys per length and depth (default: 1)")
     passkey.add_argument("--seed", type=int, default=0, help="seed of the keys (default: 0)")
     passkey.add_argument("--bos", choices=("auto", "prepend", "none"), default="auto", help="(default: auto)")
     passkey.set_defaults(
@@ -353,6 +353,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def _trials(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_TRIALS:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than {MAX_TRIALS} keys per length and depth")
     return value
 
 

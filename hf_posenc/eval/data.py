@@ -7,11 +7,11 @@ properties (every token scored at most once, only earlier tokens of the same spa
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from .local_files import LOCAL_SPLIT, local_rows
 
 PROTOCOLS = ("sliding", "disjoint", "truncate")
 PROTOCOL_HELP = {
@@ -23,8 +23,6 @@ PROTOCOL_HELP = {
     "truncate": "one window per document: its first LENGTH tokens (YaRN's evaluation)",
 }
 DEFAULT_SPLIT = "test"
-LOCAL_SPLIT = "train"
-LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 _LENGTH_RE = re.compile(r"^\s*(\d+)\s*([kK]?)\s*$")
 
 
@@ -105,12 +103,21 @@ class TextSource:
         }
 
 
+MAX_TOKENS = 2**24  # 16384k: longer than any context evaluated; a longer window is a typo, not a run
+
+
 def parse_length(text: str) -> int:
-    """``"16k"`` -> 16384, ``"512"`` -> 512 (``k`` = 1024). Raises ``ValueError`` for anything else."""
+    """``"16k"`` -> 16384, ``"512"`` -> 512 (``k`` = 1024), at most :data:`MAX_TOKENS`. Raises ``ValueError``
+    for anything else."""
     match = _LENGTH_RE.match(str(text))
     if not match or int(match.group(1)) == 0:
         raise ValueError(f"Length {text!r} is not a positive number of tokens (examples: 512, 4k, 32k).")
-    return int(match.group(1)) * (1024 if match.group(2) else 1)
+    length = int(match.group(1)) * (1024 if match.group(2) else 1)
+    if length > MAX_TOKENS:
+        raise ValueError(
+            f"Length {text!r} is more than {MAX_TOKENS // 1024}k tokens, longer than any window evaluated."
+        )
+    return length
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -143,7 +150,7 @@ def load_texts(source: TextSource) -> list[str]:
                 f"{local} is local: its files are read whole, so `config` and `split` (Hub datasets "
                 "only) do not apply. Leave them out."
             )
-        dataset = _local_rows(local, source.streaming)
+        dataset = local_rows(local, source.streaming)
     else:
         try:
             dataset = load_dataset(source.path, source.config, split=source.read_split, streaming=source.streaming)
@@ -171,109 +178,6 @@ def load_texts(source: TextSource) -> list[str]:
     if not texts:
         raise ValueError(f"Dataset {source.path!r} has no documents.")
     return [source.join.join(texts)] if source.join is not None else texts
-
-
-def _local_files(path: Path) -> tuple[str, list[Path]]:
-    """The `datasets` builder and sorted files for a local file or folder (one file type only, none empty)."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in LOCAL_BUILDERS)
-    builders = {LOCAL_BUILDERS.get(f.suffix) for f in files}
-    if path.is_file() and None in builders:
-        raise ValueError(f"{path} is not a {', '.join(LOCAL_BUILDERS)} file; give one of those, or a folder of them.")
-    if not files:
-        raise ValueError(f"{path} holds no readable files; expected {', '.join(LOCAL_BUILDERS)}.")
-    if len(builders) > 1:
-        raise ValueError(f"{path} mixes file types {sorted(builders)}; point at one kind of file.")
-    empty = next((f for f in files if f.stat().st_size == 0), None)
-    if empty is not None:
-        raise ValueError(f"{empty} is empty; remove it or point at other files.")
-    return builders.pop(), files
-
-
-def _local_rows(path: Path, streaming: bool) -> Iterator[dict]:
-    """The rows of a local file or folder; a file `datasets` cannot read, or reads but is binary, is a
-    ``ValueError`` naming it and what is wrong with it."""
-    builder, files = _local_files(path)
-    for index, row in enumerate(_dataset_rows(path, builder, files, streaming)):
-        if builder == "text" and "\0" in row["text"]:  # valid UTF-8 all the same; one row per file
-            raise ValueError(f"{files[index]} {_file_problem(files[index], builder)}.")
-        yield row
-
-
-def _dataset_rows(path: Path, builder: str, files: list[Path], streaming: bool) -> Iterator[dict]:
-    """`datasets`' rows of local ``files``; only the errors it raises reading them are translated."""
-    from datasets import load_dataset
-    from datasets.exceptions import DatasetGenerationError
-
-    kwargs = {"data_files": [str(f) for f in files], "split": LOCAL_SPLIT}
-    if builder == "text":
-        kwargs["sample_by"] = "document"
-    try:
-        yield from load_dataset(builder, streaming=streaming, **kwargs)
-    except (
-        ValueError,
-        TypeError,
-        OSError,
-        RecursionError,
-        DatasetGenerationError,
-    ) as error:  # ArrowInvalid: ValueError
-        found = next(((file, problem) for file in files if (problem := _file_problem(file, builder))), None)
-        if found is not None:
-            raise ValueError(f"{found[0]} {found[1]}.") from error
-        cause = error  # no file to blame: the reader's own reason, under datasets' generic wrapper
-        while isinstance(cause, DatasetGenerationError) and (cause.__cause__ or cause.__context__):
-            cause = cause.__cause__ or cause.__context__
-        reason = (str(cause).splitlines() or [type(cause).__name__])[0]
-        raise ValueError(f"The datasets library cannot read {path} as {builder} files: {reason}") from error
-
-
-def _file_problem(path: Path, builder: str) -> str | None:
-    """What makes one local file unreadable as ``builder`` input ("is not UTF-8 text (...)"), or None."""
-    if builder == "parquet":
-        import pyarrow.parquet
-
-        try:
-            pyarrow.parquet.read_metadata(path)
-        except (OSError, ValueError) as error:
-            return f"is not a Parquet file ({str(error).rstrip('.')})"
-        return None
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        return f"is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); save it as UTF-8"
-    if "\0" in text:
-        return f"holds a NUL byte at offset {data.index(0)}: a binary file, or UTF-16 or UTF-32 text, not UTF-8 text"
-    if builder != "json":
-        return None
-    try:
-        return _json_problem(text)
-    except RecursionError:
-        return "holds JSON nested too deep to read"
-
-
-def _json_problem(text: str) -> str | None:
-    """Why ``text`` is neither one JSON document of objects nor JSON Lines (an object a line), or None."""
-    try:
-        document = json.loads(text)
-        is_list = isinstance(document, list)
-        rows = [(f"item {i}", row) for i, row in enumerate(document)] if is_list else [("the whole file", document)]
-    except json.JSONDecodeError as whole:
-        rows = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((f"line {number}", json.loads(line)))
-            except json.JSONDecodeError as error:  # a first line that is no JSON alone: a document, its error
-                bad, at = (error, number) if rows else (whole, whole.lineno)
-                return f"is not JSON: line {at}, column {bad.colno}: {bad.msg}"
-    if not rows:
-        return "holds no JSON objects"
-    where, wrong = next(((where, row) for where, row in rows if not isinstance(row, dict)), (None, None))
-    if where is None:
-        return None
-    kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(wrong), "number")
-    return f"holds a JSON {kind} ({where}) where the datasets library reads one object per document"
 
 
 def tokenize_texts(tokenizer, texts: list[str]) -> list[list[int]]:

@@ -241,6 +241,9 @@ def _result(method: str, params: dict, length: int, score: LengthScore, plan: Wi
     }
 
 
+MAX_TRIALS = 10_000  # keys per (length, depth); each is a forward per method
+
+
 def run_passkey(
     *,
     model_source: ModelSource,
@@ -258,6 +261,8 @@ def run_passkey(
     folder and every length are checked before the model is loaded, and then nothing is written.
     Finished (method, length) pairs in ``output`` are kept and not recomputed.
     """
+    if isinstance(trials, bool) or not isinstance(trials, int) or not 0 < trials <= MAX_TRIALS:
+        raise ValueError(f"`trials` must be a whole number of keys from 1 to {MAX_TRIALS}, got {trials!r}.")
     saved = model_source.saved_patch()
     specs = parse_methods(methods, saved)
     check_output(output, PASSKEY_FILES)

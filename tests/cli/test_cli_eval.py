@@ -412,3 +412,13 @@ def test_passkey_resume_refuses_prompts_whose_tokens_changed(tiny_dir, tmp_path,
     assert main([*argv, "--method", "none", "--method", "pi:factor=8", "--method", "yarn:factor=8"]) == 2
     assert "other passkey prompts: the tokens at length 400 differ now" in capsys.readouterr().err
     assert (out / "passkey.json").read_bytes() == written
+
+
+def test_passkey_refuses_more_trials_than_it_runs(capsys):
+    """1e11 keys per cell were a run that filled the memory before its first forward."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["passkey", "--trials", "100000000000"])
+    assert (
+        exit_.value.code == 2
+        and "'100000000000' is more than 10000 keys per length and depth" in capsys.readouterr().err
+    )

@@ -14,7 +14,7 @@ import hashlib
 import os
 import tempfile
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +135,33 @@ def remove_stale_temporaries(folder: Path, files: Sequence[str]) -> None:
         if path.is_dir():
             with contextlib.suppress(OSError):  # not empty: not one of ours
                 path.rmdir()
+
+
+class SoleWriter:
+    """The report file of a run, written only over what the run read or wrote itself.
+
+    Two runs given one output folder would each rewrite the report from what they read, and the rows of the one
+    that wrote first be lost without a word. Each write first checks that the file is still what this run last
+    saw (read at the start, or written since); if another process wrote it, the run stops without writing.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen = self._contents()
+
+    def _contents(self) -> bytes | None:
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write(self, write: Callable[..., None], *args: Any) -> None:
+        """``write(*args)`` (which writes the report and the files made from it) if the report is as last seen."""
+        if self._contents() != self._seen:
+            raise ValueError(
+                f"{self.path} was written by another process while this run went on (two runs with one `output` "
+                "folder?): this run stops without writing over it. Rerun when the other has finished: it resumes "
+                "from that file."
+            )
+        write(*args)
+        self._seen = self._contents()

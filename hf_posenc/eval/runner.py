@@ -47,6 +47,7 @@ from .results import (
     write_perplexity_results,
 )
 from .resume import (
+    SoleWriter,
     check_output,
     check_same_data,
     check_same_prompts,
@@ -138,6 +139,7 @@ def run_perplexity(
         "bos": bos,
         "max_windows": max_windows,
     }
+    report_file = SoleWriter(output / RESULTS_JSON)
     previous = load_previous(output / RESULTS_JSON, arguments, kind="perplexity")
     results = previous["results"] if previous else []
     refuse_duplicates(specs, [r["method"] for r in results], output / RESULTS_JSON)
@@ -167,7 +169,7 @@ def run_perplexity(
     if not any(todo.values()):
         report = {**previous, "results": sort_results(results, [spec.text for spec in specs])}
         if accelerator.is_main_process:
-            write_perplexity_results(output, report)
+            report_file.write(write_perplexity_results, output, report)
         return report
 
     longest = max(input_shape(w, bos_id is not None)[0] for n in set().union(*todo.values()) for w in plans[n].windows)
@@ -214,7 +216,7 @@ def run_perplexity(
                 results += [_result(spec.text, resolved[spec.text], n, scores[n], plans[n]) for n in group]
                 report["results"] = sort_results(results, [spec.text for spec in specs])
                 if accelerator.is_main_process:
-                    write_perplexity_results(output, report)
+                    report_file.write(write_perplexity_results, output, report)
     return report
 
 
@@ -278,6 +280,7 @@ def run_passkey(
         "seed": seed,
         "bos": bos,
     }
+    report_file = SoleWriter(output / PASSKEY_JSON)
     previous = load_previous(output / PASSKEY_JSON, arguments, kind="passkey")
     done_trials = previous["trials"] if previous else []
     refuse_duplicates(specs, list(dict.fromkeys(t["method"] for t in done_trials)), output / PASSKEY_JSON)
@@ -321,7 +324,7 @@ def run_passkey(
                 ]
                 report |= {"trials": done_trials, "accuracy": accuracy_grid(done_trials)}
                 if accelerator.is_main_process:
-                    write_passkey_results(output, report)
+                    report_file.write(write_passkey_results, output, report)
     if accelerator.is_main_process and model is None:
-        write_passkey_results(output, previous)
+        report_file.write(write_passkey_results, output, previous)
     return report if model is not None else previous

@@ -195,3 +195,23 @@ def test_truncated_safetensors_and_weights_of_other_shapes_are_one_line(tiny_dir
         assert main([command, "--model", str(folder), "--output", str(out), *data]) == 2
         assert said in _one_line_error(capsys, command)
         assert not out.exists()
+
+
+def test_a_report_another_run_wrote_meanwhile_is_not_written_over(tiny_dir, tmp_path, capsys, monkeypatch):
+    """Two runs with one --output: each would rewrite results.json from what it read, the first one's rows lost
+    without a word. Here another process writes the file between this run's methods: the run stops at its next
+    write, in one line, and the other's file stays as it wrote it."""
+    out = tmp_path / "out"
+    score_lengths, calls = runner.score_lengths, []
+
+    def meanwhile(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # after the first method's rows were written
+            (out / "results.json").write_text('{"written": "by another run"}')
+        return score_lengths(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "score_lengths", meanwhile)
+    argv = eval_args(tiny_dir, out) + ["--method", "none", "--method", "pi:factor=2", "--lengths", "32"]
+    assert main(argv) == 2
+    assert f"{out / 'results.json'} was written by another process while this run went on" in _one_line_error(capsys)
+    assert (out / "results.json").read_text() == '{"written": "by another run"}'

@@ -37,24 +37,20 @@ INSTALL_HINT = "pip install 'hf-posenc[lm-eval]'"
 _TOKENIZER_KEYS = ("tokenizer", "pretrained")  # what lm-eval's synthetic tasks (RULER) read from the metadata
 # HFLM arguments that load a model: given a loaded one (as here), HFLM ignores them with a warning. The parameter
 # of run_lm_eval that does the job, or why there is none.
+_QUANTIZED = "quantized checkpoints load through transformers as `model`"
 LOADING_MODEL_ARGS = {
     "pretrained": "`model` names the model",
-    "revision": "give `revision`",
-    "attn_implementation": "give `attn_implementation`",
-    "dtype": "give `dtype`",
-    "device": "give `device`",
-    "gguf_file": "give `gguf_file`",
-    "parallelize": "give `device_map` (and `max_memory`)",
-    "max_memory_per_gpu": "give `device_map` (and `max_memory`)",
-    "max_cpu_memory": "give `device_map` (and `max_memory`)",
-    "device_map": "give `device_map` (and `max_memory`)",
+    **{key: f"give `{key}`" for key in ("revision", "attn_implementation", "dtype", "device", "gguf_file")},
+    **dict.fromkeys(
+        ("parallelize", "max_memory_per_gpu", "max_cpu_memory", "device_map"), "give `device_map` (and `max_memory`)"
+    ),
     "tp_plan": "hf_posenc loads the model on one process (or split by `device_map`)",
     "offload_folder": "hf_posenc does not offload to disk",
     "subfolder": "name the subfolder in `model`",
     "peft": "hf_posenc patches the base model; merge an adapter into it first",
     "delta": "hf_posenc patches the base model; apply the delta to it first",
-    "autogptq": "quantized checkpoints load through transformers as `model`",
-    "gptqmodel": "quantized checkpoints load through transformers as `model`",
+    "autogptq": _QUANTIZED,
+    "gptqmodel": _QUANTIZED,
     "trust_remote_code": "hf_posenc never runs code from a model or dataset repo",
 }
 

@@ -4,6 +4,7 @@ and, where it fails, what is wrong with which file: a one-line ``ValueError`` na
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,10 +32,29 @@ def local_rows(path: Path, streaming: bool) -> Iterator[dict]:
     """The rows of a local file or folder; a file `datasets` cannot read, or reads but is binary, is a
     ``ValueError`` naming it and what is wrong with it."""
     builder, files = _local_files(path)
+    if builder == "json":
+        for file in files:
+            _refuse_deep_json(file)
     for index, row in enumerate(_dataset_rows(path, builder, files, streaming)):
         if builder == "text" and "\0" in row["text"]:  # valid UTF-8 all the same; one row per file
             raise ValueError(f"{files[index]} {_file_problem(files[index], builder)}.")
         yield row
+
+
+MAX_NESTING = 256  # JSON arrays/objects opened in a row; Arrow's JSON reader crashes the process on ~10,000
+_DEEP = re.compile(rb"(?:[\[{]\s*){%d}" % MAX_NESTING)
+_SCAN = 1 << 24  # bytes read at a time
+
+
+def _refuse_deep_json(file: Path) -> None:
+    """Refuse a JSON file that opens :data:`MAX_NESTING` arrays or objects in a row, before `datasets` reads it:
+    Python's parser raises at ~1000 levels, Arrow's crashes the interpreter (a segmentation fault) deeper."""
+    with open(file, "rb") as handle:
+        tail = b""
+        while chunk := handle.read(_SCAN):
+            if _DEEP.search(tail + chunk):
+                raise ValueError(f"{file} holds JSON nested deeper than {MAX_NESTING} levels: not rows of documents.")
+            tail = chunk[-4 * MAX_NESTING :]
 
 
 def _dataset_rows(path: Path, builder: str, files: list[Path], streaming: bool) -> Iterator[dict]:

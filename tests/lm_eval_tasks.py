@@ -46,11 +46,33 @@ metric_list:
 metadata:
   version: 1.0
 """
+GENERATE_TASK = """\
+task: tiny_generate
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{prompt}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["."]
+  max_gen_toks: 6
+  do_sample: false
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
 
 
 def write_tasks(folder: Path) -> Path:
-    """``folder`` with the two task YAMLs and their data: 4 documents of 90-200 characters (past the tiny model's 64
-    trained positions: one token a character) to score as a rolling loglikelihood, and 6 three-way choices."""
+    """``folder`` with the task YAMLs and their data: 4 documents of 90-200 characters (past the tiny model's 64
+    trained positions: one token a character) to score as a rolling loglikelihood, 6 three-way choices, and 4
+    prompts of 80-150 characters to continue greedily (``tiny_generate``, generation as RULER and NIAH score it)."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(2, 6))) for _ in range(200)]
@@ -62,6 +84,9 @@ def write_tasks(folder: Path) -> Path:
     _write_jsonl(folder / "choice.jsonl", [{**c, "answer": i % 3} for i, c in enumerate(choices)])
     (folder / "tiny_ppl.yaml").write_text(PPL_TASK.format(data=folder / "ppl.jsonl"))
     (folder / "tiny_choice.yaml").write_text(CHOICE_TASK.format(data=folder / "choice.jsonl"))
+    prompts = [" ".join(rng.sample(words, n)) for n in (15, 20, 25, 30)]
+    _write_jsonl(folder / "generate.jsonl", [{"prompt": p, "answer": " " + p.split()[0]} for p in prompts])
+    (folder / "tiny_generate.yaml").write_text(GENERATE_TASK.format(data=folder / "generate.jsonl"))
     return folder
 
 

@@ -104,6 +104,35 @@ def test_a_loaded_model_is_given_back_unpatched(tiny_dir, task_manager, one_thre
         assert torch.equal(model(ids).logits, before)
 
 
+def test_a_generation_task_is_lm_eval_on_the_model_patched_so(tiny_dir, task_manager, one_thread):
+    """``generate_until`` (how RULER and NIAH score) runs on each method through the model handed to HFLM and
+    scores as lm-eval itself does on the model patched the same way. (The tiny random model's greedy generations
+    are the same few characters with and without YaRN, so this shows the path, not a difference between methods;
+    the rolling-loglikelihood test above shows that.)"""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir / "model")
+    tokenizer.eos_token = "."  # lm-eval's generation stops at an end-of-text token; the tiny tokenizer has none
+    report = run_lm_eval(
+        str(tiny_dir / "model"), ["tiny_generate"], methods=METHODS, tokenizer=tokenizer, task_manager=task_manager,
+        bootstrap_iters=0,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir / "model").eval()
+
+    def generations(settings_model) -> tuple[list[str], dict]:
+        lm = HFLM(pretrained=settings_model, tokenizer=tokenizer, max_length=256)
+        done = lm_eval.simple_evaluate(
+            model=lm, tasks=["tiny_generate"], task_manager=task_manager, bootstrap_iters=0, log_samples=True
+        )
+        metrics = {task: {k: v for k, v in values.items() if "," in k} for task, values in done["results"].items()}
+        return [sample["resps"][0][0] for sample in done["samples"]["tiny_generate"]], metrics
+
+    unpatched, unpatched_results = generations(model)
+    with hf_posenc.patched(model, "yarn", factor=4):
+        yarn, yarn_results = generations(model)
+    assert _scores(report["runs"][0]["results"]) == _scores(unpatched_results)
+    assert _scores(report["runs"][1]["results"]) == _scores(yarn_results)
+    assert len(unpatched) == len(yarn) == 4 and all(unpatched)
+
+
 def test_the_model_is_loaded_as_asked_and_loading_model_args_are_refused(run, tiny_dir, task_manager, one_thread):
     """``attn_implementation`` (like revision and device_map) loads the named model as ``hf-posenc eval`` does:
     eager attention gives the sdpa run's scores, and the report says which ran. HFLM's own loading arguments, which

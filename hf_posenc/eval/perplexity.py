@@ -64,6 +64,12 @@ def cumulative_nll(
     return torch.cat(parts, dim=1).cumsum(dim=1, dtype=torch.float64)  # (B, S)
 
 
+def window_nll(model, input_ids: torch.Tensor, score_from: int, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
+    """Summed NLL (nats, float64) of each window's tokens at positions ``score_from … T-1``: a `(B,)` tensor,
+    each window scoring ``T - score_from`` tokens (the last of :func:`cumulative_nll`)."""
+    return cumulative_nll(model, input_ids, score_from, chunk_size)[:, -1]
+
+
 @torch.inference_mode()
 def greedy_continuation(
     model, input_ids: torch.Tensor, score_from: int, chunk_size: int = DEFAULT_CHUNK_SIZE

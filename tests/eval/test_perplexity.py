@@ -12,22 +12,11 @@ from helpers import SPECS, family_of
 
 import hf_posenc
 from hf_posenc.eval.data import build_windows
-from hf_posenc.eval.perplexity import (
-    DEFAULT_CHUNK_SIZE,
-    check_head_decomposition,
-    cumulative_nll,
-    greedy_continuation,
-    perplexity,
-)
+from hf_posenc.eval.perplexity import check_head_decomposition, greedy_continuation, perplexity, window_nll
 from hf_posenc.eval.scoring import score_lengths
 from hf_posenc.spec import MethodSpec
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gpt2"]
-
-
-def window_nll(model, input_ids: torch.Tensor, score_from: int, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
-    """Summed NLL of each window's scored tokens: the last of the library's running sums."""
-    return cumulative_nll(model, input_ids, score_from, chunk_size)[:, -1]
 
 
 def _tiny64(family: str):

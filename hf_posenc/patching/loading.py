@@ -48,15 +48,20 @@ def load_patched_model(pretrained_model_name_or_path: str, **kwargs: Any) -> Pre
         raise ValueError("hf_posenc never loads remote code; trust_remote_code=True is refused.")
     config_kwargs = {key: kwargs[key] for key in _CONFIG_KWARGS if key in kwargs}
     given = kwargs.pop("config", None)  # copied: the caller's object is neither changed nor shared with the model
-    if given is not None:
-        config, in_file = copy.deepcopy(given), None
-    else:
-        config = AutoConfig.from_pretrained(pretrained_model_name_or_path, **config_kwargs)
-        # the file as written: transformers 5 reads 4.x's rope_scaling over an edited rope_parameters
-        in_file = PretrainedConfig.get_config_dict(pretrained_model_name_or_path, **config_kwargs)[0]
+    config = (
+        copy.deepcopy(given)
+        if given is not None
+        else AutoConfig.from_pretrained(pretrained_model_name_or_path, **config_kwargs)
+    )
     record = PatchRecord.from_config(config, missing_ok=True)
     if record is None or record.baked:
         return AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, config=config, **kwargs)
+    # the file as written: transformers 5 reads 4.x's rope_scaling over an edited rope_parameters
+    in_file = (
+        None
+        if given is not None
+        else PretrainedConfig.get_config_dict(pretrained_model_name_or_path, **config_kwargs)[0]
+    )
     base_config, params = record.base_config(config), dict(record.params)
     planner = planner_for_config(base_config, get_method(record.method))
     if planner is not None and planner.loading is not None:

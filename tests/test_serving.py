@@ -231,7 +231,7 @@ def test_old_rope_type_names_are_read_as_every_reader_reads_them():
 def test_patch_warns_once_per_spec_where_an_engine_builds_it_otherwise(caplog, monkeypatch):
     from hf_posenc.patching import apply
 
-    monkeypatch.setattr(apply, "_WARNED", set())
+    monkeypatch.setattr(apply, "_CHECKED", set())
     with caplog.at_level(logging.WARNING, logger="hf_posenc"):
         models = [
             hf_posenc.patch(make_tiny("llama"), method, factor=4) for method in ("dynamic-ntk", "dynamic-ntk", "yarn")

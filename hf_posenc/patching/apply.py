@@ -57,6 +57,7 @@ class _AppliedPatch:
     modules: list[_ModuleState] = field(default_factory=list)
     report: Callable[[nn.Module, PatchInfo], PatchInfo] | None = None
     added: frozenset[str] = frozenset()  # state-dict names the patch added (the T5 bias table)
+    serving: tuple[Finding, ...] | None = None  # the serving gaps of the patched config, once computed
 
 
 _APPLIED: weakref.WeakKeyDictionary[nn.Module, _AppliedPatch] = weakref.WeakKeyDictionary()
@@ -194,14 +195,12 @@ def patch(model: nn.Module, method: str, **params: Any) -> nn.Module:
     with _lock_of(model):
         plan = plan_patch(model, method, params)
         _apply(model, plan)
-        applied = _APPLIED[model]
-        applied.info = dataclasses.replace(plan.info, serving=_serving_gaps(model))
-    logger.info("hf_posenc: patched %s with %s %s", type(model).__name__, plan.info.method, plan.info.params)
-    _warn_serving_gaps(applied.info)
+        logger.info("hf_posenc: patched %s with %s %s", type(model).__name__, plan.info.method, plan.info.params)
+        _warn_serving_gaps(model, _APPLIED[model])
     return model
 
 
-_WARNED: set[str] = set()  # the specs whose serving gaps were logged (once a process: eval patches many times)
+_CHECKED: set[str] = set()  # the specs whose serving gaps were looked at (once a process: eval patches many times)
 
 
 def _serving_gaps(model: nn.Module) -> tuple[Finding, ...]:
@@ -217,13 +216,23 @@ def _serving_gaps(model: nn.Module) -> tuple[Finding, ...]:
     return tuple(f for f in findings if f.engine != "config" and f.severity in ("differs", "ignored"))
 
 
-def _warn_serving_gaps(info: PatchInfo) -> None:
-    """Log ``info.serving`` once per method spec."""
+def _serving_of(model: nn.Module, applied: _AppliedPatch) -> tuple[Finding, ...]:
+    """The serving gaps of ``applied``, computed on first use (``get_patch``, or the first patch of a spec)."""
+    if applied.serving is None:
+        applied.serving = _serving_gaps(model)
+    return applied.serving
+
+
+def _warn_serving_gaps(model: nn.Module, applied: _AppliedPatch) -> None:
+    """Log the serving gaps once per method spec; a spec seen before is not looked at again."""
+    info = applied.info
     spec = format_method_spec(info.method, info.params)
-    if not info.serving or spec in _WARNED:
+    if spec in _CHECKED:
         return
-    _WARNED.add(spec)
-    gaps = info.serving
+    _CHECKED.add(spec)
+    gaps = _serving_of(model, applied)
+    if not gaps:
+        return
     logger.warning(
         "hf_posenc: serving engines build the %s config otherwise: %s (`hf-posenc check SAVED` says how).",
         info.method,
@@ -248,7 +257,8 @@ def get_patch(model: nn.Module) -> PatchInfo | None:
     applied = _APPLIED.get(model)
     if applied is None:
         return None
-    return applied.info if applied.report is None else applied.report(model, applied.info)
+    info = applied.info if applied.report is None else applied.report(model, applied.info)
+    return dataclasses.replace(info, serving=_serving_of(model, applied))
 
 
 def added_tensors(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -13,7 +13,7 @@ softmax over them:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +85,30 @@ def _no_keys(query: torch.Tensor, rows: slice, value: torch.Tensor) -> torch.Ten
     return value.new_zeros(query.shape[0], query[:, :, rows].shape[2], query.shape[1], value.shape[-1])
 
 
+Kernel = Callable[[list[SegmentBlock], float, torch.Tensor], torch.Tensor]
+
+
+def _by_blocks(
+    kernel: Kernel,
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: PositionMask,
+    scaling: float,
+    dropout: float,
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
+    """``kernel(parts, scaling, value)`` on each query block's segments, ``(B, rows, H, D)``; rows with no key at
+    all (padding before any token) get zeros."""
+    state, mask, query = prepared(module, query, attention_mask, dropout, kwargs)
+    outputs = [
+        kernel(parts, scaling, value) if parts else _no_keys(query, rows, value)
+        for rows, parts in _blocks(state, mask, query, key, value)
+    ]
+    return torch.cat(outputs, 1)
+
+
 def extension_blocked_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -96,16 +120,28 @@ def extension_blocked_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Query blocks of :data:`BLOCK` rows; each segment's float32 logits only over the keys it reaches there."""
-    state, mask, query = prepared(module, query, attention_mask, dropout, kwargs)
-    outputs = []
-    for rows, parts in _blocks(state, mask, query, key, value):
-        if not parts:
-            outputs.append(_no_keys(query, rows, value))
-            continue
-        scores = [grouped_scores(p.query, p.key, scaling).masked_fill(~p.allowed, -torch.inf) for p in parts]
-        weights = masked_softmax(torch.cat(scores, -1))
-        outputs.append(grouped_output(weights, torch.cat([p.value for p in parts], 2)))
-    return torch.cat(outputs, 1), None
+    return _by_blocks(_float32_logits, module, query, key, value, attention_mask, scaling, dropout, kwargs), None
+
+
+def extension_sdpa_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: PositionMask,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Query blocks of :data:`BLOCK` rows; per block one SDPA call on the segments side by side (module
+    docstring), in the model's dtype. A query with no key (padding before any token) gets 0."""
+    return _by_blocks(_fused_call, module, query, key, value, attention_mask, scaling, dropout, kwargs), None
+
+
+def _float32_logits(parts: list[SegmentBlock], scaling: float, value: torch.Tensor) -> torch.Tensor:
+    """Each segment's float32 logits over its keys in the block, one softmax: ``(B, rows, H, D)``."""
+    scores = [grouped_scores(p.query, p.key, scaling).masked_fill(~p.allowed, -torch.inf) for p in parts]
+    return grouped_output(masked_softmax(torch.cat(scores, -1)), torch.cat([p.value for p in parts], 2))
 
 
 def _side_by_side(parts: list[SegmentBlock], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -128,33 +164,16 @@ def _side_by_side(parts: list[SegmentBlock], dtype: torch.dtype) -> tuple[torch.
     return queries, keys, values, torch.cat([p.allowed for p in parts], -1)
 
 
-def extension_sdpa_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: PositionMask,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """Query blocks of :data:`BLOCK` rows; per block one SDPA call on the segments side by side (module
-    docstring), in the model's dtype. A query with no key (padding before any token) gets 0."""
-    state, mask, query = prepared(module, query, attention_mask, dropout, kwargs)
-    outputs = []
-    for rows, parts in _blocks(state, mask, query, key, value):
-        if not parts:
-            outputs.append(_no_keys(query, rows, value))
-            continue
-        block_query, block_key, block_value, allowed = _side_by_side(parts, value.dtype)
-        output = F.scaled_dot_product_attention(
-            block_query,
-            block_key,
-            block_value,
-            attn_mask=allowed,
-            scale=scaling,
-            enable_gqa=block_query.shape[1] != block_key.shape[1],
-        )[..., : value.shape[-1]]  # (B, H, r, D)
-        output = output.masked_fill(~allowed.any(-1, keepdim=True), 0.0)  # rows with no key: NaN in SDPA
-        outputs.append(output.transpose(1, 2))
-    return torch.cat(outputs, 1).contiguous(), None
+def _fused_call(parts: list[SegmentBlock], scaling: float, value: torch.Tensor) -> torch.Tensor:
+    """One SDPA call on the segments side by side (module docstring), in the model's dtype: ``(B, rows, H, D)``."""
+    block_query, block_key, block_value, allowed = _side_by_side(parts, value.dtype)
+    output = F.scaled_dot_product_attention(
+        block_query,
+        block_key,
+        block_value,
+        attn_mask=allowed,
+        scale=scaling,
+        enable_gqa=block_query.shape[1] != block_key.shape[1],
+    )[..., : value.shape[-1]]  # (B, H, r, D)
+    output = output.masked_fill(~allowed.any(-1, keepdim=True), 0.0)  # rows with no key: NaN in SDPA
+    return output.transpose(1, 2)

@@ -139,7 +139,7 @@ def _hashes_problem(hashes: Any) -> str | None:
 def _passkey_problem(report: dict[str, Any]) -> str | None:
     return (
         fields_problem(report, PASSKEY_FILE, "the file")
-        or _optional_problem([report], PASSKEY_FILE_OPTIONAL, "the file")
+        or fields_problem(report, _present(PASSKEY_FILE_OPTIONAL, report), "the file")
         or _hash_map_problem(report.get("prompt_hashes"))
         or _rows_problem(report["trials"], PASSKEY_TRIAL, "trials")
         or _rows_problem(report["accuracy"], PASSKEY_CELL, "accuracy")
@@ -173,11 +173,15 @@ def _rows_problem(rows: list[Any], fields: dict[str, tuple], name: str) -> str |
     return None
 
 
+def _present(fields: dict[str, tuple], entry: dict[str, Any]) -> dict[str, tuple]:
+    """The optional ``fields`` that ``entry`` has, to check with :func:`fields_problem`."""
+    return {key: types for key, types in fields.items() if key in entry}
+
+
 def _optional_problem(rows: list[dict[str, Any]], fields: dict[str, tuple], name: str) -> str | None:
-    """:func:`fields_problem` for the ``fields`` each row has (the file itself for ``name`` "the file")."""
+    """:func:`fields_problem` for the optional ``fields`` each row has."""
     for i, row in enumerate(rows):
-        where = name if name == "the file" else f"{name}[{i}]"
-        problem = fields_problem(row, {key: types for key, types in fields.items() if key in row}, where)
+        problem = fields_problem(row, _present(fields, row), f"{name}[{i}]")
         if problem:
             return problem
     return None

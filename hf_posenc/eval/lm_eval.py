@@ -145,8 +145,10 @@ def run_lm_eval(
             )
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
         raise ValueError(f"`max_length` must be a positive integer (tokens), got {max_length!r}.")
-    loading = {"revision": revision, "attn_implementation": attn_implementation, "device_map": device_map}
-    source = _source(model, gguf_file, dtype, **loading, max_memory=max_memory)
+    loading = dict(
+        revision=revision, attn_implementation=attn_implementation, device_map=device_map, max_memory=max_memory
+    )
+    source = _source(model, gguf_file, dtype, **loading)
     saved = source.saved_patch() if source else None
     specs = parse_methods(None if methods is None else [_text(m) for m in methods], saved)
     refuse_duplicates(specs)

@@ -77,6 +77,7 @@ def main() -> None:
     parser.add_argument(
         "--position-learning-rate", help="of what a patch adds, the T5 table (default: --learning-rate)"
     )
+    parser.add_argument("--bf16", action="store_true", help="train in bfloat16 autocast (hf-posenc train --bf16)")
     parser.add_argument("--lengths", default="1k,2k", help="evaluation lengths (default: 1k,2k)")
     parser.add_argument("--eval-documents", type=int, default=12, help="held-out essays evaluated (default: 12)")
     args = parser.parse_args()
@@ -94,6 +95,7 @@ def main() -> None:
         argv += ["--steps", str(args.steps), "--learning-rate", args.learning_rate, "--warmup-steps", args.warmup_steps]
         if args.position_learning_rate:
             argv += ["--position-learning-rate", args.position_learning_rate]
+        argv += ["--bf16"] if args.bf16 else []
         argv += ["--output", str(trained)] + (["--resume"] if trained.exists() else [])
         seconds[f"train {spec}"] = hf_posenc(*argv)
         after_dir = work / f"after-{slug(spec)}"

@@ -48,8 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def flag_names(command: argparse.ArgumentParser) -> dict[str, str]:
     """Python parameter name -> the flag that sets it: every option's destination (argparse lists them only
-    in ``_actions``), and the command's own ``parameter_flags`` default (library parameters named otherwise)."""
-    flags = {action.dest: max(action.option_strings, key=len) for action in command._actions if action.option_strings}
+    in ``_actions``; of ``-o``/``--output`` and ``--bf16``/``--no-bf16``, the first long one), and the command's own
+    ``parameter_flags`` default (library parameters named otherwise)."""
+    flags = {
+        action.dest: next((flag for flag in action.option_strings if flag.startswith("--")), action.option_strings[0])
+        for action in command._actions
+        if action.option_strings
+    }
     return {**flags, **(command.get_default("parameter_flags") or {})}
 
 

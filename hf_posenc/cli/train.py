@@ -64,7 +64,7 @@ def add_parser(subparsers) -> None:
         "--dtype",
         choices=("auto", "float32", "bfloat16", "float16"),
         default="auto",
-        help="dtype of the weights (default: auto: float32; on a GPU the forward runs in bfloat16 autocast)",
+        help="dtype of the weights (default: auto: float32, the master weights of --bf16 autocast)",
     )
     command.add_argument("--method", required=True, metavar="SPEC", help="'name' or 'name:key=value,...'")
     command.add_argument("--output", type=Path, required=True, help="folder of the checkpoints and the trained model")
@@ -122,6 +122,12 @@ def _add_training_arguments(group) -> None:
     )
     group.add_argument("--seed", type=int, default=defaults["seed"], help="(default: 0)")
     group.add_argument("--gradient-checkpointing", action="store_true", help="less memory, more compute")
+    group.add_argument(
+        "--bf16",
+        action=argparse.BooleanOptionalAction,
+        help="bfloat16 autocast of the float32 weights (default: on a CUDA GPU that supports it; on a CPU only "
+        "when asked: it pays where the CPU has AVX512-BF16 or AMX)",
+    )
 
 
 def train_command(args: argparse.Namespace) -> int:
@@ -138,6 +144,7 @@ def train_command(args: argparse.Namespace) -> int:
         save_steps=args.save_steps,
         seed=args.seed,
         gradient_checkpointing=args.gradient_checkpointing,
+        bf16=args.bf16,
         resume=args.resume,
     )
     check_output(args.output, None, args.resume)  # before anything loads; the run itself is checked by train

@@ -61,11 +61,13 @@ class TrainSettings:
             last two are kept.
         seed (`int`, defaults to 0): seed of the data order and of the Trainer.
         gradient_checkpointing (`bool`, defaults to `False`): recompute activations in the backward (less memory).
+        bf16 (`bool`, *optional*): train a float32 model in bfloat16 autocast (the weights and the optimizer state
+            stay float32). Default: where a CUDA GPU supports bfloat16; on a CPU only when asked (it pays where the
+            CPU has AVX512-BF16 or AMX, as recent Xeon and EPYC do).
         resume (`bool`, defaults to `False`): continue the run in ``output_dir`` from its last checkpoint (the
             same model, method, data and settings); with no run there, start one.
 
-    A float32 model on a CUDA GPU that supports bfloat16 trains with bfloat16 autocast (``bf16=True``); any other
-    model trains in its own dtype.
+    A model not in float32 trains in its own dtype.
     """
 
     length: int
@@ -79,6 +81,7 @@ class TrainSettings:
     save_steps: int = 500
     seed: int = 0
     gradient_checkpointing: bool = False
+    bf16: bool | None = None
     resume: bool = False
 
     def __post_init__(self) -> None:
@@ -148,6 +151,8 @@ def train(
     data = texts if isinstance(texts, PackedWindows) else pack_texts(tokenizer, texts, settings.length)
     if data.length != settings.length:
         raise ValueError(f"`texts` are packed in windows of {data.length} tokens, not `length` {settings.length}.")
+    if settings.bf16 and model.dtype != torch.float32:
+        raise ValueError(f"`bf16` autocast trains float32 weights; the model is in {model.dtype}: load it in float32.")
     identity = run_identity(model.name_or_path, spec, settings, data)
     check_output(output_dir, identity, settings.resume)
     release_gguf(model)
@@ -269,6 +274,9 @@ def _differences(recorded: dict[str, Any], identity: dict[str, Any]) -> str:
 
 def _training_arguments(model: PreTrainedModel, output_dir: Path, settings: TrainSettings) -> TrainingArguments:
     cuda = torch.cuda.is_available()
+    bf16 = settings.bf16
+    if bf16 is None:
+        bf16 = cuda and model.dtype == torch.float32 and torch.cuda.is_bf16_supported()
     return TrainingArguments(
         output_dir=str(output_dir),
         max_steps=settings.steps,
@@ -283,7 +291,7 @@ def _training_arguments(model: PreTrainedModel, output_dir: Path, settings: Trai
         seed=settings.seed,
         report_to="none",
         use_cpu=not cuda,
-        bf16=cuda and model.dtype == torch.float32 and torch.cuda.is_bf16_supported(),
+        bf16=bf16,
         activation_checkpointing=settings.gradient_checkpointing,
         remove_unused_columns=False,
     )
@@ -321,6 +329,7 @@ def _summary(
         "losses": [list(pair) for pair in result.losses],
         "seconds": round(result.seconds, 3),
         "device": str(args.device),
+        "bf16": args.bf16,
         "world_size": args.world_size,
         "versions": _versions(),
     }

@@ -138,6 +138,25 @@ def test_checkpointing_and_accumulation_change_only_float_rounding(tmp_path):
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(batch_weights, accumulated_weights, strict=True))
 
 
+def test_bf16_autocasts_on_a_cpu_and_keeps_float32_weights(tmp_path):
+    """Asked on a CPU, the steps run in bfloat16 autocast: the losses move off the float32 run's by bfloat16's
+    rounding (an autocast that did not engage would repeat them exactly); the weights stay float32."""
+    runs = {}
+    for bf16 in (False, True):
+        model = make_tiny("llama")
+        runs[bf16] = train(model, None, DATA, tmp_path / str(bf16), _settings(steps=4, bf16=bf16), "alibi").losses
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+        assert json.loads((tmp_path / str(bf16) / "train_summary.json").read_text())["bf16"] is bf16
+    assert runs[True] != runs[False]
+    assert [loss for _, loss in runs[True]] == pytest.approx([loss for _, loss in runs[False]], rel=2e-2)
+
+
+def test_bf16_on_a_model_not_in_float32_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(ValueError, match=r"`bf16` autocast trains float32 weights; the model is in torch.bfloat16"):
+        train(make_tiny("llama").to(torch.bfloat16), None, DATA, tmp_path / "out", _settings(bf16=True), "alibi")
+    assert not (tmp_path / "out").exists()
+
+
 def test_selecting_nothing_is_an_error():
     with pytest.raises(ValueError, match="`trainable` 'position' selects no parameter of Sequential"):
         select_trainable(nn.Sequential(nn.Linear(2, 2)), "position")
@@ -290,6 +309,7 @@ def test_streaming_reads_the_same_windows(tiny_dir, tmp_path):
         (["--warmup-steps", "-1"], "error: --warmup-steps must be 0 or more, not -1."),
         (["--gguf-file", "missing.gguf"], "--gguf-file 'missing.gguf' is not a file in the folder"),  # as eval
         (["--model", "./no/such/folder"], "'./no/such/folder': no such file or folder (a path, not a Hub id)"),
+        (["--dtype", "bfloat16", "--bf16"], "--bf16 autocast trains float32 weights; the model is in torch.bfloat16"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tiny_dir, tmp_path, capsys, change, said):

@@ -77,7 +77,7 @@ def load_eval_table(path: str | Path, record: PatchRecord) -> EvalTable:
     Raises:
         ValueError: when the file is not an eval results file, no row matches the method, rows written
             with different specs both match, a matching row was measured with other resolved parameters
-            (another trained context, say: another model), or a length appears twice.
+            (another trained context, say: another model).
     """
     path = Path(path)
     try:
@@ -85,8 +85,8 @@ def load_eval_table(path: str | Path, record: PatchRecord) -> EvalTable:
     except OSError as error:
         raise ValueError(f"Cannot read the eval results {path}: {error.strerror or error}.") from None
     spec = _matching_spec(data["results"], record, path, ("rows", "push without eval results"))
-    method_ppl = _ppl_by_length(data["results"], spec, path)
-    base_ppl = _ppl_by_length(data["results"], NONE_METHOD, path)
+    method_ppl = _ppl_by_length(data["results"], spec)
+    base_ppl = _ppl_by_length(data["results"], NONE_METHOD)
     rows = [(length, base_ppl.get(length), method_ppl.get(length)) for length in sorted({*method_ppl, *base_ppl})]
     details = data["dataset_details"]
     model = data.get("model_details") if isinstance(data.get("model_details"), dict) else {}
@@ -194,15 +194,9 @@ def _check_resolved_params(rows: list[dict[str, Any]], spec: str, record: PatchR
             )
 
 
-def _ppl_by_length(rows: list[dict[str, Any]], spec: str, path: Path) -> dict[int, float]:
-    by_length: dict[int, float] = {}
-    for row in rows:
-        if row["method"] != spec:
-            continue
-        if row["length"] in by_length:
-            raise ValueError(f"{path} has two rows for {spec!r} at length {row['length']}.")
-        by_length[int(row["length"])] = float(row["ppl"])
-    return by_length
+def _ppl_by_length(rows: list[dict[str, Any]], spec: str) -> dict[int, float]:
+    """``spec``'s perplexity at each length (one row each: :func:`read_report` refuses repeats)."""
+    return {int(row["length"]): float(row["ppl"]) for row in rows if row["method"] == spec}
 
 
 LM_EVAL_FILE = {"model": (str,), "lm_eval_version": (str,), "max_length": (int,), "runs": (list,)}

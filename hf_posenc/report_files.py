@@ -124,6 +124,7 @@ def _perplexity_problem(report: dict[str, Any]) -> str | None:
         or _rows_problem(report["results"], PERPLEXITY_ROW, "results")
         or _optional_problem(report["results"], PERPLEXITY_ROW_OPTIONAL, "results")
         or _values_problem(report["results"])
+        or _repeats_problem(report["results"])
         or _params_problem(report["results"])
         or _status_problem(report["results"])
         or _hashes_problem(report["dataset_details"].get("document_hashes"))
@@ -204,6 +205,16 @@ def _values_problem(rows: list[dict[str, Any]]) -> str | None:
         source = row.get("derived_from")
         if source is not None and not row["length"] < source <= MAX_LENGTH:
             return f"results[{i}] has derived_from {source}, not a length above its own {row['length']}"
+    return None
+
+
+def _repeats_problem(rows: list[dict[str, Any]]) -> str | None:
+    """A (method, length) given two rows: which one a resume keeps, a card shows, would be a guess."""
+    first: dict[tuple[str, int], int] = {}
+    for i, row in enumerate(rows):
+        j = first.setdefault((row["method"], row["length"]), i)
+        if j != i:
+            return f"results[{i}] repeats results[{j}], {row['method']!r} at length {row['length']}"
     return None
 
 

@@ -58,6 +58,7 @@ def test_someone_elses_csv_and_plot_are_not_overwritten(tiny_dir, tmp_path, caps
         (lambda r: r["results"][1].update(tokens=-5), "results[1] has tokens -5, below 0"),
         (lambda r: r["results"][1].update(ppl=0.5), "results[1] has ppl 0.5, below 1"),
         (lambda r: r["results"][0].update(forwards="two"), "results[0] has a string as 'forwards'"),
+        (lambda r: r["results"].append(r["results"][0]), "results[2] repeats results[0], 'none' at length 32"),
     ],
 )
 def test_a_rerun_on_a_malformed_results_file_rewrites_nothing(tiny_dir, tmp_path, capsys, edit, field):

@@ -27,7 +27,7 @@ import torch
 import transformers
 from accelerate import PartialState
 from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArguments, default_data_collator
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from .._version import __version__
 from ..files import atomic_write_text, json_text
@@ -38,6 +38,7 @@ from .trainable import TRAINABLE, apply_method, release_gguf, select_trainable, 
 
 RUN_FILE = "train_run.json"
 SUMMARY_FILE = "train_summary.json"
+CLOCK_FILE = "hf_posenc_seconds.json"  # in each checkpoint: the training time of the run up to it
 RUN_FORMAT = 1
 SAVE_TOTAL_LIMIT = 2  # checkpoints kept (model + optimizer state each): the last two, enough to resume
 
@@ -106,7 +107,9 @@ class TrainResult:
         final_loss (`float`): the last logged training loss (NaN if none was logged).
         losses (`list[tuple[int, float]]`): ``(step, loss)`` of every step of the run, earlier sessions' included.
         steps (`int`): optimizer steps the model has taken in this run, all sessions.
-        seconds (`float`): time this call spent in ``Trainer.train``.
+        seconds (`float`): time spent in ``Trainer.train``, all sessions: the earlier ones' up to the checkpoint
+            this call resumed from (the steps a killed session took after it are taken again, and counted once),
+            plus this call's.
         trainable_parameters (`int`): values that train.
     """
 
@@ -170,19 +173,20 @@ def train(
     PartialState().wait_for_everyone()  # every process has checked output_dir before the first file is written
     if args.should_save:
         _write_json(output_dir / RUN_FILE, identity)
+    checkpoint = get_last_checkpoint(str(output_dir)) if settings.resume else None
+    clock = _Clock(_seconds_at(checkpoint))
     trainer = Trainer(
         model=model,
         args=args,
         train_dataset=data,
         data_collator=default_data_collator,
         processing_class=tokenizer,
-        callbacks=[_StopIfFinished(), *(callbacks or [])],
+        callbacks=[clock, _StopIfFinished(), *(callbacks or [])],
         optimizers=(_optimizer(model, added, settings, args), None),
     )
-    started = time.perf_counter()
     with contextlib.suppress(_Finished):  # then the model holds its last checkpoint's weights: saved again below
-        trainer.train(resume_from_checkpoint=get_last_checkpoint(str(output_dir)) if settings.resume else None)
-    seconds = time.perf_counter() - started
+        trainer.train(resume_from_checkpoint=checkpoint)
+    seconds = clock.seconds()
     trainer.save_model(str(output_dir))
     model.eval()
     losses = [(entry["step"], entry["loss"]) for entry in trainer.state.log_history if "loss" in entry]
@@ -224,6 +228,32 @@ class _StopIfFinished(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if state.global_step >= state.max_steps:
             raise _Finished
+
+
+class _Clock(TrainerCallback):
+    """Time in ``Trainer.train`` over the sessions of a run: each checkpoint records the total so far
+    (``CLOCK_FILE``), and a resumed session starts from its checkpoint's."""
+
+    def __init__(self, earlier: float):
+        self.earlier = earlier
+        self.started = time.perf_counter()
+
+    def seconds(self) -> float:
+        return self.earlier + time.perf_counter() - self.started
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started = time.perf_counter()
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            _write_json(folder / CLOCK_FILE, {"seconds": self.seconds()})
+
+
+def _seconds_at(checkpoint: str | None) -> float:
+    """The training time recorded in ``checkpoint`` (0 with none, or one written before it was recorded)."""
+    clock = Path(checkpoint or "") / CLOCK_FILE
+    return json.loads(clock.read_text(encoding="utf-8"))["seconds"] if checkpoint and clock.is_file() else 0.0
 
 
 def run_identity(model_name: str, spec: MethodSpec, settings: TrainSettings, data: PackedWindows) -> dict[str, Any]:

@@ -4,6 +4,7 @@ trains, saving and reloading, resuming a killed run, GGUF-loaded models, and the
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -200,6 +201,7 @@ def test_a_killed_run_resumes_where_it_stopped(tmp_path, family):
     with pytest.raises(KeyboardInterrupt):
         train(make_tiny(family), None, DATA, killed, settings, "alibi", callbacks=[_Kill(6)])
     assert sorted(p.name for p in killed.iterdir()) == ["checkpoint-5", "train_run.json"]
+    at_5 = _recorded_seconds(killed / "checkpoint-5")  # the killed session's time up to its checkpoint
     resumed = make_tiny(family)
     result = train(resumed, None, DATA, killed, _settings(batch_size=2, resume=True), "alibi")
     assert result.losses == expected.losses and result.steps == 12
@@ -207,8 +209,17 @@ def test_a_killed_run_resumes_where_it_stopped(tmp_path, family):
         assert torch.equal(value, other), name
     # a finished run resumed: its last checkpoint loaded, no step more (the Trainer alone would take one)
     again = make_tiny(family)
-    assert train(again, None, DATA, killed, _settings(batch_size=2, resume=True), "alibi").losses == expected.losses
+    finished = train(again, None, DATA, killed, _settings(batch_size=2, resume=True), "alibi")
+    assert finished.losses == expected.losses
     assert all(torch.equal(a, b) for a, b in zip(whole.parameters(), again.parameters(), strict=True))
+    # the time counts every session: the killed one's up to its checkpoint, then the resumed ones'
+    at_12 = _recorded_seconds(killed / "checkpoint-12")
+    assert 0 < at_5 < at_12 <= result.seconds and at_12 <= finished.seconds
+    assert json.loads((killed / "train_summary.json").read_text())["seconds"] == round(finished.seconds, 3)
+
+
+def _recorded_seconds(checkpoint: Path) -> float:
+    return json.loads((checkpoint / "hf_posenc_seconds.json").read_text())["seconds"]
 
 
 def _mark_as_gguf_loaded(model) -> None:

@@ -21,6 +21,7 @@ rotary embedding was given the same ones.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,7 +95,9 @@ def extension_mask(
         # Without padding a position is its cache index (a mask shorter than the cache covers what is written).
         valid = None if attention_mask is None else _padding(attention_mask, kv_length, kv_offset, device)[:, keys]
         valid = None if valid is None or bool(valid.all()) else valid
-        return PositionMask(queries.expand(batch_size, -1), keys.expand(batch_size, -1), valid)
+        # contiguous, as with padding: compiled flex guards on strides, and would compile again for each layout
+        rows = (queries.expand(batch_size, -1).contiguous(), keys.expand(batch_size, -1).contiguous())
+        return PositionMask(*rows, valid)
     padding = _padding(attention_mask, kv_length, kv_offset, device)
     counts = padding.long().cumsum(-1) - 1  # position of each token = non-padding tokens before it
     return PositionMask(counts[:, queries], counts[:, keys], padding[:, keys], padding[:, queries])
@@ -112,13 +115,19 @@ def rotation(shift: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor,
     return angles.cos().float(), angles.sin().float()
 
 
-def rotate(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int) -> torch.Tensor:
+def rotate(
+    states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """``(B, H, n, D)`` states turned by :func:`rotation`'s ``cos``, ``sin`` on their first ``rotary_dim``
-    dimensions (float32)."""
+    dimensions, computed in float32 and returned in ``dtype``."""
     rotated, rest = states[..., :rotary_dim].float(), states[..., rotary_dim:].float()
     half = rotary_dim // 2
     turned = torch.cat((-rotated[..., half:], rotated[..., :half]), -1)
-    return torch.cat((rotated * cos + turned * sin, rest), -1)
+    return torch.cat((rotated * cos + turned * sin, rest), -1).to(dtype)
+
+
+Turn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.dtype], torch.Tensor]
+"""How a backend applies :func:`rotate` (flex on CUDA: compiled, one fused pass)."""
 
 
 def extension_state(module: nn.Module) -> ExtensionState:
@@ -171,31 +180,52 @@ def _rotations(state: ExtensionState, mask: PositionMask, segment: int) -> tuple
 
 
 def segment_queries(
-    state: ExtensionState, mask: PositionMask, segment: int, query: torch.Tensor, rows: slice = slice(None)
+    state: ExtensionState,
+    mask: PositionMask,
+    segment: int,
+    query: torch.Tensor,
+    rows: slice = slice(None),
+    dtype: torch.dtype = torch.float32,
+    turn: Turn = rotate,
 ) -> torch.Tensor:
     """q (the mask's query ``rows``) as segment ``segment`` sees it: as given where its distances are the true
-    ones, else re-rotated (float32)."""
+    ones, else re-rotated (in ``dtype``)."""
     if state.remap.TRUE_DISTANCES[segment]:
         return query
     cos, sin = _rotations(state, mask, segment)[0]
-    return rotate(query, cos[:, :, rows], sin[:, :, rows], state.rotary_dim)
+    return turn(query, cos[:, :, rows], sin[:, :, rows], state.rotary_dim, dtype)
 
 
 def segment_keys(
-    state: ExtensionState, mask: PositionMask, segment: int, key: torch.Tensor, columns: slice = slice(None)
+    state: ExtensionState,
+    mask: PositionMask,
+    segment: int,
+    key: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
+    turn: Turn = rotate,
 ) -> torch.Tensor:
-    """k (the mask's key ``columns``) as segment ``segment`` sees it, as :func:`segment_queries` does q."""
+    """Every k as segment ``segment`` sees it, as :func:`segment_queries` does q."""
     if state.remap.TRUE_DISTANCES[segment]:
         return key
     cos, sin = _rotations(state, mask, segment)[1]
-    return rotate(key, cos[:, :, columns], sin[:, :, columns], state.rotary_dim)
+    return turn(key, cos, sin, state.rotary_dim, dtype)
 
 
 def segment_states(
-    state: ExtensionState, mask: PositionMask, segment: int, query: torch.Tensor, key: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every query and key as segment ``segment`` sees them (:func:`segment_queries`, :func:`segment_keys`)."""
-    return segment_queries(state, mask, segment, query), segment_keys(state, mask, segment, key)
+    state: ExtensionState,
+    mask: PositionMask,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
+    turn: Turn = rotate,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Each segment's queries and keys as it sees them (:func:`segment_queries`, :func:`segment_keys`), in
+    segment order; segments with the same key positions (``KEY_SEGMENTS``) share one turn of the keys."""
+    keys: dict[int, torch.Tensor] = {}
+    for segment, source in enumerate(state.remap.KEY_SEGMENTS):
+        if source not in keys:
+            keys[source] = segment_keys(state, mask, source, key, dtype, turn)
+        yield segment_queries(state, mask, segment, query, dtype=dtype, turn=turn), keys[source]
 
 
 def grouped_scores(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
@@ -248,8 +278,8 @@ def extension_eager_attention(
     qpos, kpos = mask.query_positions, mask.key_positions
     segment_of = state.remap.segment_of(qpos[:, None, :, None], kpos[:, None, None, :])  # (B, 1, q, kv)
     scores = None
-    for segment in range(len(state.remap.SEGMENTS)):
-        here = grouped_scores(*segment_states(state, mask, segment, query, key), scaling)
+    for segment, states in enumerate(segment_states(state, mask, query, key)):
+        here = grouped_scores(*states, scaling)
         scores = here if scores is None else torch.where(segment_of == segment, here, scores)
     weights = masked_softmax(scores.masked_fill(~mask.allowed(), -torch.inf))
     return grouped_output(weights, value), weights

@@ -58,7 +58,8 @@ def _blocks(
     state: ExtensionState, mask: PositionMask, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 ) -> Iterator[tuple[slice, list[SegmentBlock]]]:
     """Each query block's rows and its segments (those that reach a key there; none for padding queries before
-    any token). Each segment's keys are turned once, for every block (memory linear in the length)."""
+    any token). Each segment's keys are turned once, for every block, and shared by the segments with the same key
+    positions (memory linear in the length)."""
     qpos, kpos = mask.query_positions, mask.key_positions.contiguous()
     keys: dict[int, torch.Tensor] = {}
     for start in range(0, query.shape[2], BLOCK):
@@ -72,11 +73,12 @@ def _blocks(
             cols = slice(begin, end)
             q_here, k_here = qpos[:, rows], kpos[:, cols]
             here = state.remap.segment_of(q_here[:, None, :, None], k_here[:, None, None, :]) == segment
-            if segment not in keys:
-                keys[segment] = segment_keys(state, mask, segment, key)
+            source = state.remap.KEY_SEGMENTS[segment]
+            if source not in keys:
+                keys[source] = segment_keys(state, mask, source, key)
             block_query = segment_queries(state, mask, segment, query[:, :, rows], rows)
             allowed = mask.allowed(rows, cols) & here
-            parts.append(SegmentBlock(block_query, keys[segment][:, :, cols], allowed, value[:, :, cols]))
+            parts.append(SegmentBlock(block_query, keys[source][:, :, cols], allowed, value[:, :, cols]))
         yield rows, parts
 
 

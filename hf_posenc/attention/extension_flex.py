@@ -11,7 +11,10 @@ segments cannot share one plain call. Two exact ways to one softmax over all of 
   ``q_g . k_g``; the block mask keeps, for each pair, the copy of its segment.
 
 Compiled on CUDA and, on a CPU, for inputs of :data:`CPU_COMPILE_FROM` query x key pairs and more (compiling
-takes seconds; below that the uncompiled reference of flex, which materialises the scores, is cheaper).
+takes seconds; below that the uncompiled reference of flex, which materialises the scores, is cheaper). On CUDA
+the segment calls go through :func:`~hf_posenc.attention.compiled_flex.compiled_flex` (a prefill compiled for
+its shapes, as ALiBi's), and the re-rotation of q and k and the merge are compiled too: one fused pass each
+instead of a float32 copy per elementwise step.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ try:  # torch >= 2.9: return_lse is deprecated there
 except ImportError:  # pragma: no cover - older torch
     AuxRequest = None
 
-from .extension import ExtensionState, PositionMask, prepared, segment_states
+from .compiled_flex import compiled_flex
+from .extension import ExtensionState, PositionMask, prepared, rotate, segment_states
 
 CPU_COMPILE_FROM = 4096 * 4096
 
@@ -78,40 +82,47 @@ def _with_lse(attend: Any, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, tor
     return output, aux.lse
 
 
+def _merged(outputs: list[torch.Tensor], lses: list[torch.Tensor]) -> torch.Tensor:
+    """The segments' outputs ``(B, H, q, D)`` weighted by ``exp(lse_g - lse)``: one softmax over all their keys,
+    in float32, returned in the outputs' dtype. A row with no key at all gets 0."""
+    lse = torch.stack([part.float() for part in lses])  # (segments, B, H, q)
+    weights = torch.exp(lse - torch.logsumexp(lse, 0)).nan_to_num(0.0)
+    merged = sum(weight[..., None] * output.float() for weight, output in zip(weights, outputs, strict=True))
+    return merged.to(outputs[0].dtype)
+
+
 def _per_segment(state: ExtensionState, mask: PositionMask, query, key, value, scaling: float, compiled: bool):
+    """CUDA's strategy (``compiled`` there; uncompiled in CPU tests, where compiled flex returns no lse)."""
     rule, kv_length = _pair_rule(state, mask), key.shape[2]
-    attend = _compiled(flex_attention, query.is_cuda) if compiled else flex_attention
+    attend = functools.partial(compiled_flex, "remap segment") if compiled else flex_attention
+    turn = _compiled(rotate, True) if compiled else rotate
     outputs, lses = [], []
-    for segment in range(len(state.remap.SEGMENTS)):
+    for segment, (seg_query, seg_key) in enumerate(segment_states(state, mask, query, key, query.dtype, turn)):
         index = torch.tensor(segment, device=query.device)  # a tensor: one trace for every segment
 
         def mask_mod(batch, head, q_idx, kv_idx, index=index):
             return rule(batch, q_idx, kv_idx, index)
 
-        seg_query, seg_key = segment_states(state, mask, segment, query, key)
         output, lse = _with_lse(
             attend,
-            seg_query.to(query.dtype),
-            seg_key.to(key.dtype),
+            seg_query,
+            seg_key,
             value,
             block_mask=_block_mask(mask, ("segment", segment), mask_mod, kv_length, compiled),
             scale=scaling,
             enable_gqa=query.shape[1] != key.shape[1],
         )
-        outputs.append(output.float())
-        lses.append(lse.float())
-    lse = torch.stack(lses)  # (segments, B, H, q)
-    weights = torch.exp(lse - torch.logsumexp(lse, 0)).nan_to_num(0.0)  # a row with no key at all: 0
-    return (weights[..., None] * torch.stack(outputs)).sum(0).to(value.dtype)  # (B, H, q, D)
+        outputs.append(output)
+        lses.append(lse)
+    return (_compiled(_merged, True) if compiled else _merged)(outputs, lses)  # (B, H, q, D)
 
 
 def _side_by_side(state: ExtensionState, mask: PositionMask, query, key, value, scaling: float, compiled: bool):
     rule, kv_length, dim = _pair_rule(state, mask), key.shape[2], key.shape[3]
     segments = len(state.remap.SEGMENTS)
     queries, keys = [], key.new_zeros(key.shape[0], key.shape[1], segments * kv_length, segments * dim)
-    for segment in range(segments):
-        seg_query, seg_key = segment_states(state, mask, segment, query, key)
-        queries.append(seg_query.to(query.dtype))
+    for segment, (seg_query, seg_key) in enumerate(segment_states(state, mask, query, key, query.dtype)):
+        queries.append(seg_query)
         keys[:, :, segment * kv_length : (segment + 1) * kv_length, segment * dim : (segment + 1) * dim] = seg_key
 
     def mask_mod(batch, head, q_idx, kv_idx):

@@ -37,6 +37,7 @@ class DCAParams(RemapParams):
 
     SEGMENTS: ClassVar[tuple[str, ...]] = ("intra", "successive", "inter")
     TRUE_DISTANCES: ClassVar[tuple[bool, ...]] = (True, False, False)
+    KEY_SEGMENTS: ClassVar[tuple[int, ...]] = (0, 1, 1)  # K(j) = j mod s outside the intra-chunk segment
 
     chunk_size: int | None = None
     local_size: int | None = None

@@ -37,6 +37,9 @@ class RemapParams(RopeParams):
     # Segments whose remapped logits equal the true-position ones (a per-pair shift common to query and key):
     # the backends use the model's q and k there as they are.
     TRUE_DISTANCES: ClassVar[tuple[bool, ...]] = ()
+    # For each segment, the first segment with the same ``key_position``: segments that share key positions
+    # share one re-rotation of the keys.
+    KEY_SEGMENTS: ClassVar[tuple[int, ...]] = ()
 
     backend: str = "auto"
 

@@ -42,6 +42,7 @@ class SelfExtendParams(RemapParams):
 
     SEGMENTS: ClassVar[tuple[str, ...]] = ("neighbour", "grouped")
     TRUE_DISTANCES: ClassVar[tuple[bool, ...]] = (True, False)
+    KEY_SEGMENTS: ClassVar[tuple[int, ...]] = (0, 1)
 
     group_size: int = DEFAULT_GROUP_SIZE
     window: int | None = None

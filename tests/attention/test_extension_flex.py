@@ -3,13 +3,14 @@ segments side by side) against the eager reference, on random q, k, v with paddi
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import pytest
 import torch
 from helpers import gpu
 
-from hf_posenc.attention import extension_flex
+from hf_posenc.attention import compiled_flex, extension_flex
 from hf_posenc.attention.extension import (
     ExtensionState,
     extension_eager_attention,
@@ -26,14 +27,23 @@ CASES = {
 }
 
 
-def _inputs(padded: bool, device: str = "cpu"):
-    generator = torch.Generator().manual_seed(0)
-    query = torch.randn(2, HEADS, LENGTH, DIM, generator=generator).to(device)
-    key, value = (torch.randn(2, KV_HEADS, LENGTH, DIM, generator=generator).to(device) for _ in range(2))
-    attention_mask = torch.ones(2, LENGTH, dtype=torch.long, device=device)
+def _inputs(padded: bool, device: str = "cpu", q_length: int = LENGTH, kv_length: int = LENGTH):
+    """q, k, v of two rows, their mask, and which rows are real (B, kv); ``q_length < kv_length``: the last
+    queries, as a decoding step with a cache of ``kv_length - q_length`` tokens sees them."""
+    generator = torch.Generator().manual_seed(kv_length)
+    query = torch.randn(2, HEADS, q_length, DIM, generator=generator).to(device)
+    key, value = (torch.randn(2, KV_HEADS, kv_length, DIM, generator=generator).to(device) for _ in range(2))
+    attention_mask = torch.ones(2, kv_length, dtype=torch.long, device=device)
     if padded:
         attention_mask[0, :11] = 0  # left padding
-    mask = extension_mask(batch_size=2, q_length=LENGTH, kv_length=LENGTH, attention_mask=attention_mask, device=device)
+    mask = extension_mask(
+        batch_size=2,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=kv_length - q_length,
+        attention_mask=attention_mask,
+        device=device,
+    )
     return query, key, value, mask, attention_mask.bool().cpu()
 
 
@@ -71,3 +81,47 @@ def test_the_compiled_cuda_path_equals_the_eager_reference(method, padded):
     with torch.no_grad():
         output = extension_flex_attention(module, query, key, value, mask, DIM**-0.5)[0].cpu()
     torch.testing.assert_close(output[real], expected[real], rtol=1e-3, atol=1e-3)  # flex's float32 dots on CUDA
+
+
+@pytest.mark.parametrize("method", sorted(CASES))
+def test_the_cuda_strategy_compiled_equals_the_reference_and_compiles_once(monkeypatch, method):
+    """What CUDA runs, compiled here with ``aot_eager`` (inductor's CPU flex returns no lse): flex through
+    ``compiled_flex`` (a prefill compiled for its shapes, every segment on one compilation), the turned q and k
+    and the merge compiled too. A later call of the model (new block masks and mask functions) and every
+    decoding step after the first run without compiling again."""
+    monkeypatch.setattr(extension_flex, "_compiled", functools.cache(_aot_eager))
+    monkeypatch.setattr(extension_flex, "_on_cuda", lambda mask: True)  # block masks compiled for dynamic shapes
+    monkeypatch.setattr(compiled_flex, "_compiled_flex_attention", functools.cache(_aot_eager_flex))
+    monkeypatch.setattr(compiled_flex, "_compiled_static_flex_attention", functools.cache(_aot_eager_static_flex))
+    monkeypatch.setattr(compiled_flex, "_STATIC", compiled_flex.StaticPrefills())
+    torch._dynamo.reset()
+    module = _module(method, temperature=method == "self-extend")
+    state = module.hf_posenc_extension
+
+    def check(padded: bool, q_length: int, kv_length: int) -> None:
+        query, key, value, mask, real = _inputs(padded, q_length=q_length, kv_length=kv_length)
+        expected = extension_eager_attention(module, query, key, value, mask, DIM**-0.5)[0]
+        scaled = scaled_queries(state, query, mask.query_positions)
+        with torch.no_grad():
+            output = extension_flex._per_segment(state, mask, scaled, key, value, DIM**-0.5, True).transpose(1, 2)
+        torch.testing.assert_close(output[real[:, -q_length:]], expected[real[:, -q_length:]], rtol=1e-5, atol=1e-5)
+
+    check(False, LENGTH, LENGTH)
+    assert len(compiled_flex._STATIC.kinds) == 1  # every segment's call on the one compilation for its shapes
+    check(True, 1, LENGTH)  # decoding: the compilation for dynamic shapes
+    with torch.compiler.set_stance("fail_on_recompile"):
+        check(True, LENGTH, LENGTH)
+        for kv_length in (LENGTH + 1, LENGTH + 7):
+            check(True, 1, kv_length)
+
+
+def _aot_eager(function, dynamic: bool):
+    return torch.compile(function, dynamic=dynamic, backend="aot_eager")
+
+
+def _aot_eager_flex():
+    return _aot_eager(compiled_flex.flex_attention, True)
+
+
+def _aot_eager_static_flex():
+    return torch.compile(compiled_flex._static_flex, dynamic=False, fullgraph=True, backend="aot_eager")

@@ -203,6 +203,20 @@ def test_remap_distances_stay_within_the_trained_context(method, params, length)
     assert torch.equal(distance[neighbour], true[neighbour])
 
 
+@pytest.mark.parametrize(("method", "params"), [("self-extend", {"group_size": 3, "window": 12}), ("dca", {})])
+def test_segments_that_share_keys_put_them_at_the_same_positions(method, params):
+    """The backends turn the keys once for the segments ``KEY_SEGMENTS`` groups: each shares with an earlier
+    (or its own) segment that keeps its keys the same way (both at true distances, or both at ``K_g(j)``)."""
+    remap = get_method(method).make_params(original_max_position_embeddings=L, **params)
+    position = torch.arange(4 * L)
+    assert len(remap.KEY_SEGMENTS) == len(remap.SEGMENTS)
+    for segment, source in enumerate(remap.KEY_SEGMENTS):
+        assert source <= segment and remap.KEY_SEGMENTS[source] == source
+        assert remap.TRUE_DISTANCES[segment] == remap.TRUE_DISTANCES[source]
+        if not remap.TRUE_DISTANCES[segment]:
+            assert torch.equal(remap.key_position(segment, position), remap.key_position(source, position))
+
+
 @pytest.mark.parametrize(
     ("case", "segment"),
     [("self-extend-g4-w16", 1), ("dca-48-4", 1), ("dca-48-4", 2), ("dca-20-15", 2)],

@@ -5,6 +5,7 @@ Targets (issue 13, on an H100, H=32, D=128, bf16, 32k and 128k): >= 0.5x causal 
 (two or three segments: their published kernels pay about two attention passes), >= 0.95x for log-n; memory
 linear in n. GPU run:
     python scripts/bench_extension.py --device cuda --dtype bfloat16 --lengths 32k,128k
+With --profile DIR, one more call of each under torch.profiler: DIR/<length>_<variant>.txt.
 CPU (the offline model's shape, SmolLM2-135M: 9 heads, 3 key/value heads, D=64; --backend blocked for the other):
     python scripts/bench_extension.py --device cpu --dtype float32 --heads 9 --kv-heads 3 --head-dim 64 \
         --lengths 4k,8k --context 8192
@@ -14,14 +15,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from torch.profiler import ProfilerActivity
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import environment, time_rounds, write_json  # noqa: E402
+from bench_common import environment, synchronize, time_rounds, write_json  # noqa: E402
 
 import hf_posenc  # noqa: E402, F401  (registers the attention functions)
 from hf_posenc.attention import EXTENSION_FUNCTIONS, TEMPERATURE_FUNCTIONS  # noqa: E402
@@ -77,12 +80,29 @@ def run_length(args: argparse.Namespace, length: int, device: torch.device, dtyp
             variants[name] = lambda f=function, m=module: f(m, query, key, value, mask, scaling=scale)
     with torch.inference_mode():
         seconds = time_rounds(variants, device, args.repeats)
+        if args.profile is not None:
+            profile(variants, device, args.profile / f"{length}")
     return {
         "length": length,
         "backend": backend,
         "seconds": seconds,
         "ratio_vs_sdpa": {name: seconds["sdpa"] / value for name, value in seconds.items() if name != "sdpa"},
     }
+
+
+def profile(variants: dict[str, Callable[[], object]], device: torch.device, prefix: Path) -> None:
+    """One more call of each variant under ``torch.profiler``: its operators and kernels by device time, in
+    ``<prefix>_<variant>.txt`` (where the time beyond the attention kernel goes)."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    for name, run in variants.items():
+        synchronize(device)
+        with torch.profiler.profile(activities=activities) as profiler:
+            run()
+            synchronize(device)
+        table = profiler.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=90)
+        Path(f"{prefix}_{name}.txt").write_text(table + "\n")
 
 
 def main() -> None:
@@ -99,6 +119,9 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", type=Path, default=None, help="results JSON (default: print only)")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="folder: also write a torch.profiler table of each call"
+    )
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     rows = []

@@ -28,7 +28,7 @@ for stage in "$@"; do
         ;;
     extension)
         timeout 150 python3 scripts/bench_extension.py --device cuda --dtype bfloat16 --lengths 32k,128k \
-            --output "$OUT/extension_h100.json"
+            --output "$OUT/extension_h100.json" --profile "$OUT/extension_profile"
         ;;
     extension-sdpa)  # the remaps' query-block SDPA backend on CUDA (not measured there yet)
         timeout 200 python3 scripts/bench_extension.py --device cuda --dtype bfloat16 --lengths 32k,128k \

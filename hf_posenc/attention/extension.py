@@ -61,8 +61,8 @@ class PositionMask:
     key_valid: torch.Tensor | None  # (B, kv) bool, None without padding
     query_valid: torch.Tensor | None = None  # (B, q) bool, None without padding
     block_masks: dict[Any, BlockMask] = field(default_factory=dict)  # flex's, built on first use
-    # (remap, segment) -> the cos/sin turning its queries and keys to their positions: one per call of the model
-    rotations: dict[Any, tuple[tuple[torch.Tensor, torch.Tensor], ...]] = field(default_factory=dict)
+    # (remap, "query" or "key", segment) -> the cos/sin turning those to its positions: one per call of the model
+    rotations: dict[Any, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     def allowed(self, queries: slice = slice(None), keys: slice = slice(None)) -> torch.Tensor:
         """``(B, 1, q, kv)`` bool for the given query rows and key columns."""
@@ -166,17 +166,20 @@ def scaled_queries(state: ExtensionState, query: torch.Tensor, positions: torch.
     return query * state.temperature.scale(positions)[:, None, :, None].to(query.dtype)
 
 
-def _rotations(state: ExtensionState, mask: PositionMask, segment: int) -> tuple[tuple[torch.Tensor, ...], ...]:
-    """The (cos, sin) turning queries and keys to segment ``segment``'s positions. They depend on the positions
-    alone, so they are computed once per call of the model and kept on the mask for every layer."""
+def _rotation(state: ExtensionState, mask: PositionMask, side: str, segment: int) -> tuple[torch.Tensor, ...]:
+    """The (cos, sin) turning the queries (``side="query"``) or keys (``"key"``) to segment ``segment``'s
+    positions. They depend on the positions alone, so they are computed once per call of the model and kept on
+    the mask for every layer."""
     remap = state.remap
-    if (remap, segment) not in mask.rotations:
-        qpos, kpos, inv_freq = mask.query_positions, mask.key_positions, state.rotary.inv_freq
-        mask.rotations[remap, segment] = (
-            rotation(remap.query_position(segment, qpos) - qpos, inv_freq),
-            rotation(remap.key_position(segment, kpos) - kpos, inv_freq),
-        )
-    return mask.rotations[remap, segment]
+    if (remap, side, segment) not in mask.rotations:
+        if side == "query":
+            positions = mask.query_positions
+            shift = remap.query_position(segment, positions) - positions
+        else:
+            positions = mask.key_positions
+            shift = remap.key_position(segment, positions) - positions
+        mask.rotations[remap, side, segment] = rotation(shift, state.rotary.inv_freq)
+    return mask.rotations[remap, side, segment]
 
 
 def segment_queries(
@@ -192,7 +195,7 @@ def segment_queries(
     ones, else re-rotated (in ``dtype``)."""
     if state.remap.TRUE_DISTANCES[segment]:
         return query
-    cos, sin = _rotations(state, mask, segment)[0]
+    cos, sin = _rotation(state, mask, "query", segment)
     return turn(query, cos[:, :, rows], sin[:, :, rows], state.rotary_dim, dtype)
 
 
@@ -207,7 +210,7 @@ def segment_keys(
     """Every k as segment ``segment`` sees it, as :func:`segment_queries` does q."""
     if state.remap.TRUE_DISTANCES[segment]:
         return key
-    cos, sin = _rotations(state, mask, segment)[1]
+    cos, sin = _rotation(state, mask, "key", segment)
     return turn(key, cos, sin, state.rotary_dim, dtype)
 
 
@@ -220,9 +223,10 @@ def segment_states(
     turn: Turn = rotate,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Each segment's queries and keys as it sees them (:func:`segment_queries`, :func:`segment_keys`), in
-    segment order; segments with the same key positions (``KEY_SEGMENTS``) share one turn of the keys."""
+    segment order; segments whose keys are turned alike (``key_source``) share one turn of the keys."""
     keys: dict[int, torch.Tensor] = {}
-    for segment, source in enumerate(state.remap.KEY_SEGMENTS):
+    for segment in range(len(state.remap.SEGMENTS)):
+        source = state.remap.key_source(segment)
         if source not in keys:
             keys[source] = segment_keys(state, mask, source, key, dtype, turn)
         yield segment_queries(state, mask, segment, query, dtype=dtype, turn=turn), keys[source]

@@ -73,7 +73,7 @@ def _blocks(
             cols = slice(begin, end)
             q_here, k_here = qpos[:, rows], kpos[:, cols]
             here = state.remap.segment_of(q_here[:, None, :, None], k_here[:, None, None, :]) == segment
-            source = state.remap.KEY_SEGMENTS[segment]
+            source = state.remap.key_source(segment)
             if source not in keys:
                 keys[source] = segment_keys(state, mask, source, key)
             block_query = segment_queries(state, mask, segment, query[:, :, rows], rows)

@@ -20,6 +20,7 @@ instead of a float32 copy per elementwise step.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -52,12 +53,12 @@ def _on_cuda(mask: PositionMask) -> bool:
     return mask.query_positions.is_cuda
 
 
-def _block_mask(mask: PositionMask, key: Any, mask_mod: Any, kv_length: int, compiled: bool) -> BlockMask:
-    """The block mask of ``mask_mod``, built once per call of the model (all layers share the mask)."""
+def _block_mask(mask: PositionMask, key: Any, mask_mod: Callable[[], Any], kv_length: int, compiled: bool) -> BlockMask:
+    """The block mask of ``mask_mod()``, built once per call of the model (all layers share the mask)."""
     if key not in mask.block_masks:
         build = _compiled(create_block_mask, _on_cuda(mask)) if compiled else create_block_mask
         shape = dict(B=mask.query_positions.shape[0], H=None, Q_LEN=mask.query_positions.shape[1], KV_LEN=kv_length)
-        mask.block_masks[key] = build(mask_mod=mask_mod, device=mask.query_positions.device, **shape)
+        mask.block_masks[key] = build(mask_mod=mask_mod(), device=mask.query_positions.device, **shape)
     return mask.block_masks[key]
 
 
@@ -84,25 +85,38 @@ def _with_lse(attend: Any, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, tor
 
 def _merged(outputs: list[torch.Tensor], lses: list[torch.Tensor]) -> torch.Tensor:
     """The segments' outputs ``(B, H, q, D)`` weighted by ``exp(lse_g - lse)``: one softmax over all their keys,
-    in float32, returned in the outputs' dtype. A row with no key at all gets 0."""
+    in float32, returned in the outputs' dtype. A row with no key at all gets 0, and its gradient too (not the
+    NaN of ``-inf - -inf``)."""
     lse = torch.stack([part.float() for part in lses])  # (segments, B, H, q)
-    weights = torch.exp(lse - torch.logsumexp(lse, 0)).nan_to_num(0.0)
+    reached = torch.isfinite(lse).any(0)
+    lse = torch.where(reached, lse, 0.0)
+    weights = torch.where(reached, torch.exp(lse - torch.logsumexp(lse, 0)), 0.0)
     merged = sum(weight[..., None] * output.float() for weight, output in zip(weights, outputs, strict=True))
     return merged.to(outputs[0].dtype)
 
 
+def _segment_mask_mod(rule: Any, segment: int, device: torch.device) -> Callable[[], Any]:
+    """The mask_mod of one segment, made only where its block mask is built (the first layer)."""
+
+    def make() -> Any:
+        index = torch.tensor(segment, device=device)  # a tensor: one trace for every segment
+
+        def mask_mod(batch, head, q_idx, kv_idx):
+            return rule(batch, q_idx, kv_idx, index)
+
+        return mask_mod
+
+    return make
+
+
 def _per_segment(state: ExtensionState, mask: PositionMask, query, key, value, scaling: float, compiled: bool):
-    """CUDA's strategy (``compiled`` there; uncompiled in CPU tests, where compiled flex returns no lse)."""
+    """CUDA's strategy: one flex call per segment, merged by log-sum-exp (compiled there, as ``compiled``)."""
     rule, kv_length = _pair_rule(state, mask), key.shape[2]
     attend = functools.partial(compiled_flex, "remap segment") if compiled else flex_attention
     turn = _compiled(rotate, True) if compiled else rotate
     outputs, lses = [], []
     for segment, (seg_query, seg_key) in enumerate(segment_states(state, mask, query, key, query.dtype, turn)):
-        index = torch.tensor(segment, device=query.device)  # a tensor: one trace for every segment
-
-        def mask_mod(batch, head, q_idx, kv_idx, index=index):
-            return rule(batch, q_idx, kv_idx, index)
-
+        mask_mod = _segment_mask_mod(rule, segment, query.device)
         output, lse = _with_lse(
             attend,
             seg_query,
@@ -133,7 +147,7 @@ def _side_by_side(state: ExtensionState, mask: PositionMask, query, key, value, 
         torch.cat(queries, -1),  # (B, H, q, S * D)
         keys,  # (B, H_kv, S * kv, S * D)
         value.repeat(1, 1, segments, 1),  # (B, H_kv, S * kv, D)
-        block_mask=_block_mask(mask, ("side by side", segments), mask_mod, segments * kv_length, compiled),
+        block_mask=_block_mask(mask, ("side by side", segments), lambda: mask_mod, segments * kv_length, compiled),
         scale=scaling,
         enable_gqa=query.shape[1] != key.shape[1],
     )

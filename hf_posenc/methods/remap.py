@@ -37,8 +37,8 @@ class RemapParams(RopeParams):
     # Segments whose remapped logits equal the true-position ones (a per-pair shift common to query and key):
     # the backends use the model's q and k there as they are.
     TRUE_DISTANCES: ClassVar[tuple[bool, ...]] = ()
-    # For each segment, the first segment with the same ``key_position``: segments that share key positions
-    # share one re-rotation of the keys.
+    # For each segment, the segment whose keys it uses as they are turned there: itself, or an earlier one that
+    # turns them alike (both at true distances, or both to the same ``key_position``). Empty: each its own.
     KEY_SEGMENTS: ClassVar[tuple[int, ...]] = ()
 
     backend: str = "auto"
@@ -59,6 +59,10 @@ class RemapParams(RopeParams):
     def key_position(self, segment: int, j: torch.Tensor) -> torch.Tensor:
         """``K_g(j)``: where a key at position ``j`` is put in segment ``segment``."""
         raise NotImplementedError
+
+    def key_source(self, segment: int) -> int:
+        """The segment whose turned keys ``segment`` shares (``KEY_SEGMENTS``): the backends turn them once."""
+        return self.KEY_SEGMENTS[segment] if self.KEY_SEGMENTS else segment
 
     def key_span(self, segment: int, first: int, last: int) -> tuple[int, int]:
         """``(lo, hi)``: every key position that queries at ``first .. last`` can see in ``segment`` lies in

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -35,6 +36,8 @@ from ..patching import get_patch, unpatch
 from ..spec import MethodSpec
 from .packing import PackedWindows, pack_texts
 from .trainable import TRAINABLE, apply_method, release_gguf, select_trainable, unused_parameters
+
+logger = logging.getLogger(__name__)
 
 RUN_FILE = "train_run.json"
 SUMMARY_FILE = "train_summary.json"
@@ -184,6 +187,7 @@ def train(
         callbacks=[clock, _StopIfFinished(), *(callbacks or [])],
         optimizers=(_optimizer(model, added, settings, args), None),
     )
+    clock.start()
     with contextlib.suppress(_Finished):  # then the model holds its last checkpoint's weights: saved again below
         trainer.train(resume_from_checkpoint=checkpoint)
     seconds = clock.seconds()
@@ -232,28 +236,34 @@ class _StopIfFinished(TrainerCallback):
 
 class _Clock(TrainerCallback):
     """Time in ``Trainer.train`` over the sessions of a run: each checkpoint records the total so far
-    (``CLOCK_FILE``), and a resumed session starts from its checkpoint's."""
+    (``CLOCK_FILE``), and a resumed session starts from its checkpoint's (:meth:`start` as ``train`` is called)."""
 
     def __init__(self, earlier: float):
         self.earlier = earlier
         self.started = time.perf_counter()
 
+    def start(self) -> None:
+        self.started = time.perf_counter()
+
     def seconds(self) -> float:
         return self.earlier + time.perf_counter() - self.started
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.started = time.perf_counter()
-
     def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
+        if args.should_save:
             folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             _write_json(folder / CLOCK_FILE, {"seconds": self.seconds()})
 
 
 def _seconds_at(checkpoint: str | None) -> float:
-    """The training time recorded in ``checkpoint`` (0 with none, or one written before it was recorded)."""
-    clock = Path(checkpoint or "") / CLOCK_FILE
-    return json.loads(clock.read_text(encoding="utf-8"))["seconds"] if checkpoint and clock.is_file() else 0.0
+    """The training time recorded in ``checkpoint``: 0 with none; 0 and a warning with one that has no record
+    (written by an earlier version, or killed between the checkpoint and its record)."""
+    if checkpoint is None:
+        return 0.0
+    clock = Path(checkpoint) / CLOCK_FILE
+    if not clock.is_file():
+        logger.warning("%s records no training time; the summary counts this session's alone.", checkpoint)
+        return 0.0
+    return json.loads(clock.read_text(encoding="utf-8"))["seconds"]
 
 
 def run_identity(model_name: str, spec: MethodSpec, settings: TrainSettings, data: PackedWindows) -> dict[str, Any]:

@@ -86,9 +86,10 @@ def test_the_compiled_cuda_path_equals_the_eager_reference(method, padded):
 @pytest.mark.parametrize("method", sorted(CASES))
 def test_the_cuda_strategy_compiled_equals_the_reference_and_compiles_once(monkeypatch, method):
     """What CUDA runs, compiled here with ``aot_eager`` (inductor's CPU flex returns no lse): flex through
-    ``compiled_flex`` (a prefill compiled for its shapes, every segment on one compilation), the turned q and k
-    and the merge compiled too. A later call of the model (new block masks and mask functions) and every
-    decoding step after the first run without compiling again."""
+    ``compiled_flex`` (a prefill compiled for its shapes), the turned q and k and the merge compiled too, on q,
+    k, v laid out as a model hands them over (heads transposed out of ``(B, n, H, D)``). The segments share the
+    compilation of their layout (the model's q and k, or the turned ones); a later call of the model (new block
+    masks and mask functions) and every decoding step after the first run without compiling again."""
     monkeypatch.setattr(extension_flex, "_compiled", functools.cache(_aot_eager))
     monkeypatch.setattr(extension_flex, "_on_cuda", lambda mask: True)  # block masks compiled for dynamic shapes
     monkeypatch.setattr(compiled_flex, "_compiled_flex_attention", functools.cache(_aot_eager_flex))
@@ -101,18 +102,46 @@ def test_the_cuda_strategy_compiled_equals_the_reference_and_compiles_once(monke
     def check(padded: bool, q_length: int, kv_length: int) -> None:
         query, key, value, mask, real = _inputs(padded, q_length=q_length, kv_length=kv_length)
         expected = extension_eager_attention(module, query, key, value, mask, DIM**-0.5)[0]
+        query, key, value = (states.transpose(1, 2).contiguous().transpose(1, 2) for states in (query, key, value))
         scaled = scaled_queries(state, query, mask.query_positions)
         with torch.no_grad():
             output = extension_flex._per_segment(state, mask, scaled, key, value, DIM**-0.5, True).transpose(1, 2)
-        torch.testing.assert_close(output[real[:, -q_length:]], expected[real[:, -q_length:]], rtol=1e-5, atol=1e-5)
+        rows = real[:, -q_length:]
+        torch.testing.assert_close(output[rows], expected[rows], rtol=1e-5, atol=1e-5)
+        assert torch.equal(output[~rows], torch.zeros_like(output[~rows]))  # padding queries: no key, 0
 
-    check(False, LENGTH, LENGTH)
-    assert len(compiled_flex._STATIC.kinds) == 1  # every segment's call on the one compilation for its shapes
-    check(True, 1, LENGTH)  # decoding: the compilation for dynamic shapes
-    with torch.compiler.set_stance("fail_on_recompile"):
+    try:
         check(True, LENGTH, LENGTH)
-        for kv_length in (LENGTH + 1, LENGTH + 7):
-            check(True, 1, kv_length)
+        assert len(compiled_flex._STATIC.kinds) == 2 and not compiled_flex._STATIC.closed  # two layouts, static
+        check(False, 1, LENGTH)  # decoding: the compilation for dynamic shapes
+        with torch.compiler.set_stance("fail_on_recompile"):
+            check(False, LENGTH, LENGTH)
+            for kv_length in (LENGTH + 1, LENGTH + 7):
+                check(True, 1, kv_length)
+    finally:
+        torch._dynamo.reset()
+
+
+def test_the_merge_of_segments_gives_a_row_without_keys_zero_and_no_nan_gradient():
+    """Per-segment flex on CUDA: each segment's output and log-sum-exp, merged into one softmax. A row no
+    segment reaches (a padding query) has lse -inf everywhere: its output and its gradients are 0, not NaN."""
+    generator = torch.Generator().manual_seed(0)
+    outputs = [torch.randn(1, 2, 3, 4, generator=generator, requires_grad=True) for _ in range(3)]
+    lses = [torch.randn(1, 2, 3, generator=generator) for _ in range(3)]
+    lses[1][0, 0, 1] = -torch.inf  # a row the second segment does not reach
+    for lse in lses:
+        lse[0, 1, 2] = -torch.inf  # a row no segment reaches
+        lse.requires_grad_()
+    merged = extension_flex._merged(outputs, lses)
+    merged.sum().backward()
+    stacked = torch.stack([lse.detach() for lse in lses])
+    weights = torch.softmax(stacked, 0).nan_to_num(0.0)  # the one softmax over every segment's keys
+    expected = sum(weight[..., None] * output.detach() for weight, output in zip(weights, outputs, strict=True))
+    torch.testing.assert_close(merged, expected)
+    assert torch.equal(merged[0, 1, 2], torch.zeros(4))
+    for tensor in outputs + lses:
+        assert torch.isfinite(tensor.grad).all()
+    assert all(lse.grad[0, 1, 2] == 0 for lse in lses)
 
 
 def _aot_eager(function, dynamic: bool):

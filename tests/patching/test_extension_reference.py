@@ -205,13 +205,17 @@ def test_remap_distances_stay_within_the_trained_context(method, params, length)
 
 @pytest.mark.parametrize(("method", "params"), [("self-extend", {"group_size": 3, "window": 12}), ("dca", {})])
 def test_segments_that_share_keys_put_them_at_the_same_positions(method, params):
-    """The backends turn the keys once for the segments ``KEY_SEGMENTS`` groups: each shares with an earlier
-    (or its own) segment that keeps its keys the same way (both at true distances, or both at ``K_g(j)``)."""
+    """The backends turn the keys once for the segments ``key_source`` groups: each shares with an earlier
+    (or its own) segment that turns its keys alike (both at true distances, or both to ``K_g(j)``)."""
     remap = get_method(method).make_params(original_max_position_embeddings=L, **params)
     position = torch.arange(4 * L)
     assert len(remap.KEY_SEGMENTS) == len(remap.SEGMENTS)
-    for segment, source in enumerate(remap.KEY_SEGMENTS):
-        assert source <= segment and remap.KEY_SEGMENTS[source] == source
+    assert (
+        len({remap.key_source(segment) for segment in range(len(remap.SEGMENTS))}) == 2
+    )  # DCA: three segments, two turns
+    for segment in range(len(remap.SEGMENTS)):
+        source = remap.key_source(segment)
+        assert source <= segment and remap.key_source(source) == source
         assert remap.TRUE_DISTANCES[segment] == remap.TRUE_DISTANCES[source]
         if not remap.TRUE_DISTANCES[segment]:
             assert torch.equal(remap.key_position(segment, position), remap.key_position(source, position))

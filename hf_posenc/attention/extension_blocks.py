@@ -58,8 +58,8 @@ def _blocks(
     state: ExtensionState, mask: PositionMask, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 ) -> Iterator[tuple[slice, list[SegmentBlock]]]:
     """Each query block's rows and its segments (those that reach a key there; none for padding queries before
-    any token). Each segment's keys are turned once, for every block, and shared by the segments with the same key
-    positions (memory linear in the length)."""
+    any token). Keys are turned once for every block, one turn per ``key_source`` (shared by the segments that
+    turn them alike; memory linear in the length)."""
     qpos, kpos = mask.query_positions, mask.key_positions.contiguous()
     keys: dict[int, torch.Tensor] = {}
     for start in range(0, query.shape[2], BLOCK):

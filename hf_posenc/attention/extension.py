@@ -119,11 +119,12 @@ def rotate(
     states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
     """``(B, H, n, D)`` states turned by :func:`rotation`'s ``cos``, ``sin`` on their first ``rotary_dim``
-    dimensions, computed in float32 and returned in ``dtype``."""
+    dimensions, computed in float32 and returned in ``dtype`` and the layout of ``states`` (a model's q and k
+    are heads transposed out of ``(B, n, H, D)``: turned or not, they then take the same compiled flex)."""
     rotated, rest = states[..., :rotary_dim].float(), states[..., rotary_dim:].float()
     half = rotary_dim // 2
     turned = torch.cat((-rotated[..., half:], rotated[..., :half]), -1)
-    return torch.cat((rotated * cos + turned * sin, rest), -1).to(dtype)
+    return torch.empty_like(states, dtype=dtype).copy_(torch.cat((rotated * cos + turned * sin, rest), -1))
 
 
 Turn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.dtype], torch.Tensor]

@@ -87,9 +87,9 @@ def test_the_compiled_cuda_path_equals_the_eager_reference(method, padded):
 def test_the_cuda_strategy_compiled_equals_the_reference_and_compiles_once(monkeypatch, method):
     """What CUDA runs, compiled here with ``aot_eager`` (inductor's CPU flex returns no lse): flex through
     ``compiled_flex`` (a prefill compiled for its shapes), the turned q and k and the merge compiled too, on q,
-    k, v laid out as a model hands them over (heads transposed out of ``(B, n, H, D)``). The segments share the
-    compilation of their layout (the model's q and k, or the turned ones); a later call of the model (new block
-    masks and mask functions) and every decoding step after the first run without compiling again."""
+    k, v laid out as a model hands them over (heads transposed out of ``(B, n, H, D)``; the turned ones keep that
+    layout). Every segment runs on the one compilation; a later call of the model (new block masks and mask
+    functions) and every decoding step after the first run without compiling again."""
     monkeypatch.setattr(extension_flex, "_compiled", functools.cache(_aot_eager))
     monkeypatch.setattr(extension_flex, "_on_cuda", lambda mask: True)  # block masks compiled for dynamic shapes
     monkeypatch.setattr(compiled_flex, "_compiled_flex_attention", functools.cache(_aot_eager_flex))
@@ -112,7 +112,7 @@ def test_the_cuda_strategy_compiled_equals_the_reference_and_compiles_once(monke
 
     try:
         check(True, LENGTH, LENGTH)
-        assert len(compiled_flex._STATIC.kinds) == 2 and not compiled_flex._STATIC.closed  # two layouts, static
+        assert len(compiled_flex._STATIC.kinds) == 1 and not compiled_flex._STATIC.closed  # static, one for all
         check(False, 1, LENGTH)  # decoding: the compilation for dynamic shapes
         with torch.compiler.set_stance("fail_on_recompile"):
             check(False, LENGTH, LENGTH)

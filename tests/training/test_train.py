@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from transformers.quantizers.quantizer_gguf import GgufHfQuantizer
 import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.training import TrainSettings, pack_windows, release_gguf, select_trainable, train
+from hf_posenc.training import run as run_module
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -190,32 +192,44 @@ class _Kill(TrainerCallback):
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])  # GPT-2 has dropout: its RNG state must come back too
-def test_a_killed_run_resumes_where_it_stopped(tmp_path, family):
+def test_a_killed_run_resumes_where_it_stopped(tmp_path, monkeypatch, family):
     """On a CPU the resumed run is bit-identical to the uninterrupted one: the checkpoint holds the weights,
     the optimizer, the scheduler and the RNG states, and the Trainer skips the batches already seen (the
-    shuffled order of the whole run is fixed by the seed)."""
+    shuffled order of the whole run is fixed by the seed). Its time counts every session (a clock that takes
+    10 s a step here)."""
+    tick = _Tick()
+    monkeypatch.setattr(run_module, "time", SimpleNamespace(perf_counter=lambda: tick.now))
     settings = _settings(batch_size=2)  # 12 steps over 11 batches: the resumed part crosses an epoch
     whole = make_tiny(family)
     expected = train(whole, None, DATA, tmp_path / "whole", settings, "alibi")
     killed = tmp_path / "killed"
     with pytest.raises(KeyboardInterrupt):
-        train(make_tiny(family), None, DATA, killed, settings, "alibi", callbacks=[_Kill(6)])
+        train(make_tiny(family), None, DATA, killed, settings, "alibi", callbacks=[_Kill(6), tick])
     assert sorted(p.name for p in killed.iterdir()) == ["checkpoint-5", "train_run.json"]
-    at_5 = _recorded_seconds(killed / "checkpoint-5")  # the killed session's time up to its checkpoint
+    assert _recorded_seconds(killed / "checkpoint-5") == 50  # the killed session's time up to its checkpoint
     resumed = make_tiny(family)
-    result = train(resumed, None, DATA, killed, _settings(batch_size=2, resume=True), "alibi")
+    result = train(resumed, None, DATA, killed, _settings(batch_size=2, resume=True), "alibi", callbacks=[tick])
     assert result.losses == expected.losses and result.steps == 12
     for (name, value), other in zip(whole.named_parameters(), resumed.parameters(), strict=True):
         assert torch.equal(value, other), name
     # a finished run resumed: its last checkpoint loaded, no step more (the Trainer alone would take one)
     again = make_tiny(family)
-    finished = train(again, None, DATA, killed, _settings(batch_size=2, resume=True), "alibi")
+    finished = train(again, None, DATA, killed, _settings(batch_size=2, resume=True), "alibi", callbacks=[tick])
     assert finished.losses == expected.losses
     assert all(torch.equal(a, b) for a, b in zip(whole.parameters(), again.parameters(), strict=True))
-    # the time counts every session: the killed one's up to its checkpoint, then the resumed ones'
-    at_12 = _recorded_seconds(killed / "checkpoint-12")
-    assert 0 < at_5 < at_12 <= result.seconds and at_12 <= finished.seconds
-    assert json.loads((killed / "train_summary.json").read_text())["seconds"] == round(finished.seconds, 3)
+    # the time counts every session: the killed one's 5 steps, then the resumed one's 7; the finished run adds 0
+    assert _recorded_seconds(killed / "checkpoint-12") == result.seconds == finished.seconds == 120
+    assert json.loads((killed / "train_summary.json").read_text())["seconds"] == 120
+
+
+class _Tick(TrainerCallback):
+    """A clock that advances 10 s at the end of each training step, and only then."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.now += 10.0
 
 
 def _recorded_seconds(checkpoint: Path) -> float:

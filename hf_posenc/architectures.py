@@ -77,12 +77,17 @@ def positions_of_config(config: Any) -> Positions:
 
 def trained_context(config: Any, params: dict[str, Any]) -> int:
     """``L``: popped from ``params`` when given there, else recorded by the config
-    (``original_max_position_embeddings``), else guessed from ``max_position_embeddings`` with a log line."""
+    (``original_max_position_embeddings`` in ``rope_parameters``, at the top level, or in the
+    ``dual_chunk_attention_config`` vLLM reads, as Qwen2.5-1M ships it), else guessed from
+    ``max_position_embeddings`` with a log line."""
     given = params.pop("original_max_position_embeddings", None)
     if given is not None:
         return given
-    recorded = config.rope_parameters.get("original_max_position_embeddings") or getattr(
-        config, "original_max_position_embeddings", None
+    dual_chunk = getattr(config, "dual_chunk_attention_config", None)
+    recorded = (
+        config.rope_parameters.get("original_max_position_embeddings")
+        or getattr(config, "original_max_position_embeddings", None)
+        or (dual_chunk.get("original_max_position_embeddings") if isinstance(dual_chunk, dict) else None)
     )
     if recorded:
         return recorded

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from ..files import atomic_write_text
 from ..hub import build_card, push_to_hub
 from ..patching import patch
 from ..record import PatchRecord
@@ -127,7 +128,7 @@ def run_card(args: argparse.Namespace) -> int:
     if args.output is None:
         print(card)
     else:
-        card.save(args.output)
+        atomic_write_text(args.output, str(card))
     return 0
 
 

@@ -5,12 +5,18 @@ Chunk length ``s = chunk_size - local_size``; every key sits at ``j mod s``. A q
 
 * ``i mod s`` for keys of its own chunk (intra-chunk: the true relative positions),
 * ``min(i mod s + s, chunk_size)`` for keys of the previous chunk (successive-chunk: the first
-  ``local_size`` queries of a chunk see its predecessor at true distances),
+  ``local_size + 1`` queries of a chunk, ``i mod s <= local_size``, see its predecessor at true distances),
 * ``min(2s - 1, chunk_size)`` for keys of every earlier chunk (inter-chunk),
 
 chunks counted by ``floor(position / s)``, with one softmax over all keys. Every relative position stays
-at most ``chunk_size``, so any length runs; the authors' defaults are ``chunk_size = 3L/4`` and
-``local_size = L/16`` for a model trained on ``L`` positions.
+at most ``chunk_size``, so any length runs. The defaults for a model trained on ``L`` positions are the
+authors' code's for Qwen (``chunkqwen_attn_replace.py``): ``chunk_size = 3L/4`` and ``local_size = L/16``
+(their Llama code takes ``L/8``).
+
+This is the paper's DCA, with no temperature. The authors' later code (ChunkLlama after 2024-03, "not used in
+the paper") scales q and k by ``0.05 ln(n/L) + 1`` past ``L``, and vLLM's DCA, given
+``original_max_position_embeddings`` in its config (as Qwen2.5-1M ships), scales the keys by
+``max(1, 0.1 ln(n/L) + 1)``, ``n`` the input's length; neither is applied here.
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ class DCAParams(RemapParams):
         the config's ``dual_chunk_attention_config`` where it has one.
     local_size (`int`, *optional*): below ``chunk_size``; chunks are ``chunk_size - local_size`` long. Defaults
         to ``L/16``, or to the config's ``dual_chunk_attention_config`` where it has one.
+    max_position_embeddings (`int`, *optional*): the longest input the patched model is meant to serve, at least
+        ``L``, written to the config (what vLLM and lm-evaluation-harness take as the model's length). DCA itself
+        has no longest input; by default the config's value is kept.
     """
 
     SEGMENTS: ClassVar[tuple[str, ...]] = ("intra", "successive", "inter")
@@ -41,10 +50,11 @@ class DCAParams(RemapParams):
 
     chunk_size: int | None = None
     local_size: int | None = None
+    max_position_embeddings: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("chunk_size", "local_size"):
+        for name in ("chunk_size", "local_size", "max_position_embeddings"):
             if getattr(self, name) is not None:
                 self._set(name, positive_int(name, getattr(self, name)))
         context = self.original_max_position_embeddings
@@ -53,6 +63,11 @@ class DCAParams(RemapParams):
                 self._set("chunk_size", 3 * context // 4)
             if self.local_size is None:
                 self._set("local_size", max(1, context // 16))
+            if self.max_position_embeddings is not None and self.max_position_embeddings < context:
+                raise ValueError(
+                    f"max_position_embeddings (the longest input to serve) must be at least the trained context "
+                    f"L={context}, got {self.max_position_embeddings}."
+                )
             if self.chunk_size > context:
                 raise ValueError(
                     f"chunk_size must be at most the trained context L={context} (it is the largest relative position "

@@ -4,7 +4,8 @@ with ``p``, so attention entropy stays stable past the trained context ``L``.
 * ``variant="qwen"`` (Qwen-7B's ``use_logn_attn``; Chiang & Cholak 2022, Su 2021): ``max(1, ln(p + 1) / ln L)``;
   exactly 1, the unpatched model, for ``p < L``.
 * ``variant="llama4"`` (Llama 4's ``attn_temperature_tuning``): ``1 + attn_scale * ln(floor((p + 1) /
-  floor_scale) + 1)``; exactly 1 for ``p + 1 < floor_scale``.
+  floor_scale) + 1)``; exactly 1 for ``p + 1 < floor_scale``. Llama 4 applies it in its NoPE layers only
+  (every fourth, ``no_rope_layers``); here, as for ``"qwen"``, it scales the query of every layer.
 
 Scaling the query commutes with its rotation, so it composes with every RoPE scaling and remap.
 """

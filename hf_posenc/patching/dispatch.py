@@ -12,6 +12,7 @@ from ..registry import Method, combine
 from .attention import ALIBI_PLANNER, T5_PLANNER
 from .encodings import PLANNER as ENCODINGS
 from .extension import PLANNER as EXTENSION
+from .extension import with_vllm_dca_key
 from .learned import PLANNER as LEARNED_TABLE
 from .legacy import with_legacy_keys
 from .plan import PatchInfo, Plan, Planner
@@ -53,10 +54,11 @@ def _without(method: Method, part: Method) -> Method:
 
 def plan_method(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
     """The plan of ``method`` on ``model``, with the keys transformers 4.x reads beside ``rope_parameters``
-    (:mod:`~hf_posenc.patching.legacy`). A combination with a RoPE scaling (``"yarn+logn"``) is planned by
-    the RoPE planner for that part and by the extension planner for the rest, each on the parameters it
-    takes (the trained context, resolved once, goes to both), and the two plans become one."""
-    return with_legacy_keys(model.config, _plan(model, method, params))
+    (:mod:`~hf_posenc.patching.legacy`), and vLLM's DCA key only where it says the patch. A combination with a
+    RoPE scaling (``"yarn+logn"``) is planned by the RoPE planner for that part and by the extension planner for
+    the rest, each on the parameters it takes (the trained context, resolved once, goes to both), and the two
+    plans become one."""
+    return with_legacy_keys(model.config, with_vllm_dca_key(model.config, method, _plan(model, method, params)))
 
 
 def _plan(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:

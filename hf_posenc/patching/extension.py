@@ -11,6 +11,7 @@ the model without the method; DCA alone on Qwen2 also writes vLLM's ``dual_chunk
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import logging
@@ -91,11 +92,39 @@ def _implementation(model: nn.Module, remap: Any) -> str:
 
 
 def _vllm_keys(model: nn.Module, method: Method, resolved: Any) -> dict[str, Any]:
-    """vLLM's own spelling of DCA, for a model it serves that way, so a pushed config runs there as is."""
-    if method.name != "dca" or model.config.model_type not in VLLM_DCA_MODEL_TYPES:
+    """vLLM's own spelling of DCA, for a model it serves that way, so a pushed config runs there as is.
+
+    vLLM (the V0 engine of 0.8-0.10, ``dual_chunk_flash_attn.py``; later releases take the key but have no backend
+    for it) reads it as the whole of the model's position handling: its dual-chunk rotary uses the plain
+    ``rope_theta``, so DCA on a scaled RoPE (``"yarn+dca"``, a config shipped scaled) or with log-n does not write
+    it. Nor does it write ``original_max_position_embeddings``: given that, vLLM multiplies the keys by
+    ``max(1, 0.1 ln(n / L) + 1)`` for an input of ``n`` tokens (Qwen2.5-1M's temperature), which the paper's DCA
+    does not have.
+    """
+    config = model.config
+    scaled = config.rope_parameters.get("rope_type", "default") != "default"
+    if method.name != "dca" or config.model_type not in VLLM_DCA_MODEL_TYPES or scaled:
         return {}
-    keys = ("chunk_size", "local_size", "original_max_position_embeddings")
-    return {VLLM_DCA_KEY: {key: getattr(resolved, key) for key in keys}}
+    return {VLLM_DCA_KEY: {"chunk_size": resolved.chunk_size, "local_size": resolved.local_size}}
+
+
+def with_vllm_dca_key(config: Any, method: Method, plan: Plan) -> Plan:
+    """``plan`` with vLLM's DCA key only where it says the patch: DCA alone, written by :func:`_vllm_keys`. vLLM
+    builds DCA from the key whenever a config has it, before it reads ``rope_parameters``, so a combination drops
+    the key its DCA part wrote, and any other patch of a config that ships one (Qwen2.5-1M) removes it (the
+    record keeps it, so unpatch and the base config restore it)."""
+    shipped = copy.deepcopy(config.__dict__.get(VLLM_DCA_KEY))
+    written = VLLM_DCA_KEY in plan.updates
+    if (method.name == "dca" and written) or (shipped is None and not written):
+        return plan
+    record = PatchRecord.from_config(plan.updates)
+    updates, base = dict(plan.updates), dict(record.base)
+    updates.pop(VLLM_DCA_KEY, None)
+    base.pop(VLLM_DCA_KEY, None)
+    if shipped is not None:
+        updates[VLLM_DCA_KEY], base[VLLM_DCA_KEY] = None, shipped
+    record = dataclasses.replace(record, base=base)
+    return dataclasses.replace(plan, updates={**updates, CONFIG_KEY: record.to_dict()})
 
 
 def plan_extension(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:

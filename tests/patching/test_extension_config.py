@@ -138,17 +138,20 @@ def test_unpatched_after_loading_saves_the_base_config(tmp_path, case):
 @pytest.mark.parametrize(
     ("params", "expected"),
     [
-        (DCA, {"chunk_size": 48, "local_size": 4, "original_max_position_embeddings": 64}),
-        ({}, {"chunk_size": 48, "local_size": 4, "original_max_position_embeddings": 64}),  # 3L/4, L/16
-        ({"chunk_size": 30, "local_size": 6, "original_max_position_embeddings": 32}, None),  # as given
+        (DCA, DCA),
+        ({}, DCA),  # 3L/4, L/16
+        (
+            {"chunk_size": 30, "local_size": 6, "original_max_position_embeddings": 32},
+            {"chunk_size": 30, "local_size": 6},
+        ),
     ],
 )
 def test_dca_on_qwen2_writes_what_vllm_reads(tmp_path, params, expected):
-    """vLLM reads Qwen2's DCA from ``dual_chunk_attention_config``: the resolved chunk_size, local_size and
-    trained context; unpatch removes the key again."""
+    """vLLM reads Qwen2's DCA from ``dual_chunk_attention_config``: the resolved chunk_size and local_size, not the
+    trained context (given it, vLLM scales the keys by a length temperature the paper's DCA does not have);
+    unpatch removes the key again."""
     model = make_tiny("qwen2")
     hf_posenc.patch(model, "dca", **params)
-    expected = expected or params
     assert getattr(model.config, VLLM_KEY) == expected
     model.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())[VLLM_KEY] == expected
@@ -179,15 +182,60 @@ def test_dca_defaults_to_the_configs_own_dual_chunk_attention_config():
         ("llama", "dca", DCA),
         ("qwen3", "dca", DCA),
         ("qwen2", "dca+logn", DCA),
+        ("qwen2", "yarn+dca", {"factor": 2, **DCA}),
         ("qwen2", "self-extend", SE),
         ("qwen2", "logn", {}),
     ],
 )
 def test_no_vllm_dca_key_where_vllm_would_run_something_else(tmp_path, family, method, params):
-    """Only DCA alone on Qwen2 gets vLLM's key: DCA with log-n would run there without log-n, other families and
-    methods do not read it."""
+    """Only DCA alone on Qwen2 gets vLLM's key: vLLM's dual chunk rotary takes the plain rope_theta and no log-n,
+    so DCA with either would run there without it; other families and methods do not read it."""
     hf_posenc.patch(make_tiny(family), method, **params).save_pretrained(tmp_path)
     assert VLLM_KEY not in json.loads((tmp_path / "config.json").read_text())
+
+
+def test_dca_on_a_config_scaled_natively_writes_no_vllm_key(tmp_path):
+    """A Qwen2 config that ships a YaRN scaling: vLLM would build its DCA rotary on the plain rope_theta."""
+    rope = {**make_tiny("qwen2").config.rope_parameters, "rope_type": "yarn", "factor": 2.0}
+    model = make_tiny("qwen2", rope_parameters={**rope, "original_max_position_embeddings": L})
+    hf_posenc.patch(model, "dca", **DCA).save_pretrained(tmp_path)
+    assert VLLM_KEY not in json.loads((tmp_path / "config.json").read_text())
+
+
+SHIPPED = {"chunk_size": 40, "local_size": 8, "original_max_position_embeddings": 48, "sparse_attention_enabled": False}
+
+
+@pytest.mark.parametrize(
+    ("method", "params"), [("yarn", {"factor": 2}), ("alibi", {}), ("self-extend", {"group_size": 2, "window": 8}),
+                           ("yarn+dca", {"factor": 2}), ("dca+logn", {})]
+)  # fmt: skip
+def test_any_other_patch_of_a_config_shipping_vllms_dca_key_removes_it_and_restores_it(tmp_path, method, params):
+    """vLLM builds DCA from ``dual_chunk_attention_config`` whenever a config has it, before it reads
+    rope_parameters: a patch other than DCA alone saves it as null (vLLM then runs what rope_parameters say); the
+    shipped L (48, not max_position_embeddings 64) is the trained context; unpatch and the saved record's base
+    config give the shipped key back."""
+    model = make_tiny("qwen2")
+    model.config.dual_chunk_attention_config = dict(SHIPPED)
+    hf_posenc.patch(model, method, **params)
+    assert hf_posenc.get_patch(model).params.get("original_max_position_embeddings", 48) == 48  # ALiBi takes no L
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved[VLLM_KEY] is None
+    assert saved["hf_posenc"]["base"][VLLM_KEY] == SHIPPED
+    hf_posenc.unpatch(model)
+    assert model.config.dual_chunk_attention_config == SHIPPED
+    loaded = hf_posenc.from_pretrained(str(tmp_path), attn_implementation="eager")
+    assert hf_posenc.get_patch(loaded).method == method
+    assert hf_posenc.unpatch(loaded).config.dual_chunk_attention_config == SHIPPED
+
+
+def test_dca_alone_on_a_config_shipping_the_key_writes_its_own_and_reads_the_shipped_l():
+    model = make_tiny("qwen2")
+    model.config.dual_chunk_attention_config = dict(SHIPPED)
+    hf_posenc.patch(model, "dca")
+    assert hf_posenc.get_patch(model).params["original_max_position_embeddings"] == 48
+    assert model.config.dual_chunk_attention_config == {"chunk_size": 40, "local_size": 8}
+    assert hf_posenc.unpatch(model).config.dual_chunk_attention_config == SHIPPED
 
 
 def test_max_position_embeddings_is_self_extends_reach_or_the_one_asked():
@@ -198,6 +246,9 @@ def test_max_position_embeddings_is_self_extends_reach_or_the_one_asked():
     assert asked.config.max_position_embeddings == 150
     assert hf_posenc.get_patch(asked).params["max_position_embeddings"] == 150
     assert hf_posenc.patch(make_tiny("llama"), "dca", **DCA).config.max_position_embeddings == 64
+    asked = hf_posenc.patch(make_tiny("llama"), "dca", **DCA, max_position_embeddings=1000)
+    assert asked.config.max_position_embeddings == 1000
+    assert hf_posenc.unpatch(asked).config.max_position_embeddings == 64
     assert hf_posenc.patch(make_tiny("llama"), "logn").config.max_position_embeddings == 64
 
 
@@ -287,6 +338,7 @@ BAD = [
     ("chunk_size > L", "llama", "dca", {"chunk_size": 65}, ValueError, r"chunk_size must be at most the trained context L=64.*got 65"),
     ("local_size = chunk_size", "qwen2", "dca", {"chunk_size": 48, "local_size": 48}, ValueError, r"local_size must be below chunk_size=48"),
     ("local_size > default chunk_size", "llama", "dca", {"local_size": 50}, ValueError, r"local_size must be below chunk_size=48"),
+    ("dca max_position_embeddings < L", "qwen2", "dca", {"max_position_embeddings": 63}, ValueError, r"max_position_embeddings \(the longest input to serve\) must be at least the trained context L=64, got 63"),
     ("unknown logn variant", "llama", "logn", {"variant": "mistral"}, ValueError, r"Unknown log-n variant 'mistral'. Available variants: qwen, llama4"),
     ("attn_scale with qwen", "llama", "logn", {"variant": "qwen", "attn_scale": 0.2}, ValueError, r"attn_scale belong to variant='llama4'"),
     ("floor_scale with qwen", "llama", "logn", {"floor_scale": 8}, ValueError, r"floor_scale belong to variant='llama4'"),

@@ -231,6 +231,19 @@ def _longrope_tgi(setting: Setting) -> tuple[str, str]:
 
 
 _SAME = dict.fromkeys(("default", "linear", "llama3"), same)
+# Model types whose llama.cpp converter class writes llama3's per-pair factors (``rope_freqs``: conversion/llama.py
+# ``LlamaModel.generate_extra_tensors``, registered for Llama, Mistral and Mixtral); others convert it unscaled.
+LLAMA3_FACTORS_IN_GGUF = ("llama", "mistral", "mixtral")
+
+
+def _llama3_llamacpp(setting: Setting) -> tuple[str, str]:
+    model_type = setting.config.get("model_type")
+    if model_type in LLAMA3_FACTORS_IN_GGUF:
+        return same(setting)
+    why = f"llama3: the converter writes its rope_freqs factors for Llama / Mistral only, not {model_type!r}"
+    return _ignored(why)(setting)
+
+
 ENGINES = (
     Engine(
         name="vllm",
@@ -289,6 +302,7 @@ ENGINES = (
         theta_from_rope=True,
         builds={
             **_SAME,
+            "llama3": _llama3_llamacpp,
             "dynamic": _ignored("no dynamic NTK in Llama / Qwen GGUFs (the converter leaves 'dynamic' to HunYuan)"),
             # llama-context.cpp overwrites the GGUF's yarn_attn_factor (read by Grok only) with YaRN's own
             "yarn": _yarn(lambda params, factor: yarn_mscale(factor), betas=False, truncate=False, hf_l=False),

@@ -8,7 +8,8 @@ with ``rope_theta`` 10000 from a file that has only ``rope_parameters``. A patch
 - ``rope_scaling``: ``rope_parameters`` without ``rope_theta`` / ``partial_rotary_factor``, with ``type``
   beside ``rope_type``; ``None`` for the ``default`` type (static NTK says itself through ``rope_theta``).
   hf_posenc's own types go there too, so 4.x refuses them (``KeyError``) rather than loading them unscaled.
-- ``rope_theta`` and ``partial_rotary_factor`` at the top level, where 4.x reads them;
+- ``rope_theta`` and ``partial_rotary_factor`` at the top level, where 4.x reads them (GPT-NeoX's 4.x class:
+  ``rotary_emb_base`` and ``rotary_pct``, :data:`TOP_LEVEL_NAMES`);
 - ``original_max_position_embeddings`` at the top level for ``longrope``: 4.x's LongRoPE reads the trained
   context only there (else it takes ``max_position_embeddings``, the extended one, and never switches).
 
@@ -29,8 +30,19 @@ from typing import Any
 from ..record import CONFIG_KEY, PatchRecord
 from .plan import Plan
 
-LEGACY_KEYS = ("rope_scaling", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings")
 _TOP_LEVEL = ("rope_theta", "partial_rotary_factor")
+# transformers 4.x config classes that set the top-level keys from keys of their own, ignoring the file's
+# ``rope_theta`` / ``partial_rotary_factor``: 4.57's GPTNeoXConfig takes ``rotary_emb_base`` (default 10000) and
+# ``rotary_pct`` (default 0.25). transformers 5 reads them only where ``rope_parameters`` lacks the value.
+TOP_LEVEL_NAMES: dict[str, dict[str, str]] = {
+    "gpt_neox": {"rope_theta": "rotary_emb_base", "partial_rotary_factor": "rotary_pct"},
+}
+LEGACY_KEYS = (
+    "rope_scaling",
+    *_TOP_LEVEL,
+    "original_max_position_embeddings",
+    *{name for names in TOP_LEVEL_NAMES.values() for name in names.values()},
+)
 _TYPE_AND_FACTOR = {"linear": ("type", "factor"), "dynamic": ("type", "factor")}
 # transformers 4.x config classes whose ``_rope_scaling_validation`` takes exactly these ``rope_scaling`` fields (any
 # other key is a ValueError): model_type -> rope type -> fields. Not Phi-3's longrope (type, short_factor,
@@ -53,6 +65,8 @@ def legacy_rope_keys(rope_parameters: dict[str, Any], model_type: str | None = N
     scaling = _in_fixed_fields({**scaling, "type": rope_type}, FIXED_FIELDS.get(model_type or "", {}).get(rope_type))
     keys: dict[str, Any] = {"rope_scaling": None if rope_type == "default" else scaling}
     keys.update({key: rope_parameters[key] for key in _TOP_LEVEL if key in rope_parameters})
+    own_names = TOP_LEVEL_NAMES.get(model_type or "", {})
+    keys.update({own_names[key]: keys[key] for key in own_names if key in keys})
     if rope_type == "longrope":
         keys["original_max_position_embeddings"] = rope_parameters["original_max_position_embeddings"]
     return copy.deepcopy(keys)

@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import TINY, make_tiny
 from helpers import method_params, pip_target
-from transformers import AutoConfig, AutoModelForCausalLM, OlmoConfig, Phi3Config
+from transformers import AutoConfig, AutoModelForCausalLM, GPTNeoXConfig, OlmoConfig, Phi3Config
 
 import hf_posenc
 
@@ -48,6 +48,9 @@ ROPE_METHODS = [
 CASES = [(family, method) for family in ("llama", "qwen2") for method in ROPE_METHODS] + [
     ("gpt2", method) for method in ("pi", "alibi", "nope", "sinusoidal", "t5-bias")
 ]
+# GPT-NeoX's 4.x class reads rotary_emb_base / rotary_pct, not rope_theta / partial_rotary_factor: a base and a
+# rotary fraction other than its defaults (10000, 0.25) show whether the file says them in its keys.
+CASES += [("gpt_neox", method) for method in ("pi", "ntk", "dynamic-ntk", "yarn", "llama3", "dynamic-yarn")]
 LONG = {"factor": 4, "long_factor": [1.0 + i / 4 for i in range(8)]}
 # Families whose 4.x config class takes a fixed set of rope_scaling fields (legacy.FIXED_FIELDS): label -> (method,
 # parameters, what 4.x does). Their tiny models' logits differ between 5.x and 4.57.6 unpatched already (the two
@@ -70,6 +73,13 @@ def _patched(family: str, method: str) -> torch.nn.Module:
         config = config_class(**copy.deepcopy(TINY), **trained, pad_token_id=0, eos_token_id=0)
         model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
         return hf_posenc.patch(model, name, original_max_position_embeddings=64, **params)
+    if family == "gpt_neox":
+        torch.manual_seed(0)
+        rope = {"rope_type": "default", "rope_theta": 1e5, "partial_rotary_factor": 0.5}
+        sizes = {key: TINY[key] for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")}
+        config = GPTNeoXConfig(**sizes, num_attention_heads=4, max_position_embeddings=64, rope_parameters=rope)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+        return hf_posenc.patch(model, method, original_max_position_embeddings=64, **method_params(method, pairs=4))
     overrides = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}} if family == "qwen2" else {}
     model = make_tiny(family, **overrides)
     params = {"factor": 4} if "+" in method else method_params(method, pairs=8)

@@ -1,0 +1,200 @@
+"""How each serving engine builds a RoPE type, as its source says: the rules (pure functions of a :class:`Setting`,
+each giving a severity and a message) and the formulas they share. :mod:`hf_posenc.serving` holds the table of
+engines that uses them and applies it to a config."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}  # YaRN's defaults, fixed where an engine does not read them
+
+
+@dataclass(frozen=True)
+class View:
+    """The RoPE method as one reader takes it: type, parameters, ``rope_theta`` and the key it came from."""
+
+    rope_type: str
+    params: dict[str, Any]
+    theta: float
+    source: str  # "rope_scaling", "rope_parameters" or "none"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a rule reads: the config, the engine's view (equal to transformers'), P and the rotary dimension d."""
+
+    config: dict[str, Any]
+    view: View
+    positions: int
+    dim: int | None
+
+    @property
+    def factor(self) -> float:  # transformers' yarn: P / L when the config has no factor
+        return float(self.view.params.get("factor") or self.positions / self.original())
+
+    def original(self, top_level_first: bool = True) -> int:
+        """L: top level first, as transformers 5 takes it, or the dict's first (llama.cpp)."""
+        key = "original_max_position_embeddings"
+        top, own = self.config.get(key), self.view.params.get(key)
+        return int(((top or own) if top_level_first else (own or top)) or self.positions)
+
+
+Rule = Callable[[Setting], tuple[str, str]]
+Attention = Callable[[dict[str, Any], float], float]
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's ``0.1 * mscale * ln(s) + 1`` (1 for ``s <= 1``), as every engine writes it."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def yarn_attention_hf(params: dict[str, Any], factor: float) -> float:
+    """transformers 5 and vLLM 0.33: ``attention_factor``, else the mscale ratio if both are truthy, else YaRN's."""
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    mscale, all_dims = params.get("mscale"), params.get("mscale_all_dim")
+    return yarn_mscale(factor, mscale) / yarn_mscale(factor, all_dims) if mscale and all_dims else yarn_mscale(factor)
+
+
+def attention_sglang(params: dict[str, Any], factor: float) -> float:
+    """SGLang: the mscale ratio if both are given (not None), else YaRN's; times ``attn_factor`` (1)."""
+    mscale, all_dims = params.get("mscale"), params.get("mscale_all_dim")
+    ratio = yarn_mscale(factor, mscale) / yarn_mscale(factor, all_dims) if None not in (mscale, all_dims) else None
+    return (ratio or yarn_mscale(factor)) * float(params.get("attn_factor", 1.0))
+
+
+def attention_tgi(params: dict[str, Any], factor: float) -> float:
+    """TGI: ``mscale`` (default 1) over ``mscale_all_dim`` (default 0, which gives 1)."""
+    return yarn_mscale(factor, params.get("mscale", 1.0)) / yarn_mscale(factor, params.get("mscale_all_dim", 0.0))
+
+
+def same(setting: Setting) -> tuple[str, str]:
+    """Built as transformers 5 builds it."""
+    return "ok", f"builds {setting.view.rope_type} (rope_theta {setting.view.theta:g}) as transformers does"
+
+
+def linear_longer(setting: Setting) -> tuple[str, str]:
+    """The same frequencies; the default context is ``max_position_embeddings * factor``."""
+    s, p = setting.factor, setting.positions
+    return "ok", f"builds linear x{s:g} as transformers does; default context P x factor = {p} x {s:g} = {p * s:g}"
+
+
+def ignored(what: str) -> Rule:
+    return lambda setting: ("ignored", f"{what}: builds plain RoPE (rope_theta {setting.view.theta:g})")
+
+
+def ntk_base(setting: Setting, ratio: float) -> float:
+    """Dynamic NTK's ``b (s * ratio - (s - 1))^(d / (d - 2))``, ``ratio`` = length / trained length (nan: no d)."""
+    exponent = math.nan if setting.dim is None else setting.dim / (setting.dim - 2)
+    return setting.view.theta * (setting.factor * ratio - (setting.factor - 1)) ** exponent
+
+
+def dynamic_vllm(setting: Setting) -> tuple[str, str]:
+    p, trained = setting.positions, int(setting.view.params.get("max_trained_positions", setting.positions))
+    scaled, unscaled = round(p * setting.factor), " (unscaled: no max_trained_positions)" if trained == p else ""
+    return "differs", (
+        f"one rope_theta {ntk_base(setting, p / trained):.6g} at every length{unscaled}, not recomputed per length "
+        f"(transformers: {setting.view.theta:g} up to {p} tokens, {ntk_base(setting, scaled / p):.6g} at {scaled}); "
+        f"its cos/sin table holds {p} positions, its default max_model_len is {scaled}"
+    )
+
+
+def dynamic_sglang(setting: Setting) -> tuple[str, str]:
+    p, scaled = setting.positions, round(setting.positions * setting.factor)
+    return "differs", (
+        f"one rope_theta {ntk_base(setting, scaled / p):.6g} = b (s^2 - s + 1)^(d/(d-2)) at every length, "
+        f"transformers' value at {scaled} tokens (transformers: {setting.view.theta:g} up to {p})"
+    )
+
+
+def dynamic_tgi(setting: Setting) -> tuple[str, str]:
+    p, scaled = setting.positions, round(setting.positions * setting.factor)
+    return "differs", (
+        "rebuilt only for a batch longer than any before, never shrunk, first at the CUDA-graph warm-up length "
+        f"--max-total-tokens (default <= P = {p}: unscaled); after {scaled} tokens every later request gets "
+        f"rope_theta {ntk_base(setting, scaled / p):.6g} (transformers recomputes per call)"
+    )
+
+
+def yarn_rule(attention: Attention, *, betas: bool, truncate: bool, hf_l: bool) -> Rule:
+    """YaRN in an engine computing its attention factor with ``attention``; reading the betas and ``truncate`` or
+    fixing them (32 / 1, floor and ceil); taking L as transformers does (``hf_l``) or from the dict first."""
+
+    def rule(setting: Setting) -> tuple[str, str]:
+        params, factor, length = setting.view.params, setting.factor, setting.original(top_level_first=hf_l)
+        hf, own = yarn_attention_hf(params, factor), attention(params, factor)
+        gaps = [f"attention factor {own:.4f} where transformers uses {hf:.4f}"] if not math.isclose(hf, own) else []
+        if length != setting.original():
+            gaps.append(f"L = {length} where transformers uses {setting.original()}")
+        if not betas and any(float(params.get(key, value)) != value for key, value in BETAS.items()):
+            gaps.append(f"betas fixed at 32/1 (config: {params.get('beta_fast')}/{params.get('beta_slow')})")
+        if not truncate and params.get("truncate", True) is False:
+            gaps.append("always floors/ceils the ramp (config: truncate false)")
+        if gaps:
+            return "differs", f"YaRN s={factor:g}: " + "; ".join(gaps)
+        return "ok", f"builds YaRN s={factor:g}, L={length}, attention factor {own:.4f} as transformers does"
+
+    return rule
+
+
+def longrope_attention_hf(setting: Setting) -> float:
+    """transformers: ``attention_factor``, else ``sqrt(1 + ln f / ln L)``, f = P / L when L is at the top level."""
+    params, top = setting.view.params, setting.config.get("original_max_position_embeddings")
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    factor = setting.positions / top if top else float(params.get("factor", 1.0))
+    return math.sqrt(1 + math.log(factor) / math.log(setting.original())) if factor > 1 else 1.0
+
+
+def longrope_attention_engines(positions: int, length: int) -> float:
+    """vLLM, SGLang, TGI: ``sqrt(1 + ln(P / L) / ln L)`` from max_position_embeddings P (1 when P <= L)."""
+    return math.sqrt(1 + math.log(positions / length) / math.log(length)) if positions > length else 1.0
+
+
+def longrope_table(switch: str) -> Rule:
+    """vLLM / SGLang: the attention factor from P / L (``short_mscale`` / ``long_mscale`` where given), never
+    ``attention_factor``; the long factors switched on as ``switch`` says."""
+
+    def rule(setting: Setting) -> tuple[str, str]:
+        length, p, params = setting.original(), setting.positions, setting.view.params
+        derived = longrope_attention_engines(p, length)
+        short, long = (float(params.get(key, derived)) for key in ("short_mscale", "long_mscale"))
+        scales = f"{short:.4f}" if short == long else f"{short:.4f} (short) / {long:.4f} (long)"
+        return "differs", (
+            f"attention factor {scales} from max_position_embeddings / L = {p}/{length} (transformers: "
+            f"{longrope_attention_hf(setting):.4f}); {switch.format(L=length, P=p)}; transformers uses the short "
+            f"factors up to {length} tokens and the long ones for a longer sequence"
+        )
+
+    return rule
+
+
+def longrope_tgi(setting: Setting) -> tuple[str, str]:
+    length, params = setting.config.get("original_max_position_embeddings"), setting.view.params
+    if length is None:
+        return "refused", "reads original_max_position_embeddings at the top level only, and there is none"
+    derived = longrope_attention_engines(setting.positions, int(length))
+    scale = f"attention factor {derived:.4f} from max_position_embeddings / L = {setting.positions}/{length}"
+    if "short_mscale" in params and "long_mscale" in params:
+        scale = "multiplies the rotation angles (not cos/sin) by short_mscale / long_mscale"
+    return "differs", (
+        f"{scale} (transformers: {longrope_attention_hf(setting):.4f}); short factors for positions below {length} "
+        "and long ones past it within one sequence (transformers: one set per sequence)"
+    )
+
+
+SAME = dict.fromkeys(("default", "linear", "llama3"), same)
+# Model types whose llama.cpp converter class writes llama3's per-pair factors (``rope_freqs``: conversion/llama.py
+# ``LlamaModel.generate_extra_tensors``, registered for Llama, Mistral and Mixtral); others convert it unscaled.
+LLAMA3_FACTORS_IN_GGUF = ("llama", "mistral", "mixtral")
+
+
+def llama3_llamacpp(setting: Setting) -> tuple[str, str]:
+    model_type = setting.config.get("model_type")
+    if model_type in LLAMA3_FACTORS_IN_GGUF:
+        return same(setting)
+    why = f"llama3: the converter writes its rope_freqs factors for Llama / Mistral only, not {model_type!r}"
+    return ignored(why)(setting)

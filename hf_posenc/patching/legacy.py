@@ -41,7 +41,7 @@ LEGACY_KEYS = (
     "rope_scaling",
     *_TOP_LEVEL,
     "original_max_position_embeddings",
-    *{name for names in TOP_LEVEL_NAMES.values() for name in names.values()},
+    *(name for names in TOP_LEVEL_NAMES.values() for name in names.values()),
 )
 _TYPE_AND_FACTOR = {"linear": ("type", "factor"), "dynamic": ("type", "factor")}
 # transformers 4.x config classes whose ``_rope_scaling_validation`` takes exactly these ``rope_scaling`` fields (any

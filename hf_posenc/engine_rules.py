@@ -187,14 +187,18 @@ def longrope_tgi(setting: Setting) -> tuple[str, str]:
 
 
 SAME = dict.fromkeys(("default", "linear", "llama3"), same)
-# Model types whose llama.cpp converter class writes llama3's per-pair factors (``rope_freqs``: conversion/llama.py
-# ``LlamaModel.generate_extra_tensors``, registered for Llama, Mistral and Mixtral); others convert it unscaled.
-LLAMA3_FACTORS_IN_GGUF = ("llama", "mistral", "mixtral")
+# Model types whose llama.cpp converter class never writes llama3's per-pair factors (``rope_freqs``; written by
+# conversion/llama.py ``LlamaModel.generate_extra_tensors`` and its subclasses, Granite's, EXAONE's, ...): read in
+# conversion/{qwen,gptneox,phi,gemma,olmo,stablelm}.py; such a GGUF has plain RoPE (run for Qwen2 and Qwen3).
+LLAMA3_WITHOUT_FACTORS = (
+    "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gpt_neox", "phi", "phi3",
+    "gemma", "gemma2", "olmo", "olmo2", "stablelm",
+)  # fmt: skip
 
 
 def llama3_llamacpp(setting: Setting) -> tuple[str, str]:
     model_type = setting.config.get("model_type")
-    if model_type in LLAMA3_FACTORS_IN_GGUF:
+    if model_type not in LLAMA3_WITHOUT_FACTORS:
         return same(setting)
-    why = f"llama3: the converter writes its rope_freqs factors for Llama / Mistral only, not {model_type!r}"
+    why = f"llama3: the converter writes no rope_freqs factors for {model_type!r} (it does for Llama-family classes)"
     return ignored(why)(setting)

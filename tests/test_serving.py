@@ -123,6 +123,8 @@ def test_llama3_and_static_ntk_are_built_alike_everywhere(tmp_path):
     assert {severity for severity, _ in verdicts(saved_config(tmp_path / "l3", "llama3", factor=4)).values()} == {"ok"}
     mistral = verdicts(saved_config(tmp_path / "m3", "llama3", "mistral", factor=4))
     assert {severity for severity, _ in mistral.values()} == {"ok"}
+    granite = {**saved_config(tmp_path / "l3", "llama3", factor=4), "model_type": "granite"}  # a Llama-class converter
+    assert verdicts(granite)["llama.cpp"][0] == "ok"
     found = verdicts(saved_config(tmp_path / "ntk", "ntk", factor=4))
     theta = BASE * 4 ** (D / (D - 2))  # NTK-aware: b s^(d/(d-2)), written as rope_theta
     assert all(severity == "ok" and f"rope_theta {theta:g}" in message for severity, message in found.values())
@@ -133,7 +135,7 @@ def test_llama3_outside_llama_and_mistral_is_converted_unscaled_by_llama_cpp(tmp
     """llama.cpp's converter writes llama3's per-pair factors (the rope_freqs tensor) in its Llama class only: a
     Qwen2 or Qwen3 GGUF comes out with plain RoPE (checked by running the converter of llama-cpp-python 0.3.36)."""
     found = verdicts(saved_config(tmp_path, "llama3", family, factor=4))
-    assert found["llama.cpp"][0] == "ignored" and f"not {family!r}" in found["llama.cpp"][1]
+    assert found["llama.cpp"][0] == "ignored" and f"no rope_freqs factors for {family!r}" in found["llama.cpp"][1]
     assert found["vllm"][0] == found["sglang"][0] == found["tgi"][0] == "ok"
 
 

@@ -17,11 +17,15 @@ from ..record import PatchRecord
 from ..registry import get_method
 from .apply import added_tensors, patch
 from .dispatch import planner_for_config
+from .extension import VLLM_DCA_KEY
 from .legacy import LEGACY_KEYS
 
 logger = logging.getLogger("hf_posenc")
 
 _CONFIG_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "subfolder", "gguf_file")
+# Keys a patch writes for other readers only: neither hf_posenc nor transformers 5 builds the model from them, and
+# earlier releases wrote vLLM's DCA key otherwise (with the trained context, and for "yarn+dca" too).
+_FOR_OTHER_READERS = (*LEGACY_KEYS, VLLM_DCA_KEY)
 
 
 def load_patched_model(pretrained_model_name_or_path: str, **kwargs: Any) -> PreTrainedModel:
@@ -129,7 +133,7 @@ def _warn_where_edited(
     ``rope_parameters`` that 4.x's keys hide from transformers)."""
     differences: dict[str, None] = {}
     for key in record.base:
-        if key in LEGACY_KEYS:
+        if key in _FOR_OTHER_READERS:
             continue
         expected = _without_legacy_type(getattr(patched, key, None))
         readings = [getattr(saved, key, None)] + ([in_file[key]] if in_file and key in in_file else [])

@@ -5,6 +5,7 @@ unpatch. The KV cache and padding are in test_extension_cache.py."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -227,6 +228,25 @@ def test_any_other_patch_of_a_config_shipping_vllms_dca_key_removes_it_and_resto
     loaded = hf_posenc.from_pretrained(str(tmp_path), attn_implementation="eager")
     assert hf_posenc.get_patch(loaded).method == method
     assert hf_posenc.unpatch(loaded).config.dual_chunk_attention_config == SHIPPED
+
+
+@pytest.mark.parametrize(("method", "params"), [("dca", DCA), ("yarn+dca", {"factor": 2, **DCA})])
+def test_a_vllm_key_written_by_an_earlier_release_loads_without_an_edited_config_warning(
+    tmp_path, caplog, method, params
+):
+    """Releases before this one wrote vLLM's DCA key with the trained context, and for ``yarn+dca`` too: the key is
+    for vLLM only, so a file saved that way loads as the record says, without a warning that it was edited."""
+    model = hf_posenc.patch(make_tiny("qwen2"), method, original_max_position_embeddings=L, **params)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config[VLLM_KEY] = {"chunk_size": 48, "local_size": 4, "original_max_position_embeddings": L}
+    config["hf_posenc"]["base"][VLLM_KEY] = None  # as those releases recorded it: absent from the base
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with caplog.at_level(logging.WARNING, logger="hf_posenc"):
+        loaded = hf_posenc.from_pretrained(str(tmp_path), attn_implementation="eager")
+    assert not [r for r in caplog.records if "disagrees" in r.getMessage()]
+    assert hf_posenc.get_patch(loaded).method == method
+    torch.testing.assert_close(logits(loaded, IDS), logits(model, IDS), rtol=0, atol=1e-5)
 
 
 def test_dca_alone_on_a_config_shipping_the_key_writes_its_own_and_reads_the_shipped_l():

@@ -166,15 +166,20 @@ def resolve_bos(bos: str, tokenizer) -> int | None:
     return tokenizer.bos_token_id if adds else None
 
 
-def check_position_table(model, method: str, longest: int) -> None:
-    """Raise ``ValueError`` if ``model`` (patched with the method spec ``method``) looks positions up in a
-    learned table (GPT-2's ``wpe``) with fewer rows than ``longest`` input tokens; RoPE and the methods that
-    replace the table (ALiBi, NoPE, sinusoidal, the T5 bias) take any length."""
+def learned_table_rows(model) -> int | None:
+    """The rows of the learned table (GPT-2's ``wpe``) ``model``, as patched, looks positions up in; None where
+    any length runs: RoPE, and the methods that replace the table (ALiBi, NoPE, sinusoidal, the T5 bias)."""
     patch = get_patch(model)
     if positions_of(model).kind != "learned" or (patch is not None and get_method(patch.method).role == "replace"):
-        return
-    rows = model.config.max_position_embeddings  # GPT-2's n_positions under transformers' common name
-    if longest > rows:
+        return None
+    return model.config.max_position_embeddings  # GPT-2's n_positions under transformers' common name
+
+
+def check_position_table(model, method: str, longest: int) -> None:
+    """Raise ``ValueError`` if ``model`` (patched with the method spec ``method``) looks positions up in a
+    learned table with fewer rows than ``longest`` input tokens (:func:`learned_table_rows`)."""
+    rows = learned_table_rows(model)
+    if rows is not None and longest > rows:
         raise ValueError(
             f"`methods` {method!r}: {type(model).__name__} has a learned table of {rows} positions, and the longest "
             f"input here has {longest} tokens. Evaluate it at `lengths` up to {rows} (runs with the same `output` "

@@ -31,6 +31,7 @@ from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArgu
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from .._version import __version__
+from ..eval.models import learned_table_rows
 from ..files import atomic_write_text, json_text
 from ..patching import get_patch, unpatch
 from ..spec import MethodSpec
@@ -168,6 +169,13 @@ def train(
     model.train()
     added = apply_method(model, spec)
     try:
+        rows = learned_table_rows(model)
+        if rows is not None and settings.length > rows:
+            raise ValueError(
+                f"`method` {spec.text!r}: {type(model).__name__} looks positions up in a learned table of {rows} rows, "
+                f"shorter than `length` {settings.length}; train at `length` up to {rows}, or with a method that "
+                "extends or replaces the table (pi:factor=..., alibi, sinusoidal, t5-bias, nope)."
+            )
         trainable = select_trainable(model, settings.trainable, added, unused_parameters(model))
     except ValueError:
         if not spec.unpatched:

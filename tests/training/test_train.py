@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import make_tiny
+from helpers import assert_same, snapshot
 from torch import nn
 from transformers import AutoModelForCausalLM, GgufConfig, TrainerCallback
 from transformers.quantizers.quantizer_gguf import GgufHfQuantizer
@@ -125,6 +126,19 @@ def test_an_already_patched_model_is_refused_before_anything_is_written(tmp_path
     with pytest.raises(ValueError, match="`model` is already patched with 'alibi'; pass the unpatched model"):
         train(model, None, DATA, tmp_path / "out", _settings(), "nope")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("method", ["none", "pi:factor=1.5"])
+def test_windows_longer_than_gpt2s_table_are_refused_before_anything_is_written(tmp_path, method):
+    """GPT-2's 64 rows (96 with pi x1.5) cannot take windows of 128 tokens: a clear error, no files (a rerun with
+    another length is not blocked by a half-started run), the model as it was."""
+    model = make_tiny("gpt2")
+    before = snapshot(model)
+    long = pack_windows([[3 + (i * i) % 11 for i in range(700)]], 128, eos_id=2, bos_id=1)
+    with pytest.raises(ValueError, match=r"learned table of (64|96) rows, shorter than `length` 128"):
+        train(model, None, long, tmp_path / "out", _settings(length=128), method)
+    assert not (tmp_path / "out").exists() and hf_posenc.get_patch(model) is None
+    assert_same(before, snapshot(model.eval()))
 
 
 def test_checkpointing_and_accumulation_change_only_float_rounding(tmp_path):

@@ -171,6 +171,15 @@ def _chunked(fn: Callable[[torch.Tensor], torch.Tensor], distances: torch.Tensor
 
 
 @dataclass(frozen=True)
+class TrainedT5Table:
+    """A saved model's trained T5 bias table, ``(num_buckets, heads)``, with the bucketing it was trained with."""
+
+    table: torch.Tensor
+    num_buckets: int
+    max_distance: int
+
+
+@dataclass(frozen=True)
 class BiasCurve:
     """One line of the bias figure: ``values[n]`` for ``n = 0 .. N`` (float64)."""
 
@@ -181,7 +190,7 @@ class BiasCurve:
 
 
 def _bias_curves(
-    encoding: _Encoding, distances: torch.Tensor, num_heads: int, geometry: Geometry, t5_table: torch.Tensor | None
+    encoding: _Encoding, distances: torch.Tensor, num_heads: int, geometry: Geometry, t5_table: TrainedT5Table | None
 ) -> list[BiasCurve]:
     def curve(series: str, values: torch.Tensor) -> BiasCurve:
         return BiasCurve(encoding.label, encoding.kind, series, values)
@@ -197,8 +206,8 @@ def _bias_curves(
     if encoding.kind == "t5-bias":
         buckets = dict(num_buckets=params["num_buckets"], max_distance=params["max_distance"])
         bucket = t5_buckets(distances, **buckets)
-        if t5_table is not None and t5_table.shape[0] == params["num_buckets"]:
-            trained = t5_table.to(torch.float64)
+        if t5_table is not None and (t5_table.num_buckets, t5_table.max_distance) == tuple(buckets.values()):
+            trained = t5_table.table.to(torch.float64)
             return [curve(f"head {h + 1}, trained", trained[bucket, h]) for h in heads(trained.shape[1])]
         table = t5_bias_init(num_heads, init=params["init"], **buckets)
         return [curve(f"head {h + 1}, init={params['init']}", table[bucket, h]) for h in heads(num_heads)]
@@ -221,14 +230,14 @@ def bias_data(
     base: float,
     trained_context: int,
     seq_len: int | None = None,
-    t5_table: torch.Tensor | None = None,
+    t5_table: TrainedT5Table | None = None,
 ) -> list[BiasCurve]:
     """The score contribution of each encoding at the relative distances ``n = 0 .. max_distance_shown``.
 
     ALiBi: ``-m_h n`` (its ``slopes``, else :func:`alibi_slopes` of ``num_heads``) for the first, middle and last
     head. T5: :func:`t5_bias_init` (the table at the start of training, its ``init``) at :func:`t5_buckets`, same
-    heads; or ``t5_table``, a trained ``(num_buckets, heads)`` table (a saved model's), for the T5 specs of its
-    bucket count. Sinusoidal: ``PE(0)·PE(n) / (d/2)`` (times ``scale^2`` when given) for the model width
+    heads; or ``t5_table``, a saved model's trained table, for the T5 specs of its bucketing (``num_buckets`` and
+    ``max_distance``). Sinusoidal: ``PE(0)·PE(n) / (d/2)`` (times ``scale^2`` when given) for the model width
     ``d = num_heads * head_dim``; it equals ``PE(p)·PE(p+n) / (d/2) = mean_i cos(n w_i)`` for every ``p``. RoPE
     (``rope``, ``none``, a scaling): :func:`rope_decay_bound` of its ``theta'``, a dynamic one at ``seq_len``
     (default ``factor * L``).

@@ -29,6 +29,7 @@ from .encoding_data import (
     FREQUENCY_COLUMNS,
     BiasCurve,
     Geometry,
+    TrainedT5Table,
     bias_data,
     frequency_data,
 )
@@ -148,7 +149,7 @@ def write_bias_plot(
     base: float,
     trained_context: int,
     seq_len: int | None = None,
-    t5_table: torch.Tensor | None = None,
+    t5_table: TrainedT5Table | None = None,
 ) -> tuple[Path, Path]:
     """Write ``bias.png`` and ``bias.csv`` (:func:`bias_data`: ``method``, ``kind``, ``series``, ``distance`` ``n``
     and ``value``, a row per curve and distance) into ``output_dir``, each atomically, once all is computed."""

@@ -6,14 +6,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..architectures import rotary_dim
+from ..encoding_data import TrainedT5Table
 from ..encoding_plots import write_bias_plot, write_frequency_plot
 from ..eval.models import trained_context
 from ..patching.attention import T5_TABLE
 from ..patching.loading import read_checkpoint_tensors
 from ..saved import base_config, saved_patch
+from ..spec import MethodSpec, format_method_spec
 
 KINDS = ("frequencies", "bias")
 DEFAULT_SPECS = {
@@ -23,6 +23,7 @@ DEFAULT_SPECS = {
 DEFAULTS = {"head_dim": 64, "base": 10000.0, "trained_context": 4096, "num_heads": 8}
 DEFAULT_MAX_DISTANCE = 4096
 BIAS_ONLY = ("num_heads", "max_distance_shown")
+BUCKETING = ("num_buckets", "max_distance")
 
 _WITHOUT_MODEL = "head_dim {head_dim}, base {base:g}, trained context {trained_context}, {num_heads} heads".format(
     **DEFAULTS
@@ -41,7 +42,8 @@ RoPE as trained. Default methods: {" ".join(DEFAULT_SPECS["bias"])}.
 
 Without --model: {_WITHOUT_MODEL}. With --model, those of
 its config (read without weights; a model saved or pushed patched: its base's); a flag given overrides either.
-A model saved patched with t5-bias (hf-posenc train) shows its trained table in the bias plot.
+A model saved patched with t5-bias (hf-posenc train) shows its trained table in the bias plot, with the bucketing it
+was saved with where a t5-bias --method gives none (a spec with another bucketing shows that init instead).
 Writes frequencies.png and frequencies.csv, or bias.png and bias.csv (the plotted numbers), to --output.
 
 examples:
@@ -103,6 +105,7 @@ def plot_command(args: argparse.Namespace) -> int:
         distance = DEFAULT_MAX_DISTANCE if args.max_distance_shown is None else args.max_distance_shown
         heads, seq_len = geometry["num_heads"], args.seq_len
         table = trained_t5_table(args.model) if args.model else None
+        specs = [with_bucketing_of(table, spec) for spec in specs] if table is not None else specs
         shown = dict(max_distance_shown=distance, num_heads=heads, seq_len=seq_len, t5_table=table)
         paths = write_bias_plot(output, specs, **shown, **rope)
     shown = {**rope, **({"num_heads": geometry["num_heads"]} if args.kind == "bias" else {})}
@@ -112,14 +115,27 @@ def plot_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def trained_t5_table(name: str) -> torch.Tensor | None:
+def trained_t5_table(name: str) -> TrainedT5Table | None:
     """The T5 bias table of a model saved patched with ``t5-bias`` (trained: ``hf-posenc train``), read from its
-    checkpoint; None for any other model."""
+    checkpoint, with its bucketing; None for any other model."""
     saved = saved_patch(name)
     if saved is None or saved.record.method != "t5-bias":
         return None
     names = [f"{prefix}.{T5_TABLE}.weight" for prefix in ("model", "transformer")]
-    return next(iter(read_checkpoint_tensors(name, names).values()), None)
+    table = next(iter(read_checkpoint_tensors(name, names).values()), None)
+    if table is None:
+        return None
+    bucketing = {key: saved.record.params[key] for key in BUCKETING}
+    return TrainedT5Table(table, **bucketing)
+
+
+def with_bucketing_of(table: TrainedT5Table, spec: str) -> str:
+    """``spec``, a ``t5-bias`` one taking the saved model's ``num_buckets`` and ``max_distance`` where it does not
+    give them, so that its curves are the trained table's; any other spec as it is."""
+    parsed = MethodSpec.parse(spec)
+    if parsed.method != "t5-bias":
+        return spec
+    return format_method_spec(parsed.name, {**{key: getattr(table, key) for key in BUCKETING}, **parsed.params})
 
 
 def model_geometry(name: str) -> dict[str, Any]:

@@ -65,6 +65,26 @@ def test_a_saved_t5_bias_model_shows_its_trained_table(tmp_path, capsys):
     expected = model.model.position_bias.weight[buckets, 0].tolist()
     assert [float(row["value"]) for row in rows] == pytest.approx(expected, rel=1e-6)
 
+    # a bare t5-bias takes the saved bucketing (8 buckets up to 16, not the default 32 up to 128)
+    assert main([*argv[:-1], "t5-bias", "--max-distance", "40", "--output", str(tmp_path / "bare")]) == 0
+    bare = read_csv(tmp_path / "bare" / "bias.csv")
+    assert [float(row["value"]) for row in bare if row["series"] == "head 1, trained"] == pytest.approx(
+        expected, rel=1e-6
+    )
+    # the same bucket count with another max_distance is not the trained table's bucketing: its init is drawn
+    other = [
+        *argv[:-1],
+        "t5-bias:num_buckets=8,max_distance=32",
+        "--max-distance",
+        "40",
+        "--output",
+        str(tmp_path / "o"),
+    ]
+    assert main(other) == 0
+    assert {row["series"] for row in read_csv(tmp_path / "o" / "bias.csv")} == {
+        f"head {h}, init=alibi" for h in (1, 3, 4)
+    }
+
 
 def test_a_models_config_gives_the_numbers_and_flags_override_them(tmp_path, capsys):
     model = tmp_path / "model"

@@ -9,11 +9,9 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
-from ..architectures import positions_of
 from ..hub_errors import HubError, call_hub
 from ..offline import smollm2_gguf
-from ..patching import get_patch
-from ..registry import get_method
+from ..patching import learned_table_rows
 from ..saved import SavedPatch, load_base_model, loading_errors, saved_patch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -164,15 +162,6 @@ def resolve_bos(bos: str, tokenizer) -> int | None:
         return tokenizer.bos_token_id
     adds = tokenizer("a", add_special_tokens=True)["input_ids"][:1] == [tokenizer.bos_token_id]
     return tokenizer.bos_token_id if adds else None
-
-
-def learned_table_rows(model) -> int | None:
-    """The rows of the learned table (GPT-2's ``wpe``) ``model``, as patched, looks positions up in; None where
-    any length runs: RoPE, and the methods that replace the table (ALiBi, NoPE, sinusoidal, the T5 bias)."""
-    patch = get_patch(model)
-    if positions_of(model).kind != "learned" or (patch is not None and get_method(patch.method).role == "replace"):
-        return None
-    return model.config.max_position_embeddings  # GPT-2's n_positions under transformers' common name
 
 
 def check_position_table(model, method: str, longest: int) -> None:

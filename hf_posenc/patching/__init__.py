@@ -16,8 +16,17 @@ from __future__ import annotations
 
 import hf_posenc.registrations  # noqa: F401  (transformers learns hf_posenc's rope types and attention backends)
 
-from .apply import added_tensors, get_patch, patch, patched, unpatch
+from .apply import added_tensors, get_patch, learned_table_rows, patch, patched, unpatch
 from .loading import load_patched_model
 from .plan import PatchInfo
 
-__all__ = ["PatchInfo", "added_tensors", "get_patch", "load_patched_model", "patch", "patched", "unpatch"]
+__all__ = [
+    "PatchInfo",
+    "added_tensors",
+    "get_patch",
+    "learned_table_rows",
+    "load_patched_model",
+    "patch",
+    "patched",
+    "unpatch",
+]

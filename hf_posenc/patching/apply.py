@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..architectures import positions_of
 from ..record import PatchRecord, set_config_attribute
 from ..registry import get_method
 from ..serving import Finding, engine_findings
@@ -269,6 +270,15 @@ def added_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
         return {}
     state = model.state_dict()
     return {name: state[name] for name in sorted(applied.added)}
+
+
+def learned_table_rows(model: nn.Module) -> int | None:
+    """The rows of the learned table (GPT-2's ``wpe``) ``model``, as patched, looks positions up in; None where
+    any length runs: RoPE, and the methods that replace the table (ALiBi, NoPE, sinusoidal, the T5 bias)."""
+    patch = get_patch(model)
+    if positions_of(model).kind != "learned" or (patch is not None and get_method(patch.method).role == "replace"):
+        return None
+    return model.config.max_position_embeddings  # GPT-2's n_positions under transformers' common name
 
 
 @contextlib.contextmanager

@@ -31,9 +31,8 @@ from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArgu
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from .._version import __version__
-from ..eval.models import learned_table_rows
 from ..files import atomic_write_text, json_text
-from ..patching import get_patch, unpatch
+from ..patching import get_patch, learned_table_rows, unpatch
 from ..spec import MethodSpec
 from .packing import PackedWindows, pack_texts
 from .trainable import TRAINABLE, apply_method, release_gguf, select_trainable, unused_parameters

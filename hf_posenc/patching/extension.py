@@ -91,40 +91,31 @@ def _implementation(model: nn.Module, remap: Any) -> str:
     return TEMPERATURE_IMPLEMENTATIONS[current]
 
 
-def _vllm_keys(model: nn.Module, method: Method, resolved: Any) -> dict[str, Any]:
-    """vLLM's own spelling of DCA, for a model it serves that way, so a pushed config runs there as is.
+def with_vllm_dca_key(config: Any, method: Method, plan: Plan) -> Plan:
+    """``plan`` with vLLM's own spelling of DCA where it says the patch, so a pushed config runs there as is, and
+    without it elsewhere (the record keeps a shipped one, so unpatch and the base config restore it).
 
     vLLM (the V0 engine of 0.8-0.10, ``dual_chunk_flash_attn.py``; later releases take the key but have no backend
-    for it) reads it as the whole of the model's position handling: its dual-chunk rotary uses the plain
-    ``rope_theta``, so DCA on a scaled RoPE (``"yarn+dca"``, a config shipped scaled) or with log-n does not write
-    it. Nor does it write ``original_max_position_embeddings``: given that, vLLM multiplies the keys by
-    ``max(1, 0.1 ln(n / L) + 1)`` for an input of ``n`` tokens (Qwen2.5-1M's temperature), which the paper's DCA
-    does not have.
+    for it) builds DCA from the key whenever a config has it, before it reads ``rope_parameters``, with the plain
+    ``rope_theta``: so only DCA alone on unscaled RoPE writes it. A combination (``"yarn+dca"``, ``"dca+logn"``)
+    or any other patch of a config that ships one (Qwen2.5-1M) saves it as null. Nor does it carry
+    ``original_max_position_embeddings``: given that, vLLM multiplies the keys by ``max(1, 0.1 ln(n / L) + 1)``
+    for an input of ``n`` tokens (Qwen2.5-1M's temperature), which the paper's DCA does not have.
     """
-    config = model.config
-    scaled = config.rope_parameters.get("rope_type", "default") != "default"
-    if method.name != "dca" or config.model_type not in VLLM_DCA_MODEL_TYPES or scaled:
-        return {}
-    return {VLLM_DCA_KEY: {"chunk_size": resolved.chunk_size, "local_size": resolved.local_size}}
-
-
-def with_vllm_dca_key(config: Any, method: Method, plan: Plan) -> Plan:
-    """``plan`` with vLLM's DCA key only where it says the patch: DCA alone, written by :func:`_vllm_keys`. vLLM
-    builds DCA from the key whenever a config has it, before it reads ``rope_parameters``, so a combination drops
-    the key its DCA part wrote, and any other patch of a config that ships one (Qwen2.5-1M) removes it (the
-    record keeps it, so unpatch and the base config restore it)."""
     shipped = copy.deepcopy(config.__dict__.get(VLLM_DCA_KEY))
-    written = VLLM_DCA_KEY in plan.updates
-    if (method.name == "dca" and written) or (shipped is None and not written):
+    if (
+        method.name == "dca"
+        and config.model_type in VLLM_DCA_MODEL_TYPES
+        and config.rope_parameters.get("rope_type", "default") == "default"
+    ):
+        value = {key: plan.info.params[key] for key in ("chunk_size", "local_size")}
+    elif shipped is not None:
+        value = None
+    else:
         return plan
     record = PatchRecord.from_config(plan.updates)
-    updates, base = dict(plan.updates), dict(record.base)
-    updates.pop(VLLM_DCA_KEY, None)
-    base.pop(VLLM_DCA_KEY, None)
-    if shipped is not None:
-        updates[VLLM_DCA_KEY], base[VLLM_DCA_KEY] = None, shipped
-    record = dataclasses.replace(record, base=base)
-    return dataclasses.replace(plan, updates={**updates, CONFIG_KEY: record.to_dict()})
+    record = dataclasses.replace(record, base={**record.base, VLLM_DCA_KEY: shipped})
+    return dataclasses.replace(plan, updates={**plan.updates, VLLM_DCA_KEY: value, CONFIG_KEY: record.to_dict()})
 
 
 def plan_extension(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
@@ -146,7 +137,6 @@ def plan_extension(model: nn.Module, method: Method, params: dict[str, Any]) -> 
     updates: dict[str, Any] = {
         "rope_parameters": {**config.rope_parameters, "rope_type": EXTENSION_ROPE_TYPE},
         ATTENTION: implementation,
-        **_vllm_keys(model, method, resolved),
     }
     if getattr(remap, "max_position_embeddings", None) is not None:
         updates["max_position_embeddings"] = remap.max_position_embeddings

@@ -100,6 +100,20 @@ def trained_context(config: Any, params: dict[str, Any]) -> int:
     return context
 
 
+def served_context(config: Any, params: dict[str, Any]) -> int:
+    """``L`` for the attention-level methods (Self-Extend, DCA, log-n): :func:`trained_context`, except on a base
+    that already ships a RoPE scaling (Llama 3.1's ``llama3``, Phi-3's ``longrope``), where it is the config's
+    ``max_position_embeddings`` when that is longer: the context such a model is served at. A patch then never
+    lowers the context the model advertises, and log-n leaves every position it serves as it was.
+    ``original_max_position_embeddings`` in ``params`` still wins."""
+    given = "original_max_position_embeddings" in params
+    context = trained_context(config, params)
+    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if given or rope_type == "default":
+        return context
+    return max(context, config.max_position_embeddings)
+
+
 def depends_on_length(model: nn.Module) -> bool:
     """Whether the unpatched ``model``'s output at a position may depend on the input's total length, not only
     on the tokens up to it. `False` only where known: GPT-2 and the plain-attention RoPE families of the table

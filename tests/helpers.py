@@ -7,6 +7,7 @@ import math
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -194,15 +195,20 @@ def family_of(method: str) -> str:
 def pip_target(requirement: str, *, no_deps: bool = False) -> Path:
     """``pip install --target`` of ``requirement`` (``transformers==4.57.6``) into ``.cache/`` of the repository, once:
     another transformers beside the venv's, put first on ``PYTHONPATH`` in a subprocess. Installed to a temporary
-    folder first, so an interrupted install is never used."""
+    folder of this process first and renamed into place, so an interrupted install is never used and two pytest
+    workers installing at once each keep a whole one (the second rename loses, and its copy is removed)."""
     target = Path(__file__).resolve().parents[1] / ".cache" / requirement.replace("==", "-")
     if target.is_dir():
         return target
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=target.name + ".partial-", dir=target.parent))
     command = [sys.executable, "-m", "pip", "install", "-q", "--target", str(partial), requirement]
     done = subprocess.run(command + (["--no-deps"] if no_deps else []), capture_output=True, text=True)
     if done.returncode:
+        shutil.rmtree(partial, ignore_errors=True)
         pytest.fail(f"pip could not install {requirement} into {partial}:\n{done.stderr[-2000:]}")
-    partial.rename(target)
+    try:
+        partial.rename(target)
+    except OSError:  # another worker's install is in place
+        shutil.rmtree(partial, ignore_errors=True)
     return target

@@ -66,6 +66,7 @@ def _plan(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
     if not method.parts or rope is None:
         return planner_for(model, method).plan(model, method, params)
     others = _without(method, rope)
+    planners = [planner_for(model, part) for part in (rope, others)]  # an architecture neither serves: its error
     if rope.dynamic and others.part("remap") is not None:
         raise ValueError(
             f"{rope.name!r} changes the frequencies with the length, and a remap re-rotates cached keys with the "
@@ -75,9 +76,9 @@ def _plan(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
     given = dict(params)
     context = trained_context(model.config, given)
     plans = []
-    for part in (rope, others):
+    for part, planner in zip((rope, others), planners, strict=True):
         part_params = {**part.own(given), "original_max_position_embeddings": context}
-        plans.append(planner_for(model, part).plan(model, part, part_params))
+        plans.append(planner.plan(model, part, part_params))
     return _merged(model.config, method, plans)
 
 

@@ -26,7 +26,7 @@ from ..architectures import (
     rope_modules,
     rotary_dim,
     rotary_modules,
-    trained_context,
+    served_context,
 )
 from ..attention import (
     EXTENSION_BACKEND_OF,
@@ -58,8 +58,12 @@ def _check_model(model: nn.Module, remaps: bool) -> None:
             f"{type(model).__name__} (model_type {config.model_type!r}) is not one of them: its attention may add "
             "terms or not go through transformers' attention interface."
         )
-    window = getattr(config, "sliding_window", None)
-    if window is not None and getattr(config, "use_sliding_window", True):
+    window, layer_types = getattr(config, "sliding_window", None), getattr(config, "layer_types", None)
+    if layer_types is not None:  # Qwen2/Qwen3 window the layers it names, whatever use_sliding_window says
+        sliding = "sliding_attention" in layer_types
+    else:  # Mistral: every layer, when set
+        sliding = window is not None and getattr(config, "use_sliding_window", True)
+    if sliding:
         raise ValueError(
             f"This {config.model_type} model uses sliding-window attention (sliding_window={window}); Self-Extend, "
             "DCA and log-n support full causal attention only."
@@ -128,7 +132,7 @@ def plan_extension(model: nn.Module, method: Method, params: dict[str, Any]) -> 
     if remap_method is not None and remap_method.name == "dca" and isinstance(shipped, dict):
         params = {**{key: shipped[key] for key in ("chunk_size", "local_size") if key in shipped}, **params}
     method.make_params(**params)  # bad parameters fail before the trained context is guessed (and logged)
-    resolved = method.make_params(original_max_position_embeddings=trained_context(config, params), **params)
+    resolved = method.make_params(original_max_position_embeddings=served_context(config, params), **params)
     by_role = dict(zip((part.role for part in parts), getattr(resolved, "part_params", (resolved,)), strict=True))
     remap, temperature = by_role.get("remap"), by_role.get("temperature")
     implementation = _implementation(model, remap)

@@ -272,6 +272,40 @@ def test_max_position_embeddings_is_self_extends_reach_or_the_one_asked():
     assert hf_posenc.patch(make_tiny("llama"), "logn").config.max_position_embeddings == 64
 
 
+def _llama31_style(**overrides):
+    """A tiny Llama shipping Llama 3.1's scaling: trained at 16 positions, served to max_position_embeddings 64."""
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}  # fmt: skip
+    return make_tiny("llama", rope_parameters=rope, initializer_range=0.05, **overrides)
+
+
+def test_on_a_base_shipping_a_scaling_l_is_the_context_it_serves():
+    """Llama 3.1-style config (L_orig = 16, P = 64): L = 64, so Self-Extend reaches (64 - 8) * 2 + 8 = 120 rather
+    than lowering P to (16 - 8) * 2 + 8 = 24; log-n leaves the 64 positions served bit for bit; DCA's defaults
+    come from 64 (chunk 3L/4 = 48, local L/16 = 4). Given, original_max_position_embeddings still wins."""
+    assert (
+        hf_posenc.patch(_llama31_style(), "self-extend", group_size=2, window=8).config.max_position_embeddings == 120
+    )
+    given = hf_posenc.patch(
+        _llama31_style(), "self-extend", group_size=2, window=8, original_max_position_embeddings=16
+    )
+    assert given.config.max_position_embeddings == 24
+    model, ids = _llama31_style(), torch.randint(0, 97, (1, 64), generator=torch.Generator().manual_seed(0))
+    before = logits(model, ids)
+    hf_posenc.patch(model, "logn")
+    assert hf_posenc.get_patch(model).params["original_max_position_embeddings"] == 64
+    assert torch.equal(logits(model, ids), before)
+    dca = hf_posenc.get_patch(hf_posenc.patch(_llama31_style(), "dca")).params
+    assert (dca["chunk_size"], dca["local_size"]) == (48, 4)
+
+
+@pytest.mark.parametrize("method", ["yarn+logn", "dynamic-ntk+logn", "pi+logn", "yarn+self-extend"])
+def test_a_combination_on_gpt2_is_refused_as_its_parts_are(method):
+    """GPT-2's learned positions: the part no planner serves on it is named (pi alone is GPT-2's resampling)."""
+    part = "logn" if method.startswith("pi") else method.split("+")[0]
+    assert_refused(make_tiny("gpt2"), method, {"factor": 2}, ValueError, rf"method '{part}' needs rotary embeddings")
+
+
 @pytest.mark.parametrize(
     ("asked", "backend"),
     [
@@ -380,7 +414,7 @@ def test_bad_parameters_are_refused_and_change_nothing(case, family, method, par
 
 BAD_MODELS = [
     ("mistral with a sliding window", lambda: make_tiny("mistral", sliding_window=16), "logn", ValueError, r"uses sliding-window attention \(sliding_window=16\)"),
-    ("qwen2 with a sliding window", lambda: make_tiny("qwen2", sliding_window=16, use_sliding_window=True), "dca", ValueError, r"uses sliding-window attention"),
+    ("qwen2 with a sliding layer", lambda: make_tiny("qwen2", sliding_window=16, use_sliding_window=True, layer_types=["full_attention", "sliding_attention"]), "dca", ValueError, r"uses sliding-window attention"),
     ("dynamic rope under a remap", lambda: make_tiny("llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}), "self-extend", ValueError, r"need frequencies that do not change with the length.*\['dynamic'\]"),
     ("log-n over an implementation it does not wrap", lambda: _with_implementation(make_tiny("llama"), "hf_posenc_alibi_eager"), "logn", ValueError, r"'hf_posenc_alibi_eager' is not one it wraps; use one of eager, sdpa"),
     ("gpt2", lambda: make_tiny("gpt2"), "self-extend", ValueError, r"method 'self-extend' needs rotary embeddings"),
@@ -395,9 +429,12 @@ def test_models_the_methods_do_not_serve_are_refused_and_unchanged(case, build, 
     assert_refused(build(), method, {}, error, match)
 
 
-def test_qwen2_with_sliding_window_switched_off_is_served():
-    """Qwen2 configs carry a sliding_window that only use_sliding_window=True turns on: no refusal for it."""
-    model = make_tiny("qwen2", sliding_window=16, use_sliding_window=False)
+@pytest.mark.parametrize("use_sliding_window", [False, True])
+def test_qwen2_with_no_sliding_layer_is_served(use_sliding_window):
+    """Qwen2 configs carry a sliding_window that only the layers layer_types names use (none here, whatever
+    use_sliding_window says, as with max_window_layers covering every layer): no refusal for it."""
+    model = make_tiny("qwen2", sliding_window=16, use_sliding_window=use_sliding_window)
+    assert model.config.layer_types == ["full_attention"] * 2
     hf_posenc.patch(model, "dca", **DCA)
     assert hf_posenc.get_patch(model).method == "dca"
 

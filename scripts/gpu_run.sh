@@ -19,7 +19,7 @@ status=0  # a failed stage fails the script, after the later stages have run
 ROPE_METHODS=(pi:factor=4 ntk:factor=4 dynamic-ntk:factor=4 ntk-by-parts:factor=4 yarn:factor=4 dynamic-yarn llama3:factor=8)
 for stage in "$@"; do
     case "$stage" in
-    tests) timeout 200 python3 -m pytest -m gpu -p no:cacheprovider -q -rs --continue-on-collection-errors ;;
+    tests) timeout 200 python3 -m pytest -o addopts="" -m gpu -p no:cacheprovider -q -rs --continue-on-collection-errors ;;
     alibi) timeout 200 python3 scripts/bench_alibi.py --lengths 4096,16384,32768,131072 --out "$OUT/alibi_h100.json" ;;
     eval) timeout 200 python3 scripts/bench_eval.py --output "$OUT/eval_h100.json" ;;
     rope)

@@ -4,6 +4,7 @@ the tiny model saved for the eval commands come from the plugins hub_server and 
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -18,6 +19,15 @@ from transformers import (
 )
 
 pytest_plugins = ("hub_server", "tiny_runs")  # the fake_hub fixture; tiny_dir and eval runs on it
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, each worker takes its share of the cores' intra-op threads: two workers with two threads
+    each on two cores spin-wait on each other."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+
 
 TINY = dict(
     vocab_size=97,

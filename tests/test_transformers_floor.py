@@ -35,7 +35,19 @@ def test_the_declared_floor_runs_the_core_of_the_suite():
         capture_output=True, text=True, env=env, check=True,
     )  # fmt: skip
     assert version.stdout.strip() == floor
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow and not gpu", "-p", "no:cacheprovider"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-x",
+        "-n",
+        "0",
+        "-m",
+        "not slow and not gpu",
+        "-p",
+        "no:cacheprovider",
+    ]
     done = subprocess.run(
         [*command, "--deselect", ELSEWHERE, *CORE], cwd=ROOT, capture_output=True, text=True, env=env, timeout=900
     )

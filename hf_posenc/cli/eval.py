@@ -232,26 +232,31 @@ def _default_output(kind: str, *names: str | None) -> Path:
     return Path("hf-posenc-results") / f"{kind}-{slug}"
 
 
+def _offline_note(args: argparse.Namespace) -> str:
+    """What the offline default scores, for the report: the bundled essays (the first N), joined."""
+    essays = f"the first {args.max_documents} of the bundled" if args.max_documents else "bundled"
+    joined = "with blank lines into one document" if args.join is None else f"with {args.join!r} into one document"
+    return f"{essays} Paul Graham essays joined {joined}"
+
+
 def eval_command(args: argparse.Namespace) -> int:
     model_source = _model_source(args)
-    if args.dataset is None:
-        text_source = TextSource(str(essays_dir()), join=OFFLINE_JOIN if args.join is None else args.join)
-        note = "bundled Paul Graham essays joined with blank lines into one document"
-    else:
-        text_source = TextSource(
-            args.dataset,
-            args.dataset_config,
-            args.split,
-            args.text_column,
-            args.streaming,
-            args.max_documents,
-            args.join,
-        )
-        note = None
+    offline = args.dataset is None  # the bundled essays: a local folder, with every data option as for one
+    text_source = TextSource(
+        str(essays_dir()) if offline else args.dataset,
+        args.dataset_config,
+        args.split,
+        args.text_column,
+        args.streaming,
+        args.max_documents,
+        OFFLINE_JOIN if offline and args.join is None else args.join,
+    )
+    note = _offline_note(args) if offline else None
     if args.model is None and args.dataset is None and _is_main_process():
         print(
-            f"Offline default: {model_source.gguf_file} ({_dtype_shown(model_source)}) on the bundled essays joined "
-            f"into one document; methods {', '.join(args.methods or DEFAULT_METHODS)}; {_windows_phrase(args)} at "
+            f"Offline default: {model_source.gguf_file} ({_dtype_shown(model_source)}) on the "
+            f"{f'first {args.max_documents} ' if args.max_documents else ''}bundled essays joined into one document; "
+            f"methods {', '.join(args.methods or DEFAULT_METHODS)}; {_windows_phrase(args)} at "
             f"lengths {', '.join(map(str, args.lengths))} (see hf-posenc eval --help)."
         )
     output = args.output = args.output or _default_output(  # named by the Ctrl-C line too

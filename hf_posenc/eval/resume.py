@@ -103,6 +103,18 @@ def check_same_data(before: dict[str, Any], now: dict[str, Any], path: Path) -> 
         )
 
 
+def check_same_bos(before: dict[str, Any], bos: bool, path: Path) -> None:
+    """Raise ``ValueError`` if the results in ``path`` (their ``protocol_details``, ``before``) were scored with
+    a BOS token where this run scores none, or the other way round: ``--bos auto`` follows the tokenizer, which
+    may have changed under the same model name, and the rows of one file share one protocol."""
+    if before["bos"] != bos:
+        then, now = ("with", "without") if before["bos"] else ("without", "with")
+        raise ValueError(
+            f"The results in {path} were scored {then} a BOS token; this run would score {now} one (same "
+            "arguments; `--bos auto` follows the tokenizer, which changed). Choose another `output` folder."
+        )
+
+
 def prompt_hashes(prompts: dict[int, list[list[int]]]) -> dict[str, str]:
     """Per passkey length (a JSON key: its decimal string), a short SHA-256 of all its prompts' token ids."""
     joined = {length: [token for ids in batch for token in ids] for length, batch in prompts.items()}

@@ -49,6 +49,7 @@ from .results import (
 from .resume import (
     SoleWriter,
     check_output,
+    check_same_bos,
     check_same_data,
     check_same_prompts,
     document_hashes,
@@ -156,8 +157,9 @@ def run_perplexity(
         "tokens": sum(doc_lengths),
         "document_hashes": document_hashes(docs),
     }
-    if previous:  # same arguments: the same data?
+    if previous:  # same arguments: the same data, and BOS as before?
         check_same_data(previous["dataset_details"], data_details, output / RESULTS_JSON)
+        check_same_bos(previous["protocol_details"], bos_id is not None, output / RESULTS_JSON)
     plans = {
         n: build_windows(doc_lengths, n, protocol, bos=bos_id is not None, stride=stride, max_windows=max_windows)
         for n in lengths

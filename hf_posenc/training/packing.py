@@ -62,11 +62,11 @@ def pack_windows(
         bos_id (`int`, *optional*): prepended to every window; None prepends nothing.
 
     Raises:
-        ValueError: ``length`` leaves no stream token in a window, or the stream is shorter than one window.
+        ValueError: ``length`` below 2 (no token to predict), or the stream is shorter than one window.
     """
+    if length < 2:  # the first token of a window is never predicted
+        raise ValueError(f"`length` {length} leaves no token to predict in a window; use a `length` of 2 or more.")
     span = length - (bos_id is not None)
-    if span < 1:
-        raise ValueError(f"`length` {length} leaves no room for text after the BOS token; use a `length` of 2 or more.")
     separator = [] if eos_id is None else [eos_id]
     stream: list[int] = []
     for ids in (ids for ids in documents if len(ids)):

@@ -216,3 +216,46 @@ def test_a_report_another_run_wrote_meanwhile_is_not_written_over(tiny_dir, tmp_
     assert main(argv) == 2
     assert f"{out / 'results.json'} was written by another process while this run went on" in _one_line_error(capsys)
     assert (out / "results.json").read_text() == '{"written": "by another run"}'
+
+
+def test_resuming_with_bos_other_than_the_results_is_refused(tiny_dir, tmp_path, capsys, monkeypatch):
+    """`--bos auto` follows the tokenizer: one that starts adding BOS under the same model name would put rows with
+    and without it in one file, all labelled "BOS prepended". Refused in one line, results.json untouched."""
+    out = tmp_path / "out"
+    argv = [*eval_args(tiny_dir, out), "--method", "none"]
+    assert main([*argv, "--lengths", "32"]) == 0
+    assert results_of(out)["protocol_details"]["bos"] is False  # the tiny tokenizer adds none
+    before = folder_files(out)
+    monkeypatch.setattr(runner, "resolve_bos", lambda bos, tokenizer: 0)  # now it does (id 0)
+    assert main([*argv, "--lengths", "32,48"]) == 2
+    assert "were scored without a BOS token; this run would score with one" in _one_line_error(capsys)
+    assert folder_files(out) == before
+
+
+def test_the_offline_default_takes_the_data_options_as_any_local_folder(tiny_dir, tmp_path, capsys, monkeypatch):
+    """Without --dataset: --max-documents reads the first essays (joined after), and --split, for Hub datasets only,
+    is refused as for any local folder, nothing written. Both were ignored, the run reporting all the essays."""
+    from hf_posenc.cli import eval as eval_cli
+    from hf_posenc.eval import models
+
+    monkeypatch.setattr(models, "smollm2_gguf", lambda: (tiny_dir / "model", None))
+    monkeypatch.setattr(eval_cli, "essays_dir", lambda: tiny_dir / "texts")  # 4 texts: 300, 90, 20, 171 chars
+    argv = ["eval", "--method", "none", "--lengths", "32"]
+    assert main([*argv, "--output", str(tmp_path / "two"), "--max-documents", "2"]) == 0
+    local = [*eval_args(tiny_dir, tmp_path / "local"), "--method", "none", "--lengths", "32", "--max-documents", "2"]
+    assert main([*local, "--join", "\n\n"]) == 0
+    offline, explicit = results_of(tmp_path / "two"), results_of(tmp_path / "local")
+    assert offline["dataset_details"]["document_hashes"] == explicit["dataset_details"]["document_hashes"]
+    assert offline["dataset_details"]["tokens"] < _tokens_of_all_texts(tiny_dir, tmp_path)
+    assert offline["protocol_details"]["note"] == (
+        "the first 2 of the bundled Paul Graham essays joined with blank lines into one document"
+    )
+    assert main([*argv, "--output", str(tmp_path / "split"), "--split", "test"]) == 2
+    assert "texts is local: its files are read whole, so --dataset-config and --split (Hub" in _one_line_error(capsys)
+    assert not (tmp_path / "split").exists()
+
+
+def _tokens_of_all_texts(tiny_dir, tmp_path) -> int:
+    """Tokens of all four tiny texts joined as the offline default joins them."""
+    assert main([*eval_args(tiny_dir, tmp_path / "all"), "--method", "none", "--lengths", "32", "--join", "\n\n"]) == 0
+    return results_of(tmp_path / "all")["dataset_details"]["tokens"]

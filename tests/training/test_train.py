@@ -344,6 +344,7 @@ def test_streaming_reads_the_same_windows(tiny_dir, tmp_path):
             ["--length", "4k"],
             "error: The documents of --dataset make 581 tokens, fewer than one window of --length 4096",
         ),
+        (["--length", "1"], "error: --length 1 leaves no token to predict in a window; use a --length of 2 or more"),
         (["--method", "no-such-method"], "error: Unknown method 'no-such-method'"),
         (["--warmup-steps", "-1"], "error: --warmup-steps must be 0 or more, not -1."),
         (["--gguf-file", "missing.gguf"], "--gguf-file 'missing.gguf' is not a file in the folder"),  # as eval

@@ -31,6 +31,7 @@ PERPLEXITY_ROW = {
 # Fields a row may leave out (files of earlier versions), checked where present; None: the field may be null.
 PERPLEXITY_ROW_OPTIONAL = {
     "windows": (int,),
+    "documents": (int,),
     "skipped_documents": (int,),
     "dropped_tokens": (int,),
     "forwards": (int,),
@@ -192,7 +193,7 @@ def _values_problem(rows: list[dict[str, Any]]) -> str | None:
     """Counts that are negative, an NLL below 0 or a perplexity below 1 (``exp`` of a mean of NLLs >= 0), a row
     derived from a length that is not longer."""
     for i, row in enumerate(rows):
-        for key in ("tokens", "windows", "skipped_documents", "dropped_tokens", "forwards"):
+        for key in ("tokens", "windows", "documents", "skipped_documents", "dropped_tokens", "forwards"):
             if row.get(key, 0) < 0:
                 return f"results[{i}] has {key} {row[key]}, below 0"
         if row.get("seconds", 0) < 0 or not math.isfinite(row.get("seconds", 0)):

@@ -46,11 +46,14 @@ class Window:
 
 @dataclass(frozen=True)
 class WindowPlan:
-    """The windows of one context length, and what the protocol left out (counted, never padded)."""
+    """The windows of one context length, and what the protocol left out (counted, never padded): documents
+    shorter than a span, and tokens of the scored documents in no window. ``documents``: those scored (fewer
+    than the data's minus the skipped ones under ``max_windows``)."""
 
     windows: list[Window]
     skipped_documents: int
     dropped_tokens: int
+    documents: int
 
 
 @dataclass(frozen=True)
@@ -213,25 +216,32 @@ def build_windows(
     stride = stride or max(1, length // 2)
     if protocol == "sliding" and not 0 < stride <= span:
         raise ValueError(f"Stride {stride} must be between 1 and the window's {span} text tokens.")
-    windows, skipped, dropped = [], 0, 0
+    windows, skipped = [], 0
     for doc, n in enumerate(doc_lengths):
-        if n < span:
-            skipped += 1
-            continue
-        if protocol == "sliding":
-            windows += _sliding(doc, n, span, stride, bos)
-        elif protocol == "disjoint":
-            count = n // span
-            windows += [_window(doc, k * span, (k + 1) * span, bos) for k in range(count)]
-            dropped += n - count * span
-        else:
-            windows.append(_window(doc, 0, span, bos))
-            dropped += n - span
         if max_windows is not None and len(windows) >= max_windows:
             break
+        if n < span:
+            skipped += 1
+        elif protocol == "sliding":
+            windows += _sliding(doc, n, span, stride, bos)
+        elif protocol == "disjoint":
+            windows += [_window(doc, k * span, (k + 1) * span, bos) for k in range(n // span)]
+        else:
+            windows.append(_window(doc, 0, span, bos))
+    windows = windows[:max_windows]
     if not windows:
         raise ValueError(_too_long(doc_lengths, length, span))
-    return WindowPlan(windows[:max_windows], skipped, dropped)
+    return WindowPlan(windows, skipped, _uncovered(doc_lengths, windows), len({w.doc for w in windows}))
+
+
+def _uncovered(doc_lengths: list[int], windows: list[Window]) -> int:
+    """Tokens of the documents with a window that no window covers (a document's windows come in order)."""
+    covered: dict[int, int] = {}
+    ends: dict[int, int] = {}
+    for w in windows:
+        covered[w.doc] = covered.get(w.doc, 0) + max(0, w.end - max(w.start, ends.get(w.doc, 0)))
+        ends[w.doc] = max(w.end, ends.get(w.doc, 0))
+    return sum(doc_lengths[doc] - count for doc, count in covered.items())
 
 
 def _too_long(doc_lengths: list[int], length: int, span: int) -> str:

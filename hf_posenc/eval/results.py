@@ -34,6 +34,7 @@ CSV_FIELDS = (
     "nll",
     "tokens",
     "windows",
+    "documents",
     "skipped_documents",
     "dropped_tokens",
     "forwards",
@@ -109,10 +110,10 @@ def format_table(results: list[dict[str, Any]], value: str = "ppl") -> str:
 def coverage_note(results: list[dict[str, Any]], documents: int) -> str | None:
     """A line for under the table when lengths scored different documents (those shorter than a window are
     skipped), so their columns compare different texts; None when every length scored the same ones."""
-    skipped = {r["length"]: r.get("skipped_documents", 0) for r in results}
-    if len(set(skipped.values())) <= 1:
+    scored = {r["length"]: r.get("documents", documents - r.get("skipped_documents", 0)) for r in results}
+    if len(set(scored.values())) <= 1:
         return None
-    counts = ", ".join(f"{documents - n} at {length_label(length)}" for length, n in sorted(skipped.items()))
+    counts = ", ".join(f"{n} at {length_label(length)}" for length, n in sorted(scored.items()))
     return f"Documents scored (of {documents}; shorter ones are skipped): {counts}. Columns compare different texts."
 
 

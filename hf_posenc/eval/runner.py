@@ -237,6 +237,7 @@ def _result(method: str, params: dict, length: int, score: LengthScore, plan: Wi
         "nll": nll,
         "tokens": tokens,
         "windows": len(score.windows),
+        "documents": plan.documents,
         "skipped_documents": plan.skipped_documents,
         "dropped_tokens": plan.dropped_tokens,
         "forwards": score.forwards,

@@ -62,6 +62,24 @@ def test_disjoint_and_truncate_spans():
     assert len(build_windows([100, 100], 8, "disjoint", bos=False, max_windows=3).windows) == 3
 
 
+@pytest.mark.parametrize(
+    ("protocol", "length", "expected"),
+    [
+        ("truncate", 16, (2, 0, 2, (300 - 16) + (90 - 16))),  # documents 0 and 1; 2 and 3 never reached
+        ("truncate", 171, (2, 2, 2, (300 - 171) + 0)),  # 90 and 20 skipped, then 171 reached
+        ("disjoint", 64, (2, 0, 1, 300 - 2 * 64)),  # both windows from document 0, its 2 others cut
+        ("sliding", 200, (1, 0, 1, 300 - 200)),  # document 0's first window
+    ],
+)
+def test_max_windows_counts_only_the_documents_it_reached(protocol, length, expected):
+    """Documents scored, skipped (shorter than a span, before the cap) and tokens of scored documents left out:
+    a capped run reported every document after the one reaching the cap as scored, and for disjoint windows left
+    the cut windows' tokens uncounted."""
+    cap = 1 if protocol == "sliding" else 2
+    plan = build_windows([300, 90, 20, 171], length, protocol, bos=False, max_windows=cap)
+    assert (len(plan.windows), plan.skipped_documents, plan.documents, plan.dropped_tokens) == expected
+
+
 @pytest.mark.parametrize("protocol", ["disjoint", "truncate"])
 def test_a_stride_is_an_error_outside_sliding(protocol):
     with pytest.raises(ValueError, match=f"`stride` applies to `protocol` sliding; `protocol` {protocol} does not"):

@@ -39,6 +39,8 @@ def test_coverage_note_only_where_lengths_scored_different_documents():
         "Documents scored (of 4; shorter ones are skipped): 4 at 512, 1 at 2k. Columns compare different texts."
     )
     assert coverage_note([{**row, "skipped_documents": 1} for row in rows], 4) is None
+    capped = [{**row, "documents": 2} for row in rows]  # --max-windows 2: the documents reached, not 4 - skipped
+    assert coverage_note(capped, 4) is None
 
 
 def test_derivation_note_names_the_lengths_read_from_a_longer_forward():

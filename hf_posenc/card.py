@@ -37,6 +37,7 @@ class EvalTable:
 
     source: Path
     protocol: str
+    bos: bool | None  # every window began with the BOS token (protocol_details.bos; None: a file not saying)
     model: str  # the model the weights come from (the base of a config-only push the results were measured on)
     dataset: str
     hub_dataset: bool  # a Hub id, not local files: only then the results go into model-index
@@ -61,7 +62,11 @@ class EvalTable:
                 metric_type="perplexity",
                 metric_value=round(ppl, 4),
                 metric_name=f"Perplexity at {length} tokens",
-                metric_args={"context_length": length, "protocol": self.protocol},
+                metric_args={
+                    "context_length": length,
+                    "protocol": self.protocol,
+                    **({} if self.bos is None else {"bos": self.bos}),
+                },
             )
             for length, _, ppl in self.rows
             if ppl is not None and math.isfinite(ppl)
@@ -95,6 +100,7 @@ def load_eval_table(path: str | Path, record: PatchRecord) -> EvalTable:
     return EvalTable(
         source=path,
         protocol=str(data["protocol"]),
+        bos=_bos_of(data),
         model=str(model.get("weights_from") or data["model"]),
         dataset=str(data["dataset"]) if hub_dataset else Path(str(data["dataset"])).name,  # no local folders' names
         hub_dataset=hub_dataset,
@@ -105,6 +111,13 @@ def load_eval_table(path: str | Path, record: PatchRecord) -> EvalTable:
         saved_patch=model.get("saved_patch"),
         report=data,
     )
+
+
+def _bos_of(report: dict[str, Any]) -> bool | None:
+    """Whether the windows began with BOS, as the eval recorded it; None where it did not (a hand-made file)."""
+    details = report.get("protocol_details")
+    bos = details.get("bos") if isinstance(details, dict) else None
+    return bos if isinstance(bos, bool) else None
 
 
 def _is_hub_dataset(name: str) -> bool:

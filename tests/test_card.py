@@ -56,6 +56,24 @@ def test_card_metadata_table_and_model_index(tmp_path):
     assert f'revision="{"a" * 40}"' in text  # native: the transformers-only snippet pins the base commit
 
 
+@pytest.mark.parametrize(("bos", "said"), [(True, "BOS prepended"), (False, "no BOS"), (None, None)])
+def test_the_card_says_whether_windows_began_with_bos(tmp_path, bos, said):
+    """A run with BOS and one without give other numbers: the table's line and model-index's metric_args say which
+    (background.md: always name BOS). A file that does not record it says nothing of it."""
+    model = yarn_model()
+    details = {} if bos is None else {"protocol_details": {"bos": bos}}
+    results = write_results(tmp_path, {"yarn:factor=4": YARN_PPL, "none": BASE_PPL}, **details)
+    card = render_card(
+        model.config, repo_id="me/tiny-yarn", base_model="org/tiny", base_revision="a" * 40, config_only=True,
+        license_info={"license": "apache-2.0"}, eval_table=load_eval_table(results, PatchRecord.from_config(model.config)),
+    )  # fmt: skip
+    parsed = ModelCard(str(card))
+    line = next(line for line in parsed.text.splitlines() if line.startswith("Perplexity ("))
+    expected = f"sliding-window protocol, {said}, token-weighted mean" if said else "sliding-window protocol, token"
+    assert expected in line
+    assert {r.metric_args.get("bos") for r in parsed.data.eval_results} == {bos}
+
+
 def test_results_measured_with_other_resolved_parameters_are_refused(tmp_path):
     """``yarn:factor=4`` on a model trained on 8192 tokens is not this patch (trained context 64)."""
     model = yarn_model()

@@ -77,17 +77,28 @@ def check_command(args: argparse.Namespace) -> int:
     return status
 
 
+_FRACTIONS = ("partial_rotary_factor", "attention_factor")  # read as numbers by every engine that reads them
+
+
 def _check_rope_values(config: dict[str, Any]) -> None:
-    """``rope_scaling`` / ``rope_parameters`` objects or null; their numbers (and the sizes read) finite and > 0."""
+    """``rope_scaling`` / ``rope_parameters`` objects or null; their numbers (and the sizes and fractions read)
+    finite and > 0."""
     for key in ("rope_scaling", "rope_parameters"):
         rope = config.get(key)
         if rope is not None and not isinstance(rope, dict):
             raise TypeError(f"{key} is a {type(rope).__name__}, not an object")
         entries = [rope] if rope and "full_attention" not in rope else list((rope or {}).values())
         for entry in (e for e in entries if isinstance(e, dict)):
-            for name in ("factor", "rope_theta", "original_max_position_embeddings"):
+            for name in ("factor", "rope_theta", "original_max_position_embeddings", *_FRACTIONS):
                 _positive(f"{key}.{name}", entry.get(name))
-    for name in ("rope_theta", "max_position_embeddings", "num_attention_heads", "hidden_size", "head_dim"):
+    for name in (
+        "rope_theta",
+        "max_position_embeddings",
+        "num_attention_heads",
+        "hidden_size",
+        "head_dim",
+        *_FRACTIONS,
+    ):
         _positive(name, config.get(name))
 
 

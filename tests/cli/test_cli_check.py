@@ -116,6 +116,12 @@ def test_malformed_rope_values_are_one_line(tmp_path, capsys):
         ('{"rope_scaling": {"type": "linear", "factor": true}}', "rope_scaling.factor is True"),
         ('{"rope_parameters": {"rope_type": "yarn", "factor": 1e400}}', "rope_parameters.factor is inf"),
         ('{"max_position_embeddings": 0, "rope_theta": 1e4}', "max_position_embeddings is 0"),
+        ('{"partial_rotary_factor": "xx", "head_dim": 16}', "partial_rotary_factor is 'xx', not a finite number > 0"),
+        (
+            '{"rope_parameters": {"rope_type": "default", "partial_rotary_factor": "half"}}',
+            "partial_rotary_factor is 'half'",
+        ),
+        ('{"rope_parameters": {"rope_type": "yarn", "factor": 4, "attention_factor": NaN}}', "attention_factor is nan"),
         ("[" * 100000 + "]" * 100000, "is not a JSON file"),  # nested past Python's recursion limit
     ],
 )

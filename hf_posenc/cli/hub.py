@@ -112,6 +112,9 @@ def run_card(args: argparse.Namespace) -> int:
         raise ValueError(
             f"`output` {args.output} is a folder; name the card's file (e.g. {args.output / 'README.md'})."
         )
+    inputs = [Path(path) for path in (args.results, args.lm_eval_results) if path is not None]
+    if args.output is not None and any(args.output.resolve() == path.resolve() for path in inputs):
+        raise ValueError(f"`output` {args.output} is a results file the card reads; name another file for the card.")
     model, base_model, base_revision = _patched_model(args, with_weights=False)
     method = PatchRecord.from_config(model.config).method
     card = build_card(

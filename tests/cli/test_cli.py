@@ -52,6 +52,27 @@ def test_a_library_error_reaches_the_user_with_its_flag(tmp_path, capsys):
     )
 
 
+@pytest.mark.parametrize("flag", ["--results", "--lm-eval-results"])
+def test_a_card_output_naming_a_results_file_it_reads_is_refused_before_anything(tmp_path, capsys, flag):
+    """`card --results results.json --output results.json` would replace the results with the card."""
+    results = tmp_path / "results.json"
+    results.write_text('{"mine": 1}')
+    argv = [
+        "card",
+        "--model",
+        "org/m",
+        "--method",
+        "yarn",
+        flag,
+        str(results),
+        "--output",
+        f"{tmp_path}/./results.json",
+    ]
+    assert main(argv) == 2
+    assert f"error: --output {tmp_path}/results.json is a results file the card reads" in capsys.readouterr().err
+    assert results.read_text() == '{"mine": 1}'
+
+
 def _interrupted(*args, **kwargs):
     raise KeyboardInterrupt
 

@@ -94,7 +94,13 @@ def plot_command(args: argparse.Namespace) -> int:
         raise ValueError(
             f"{' and '.join(f'`{name}`' for name in given)} {'is' if len(given) == 1 else 'are'} for 'plot bias' only."
         )
-    geometry = {**DEFAULTS, **(model_geometry(args.model) if args.model else {})}
+    from_model = model_geometry(args.model) if args.model else {}
+    if args.kind == "frequencies" and args.model and "base" not in from_model and args.base is None:
+        raise ValueError(
+            f"`model` {args.model} has no rotary embeddings (no rope_theta); its frequencies would be drawn at the "
+            f"default base {DEFAULTS['base']:g}. Give `base` to draw them anyway, or plot its 'bias'."
+        )
+    geometry = {**DEFAULTS, **from_model}
     geometry.update({key: getattr(args, key) for key in DEFAULTS if getattr(args, key) is not None})
     specs = args.specs or list(DEFAULT_SPECS[args.kind])
     output = args.output or Path("hf-posenc-results") / "plot"

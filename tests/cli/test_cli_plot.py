@@ -102,6 +102,18 @@ def test_a_models_config_gives_the_numbers_and_flags_override_them(tmp_path, cap
     assert float(rows[1]["inv_freq"]) == pytest.approx(5e5 ** (-2 / 16))
 
 
+def test_frequencies_of_a_model_without_rope_need_a_base(tmp_path, capsys):
+    """GPT-2 has no rope_theta: its "frequencies" were drawn at the default base, with no word of it."""
+    model = tmp_path / "gpt2"
+    make_tiny("gpt2").config.save_pretrained(model)
+    argv = ["plot", "frequencies", "--model", str(model), "--output", str(tmp_path / "out")]
+    assert main(argv) == 2
+    assert f"error: --model {model} has no rotary embeddings (no rope_theta)" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert main([*argv, "--base", "10000"]) == 0
+    assert "(head_dim 16, base 10000, trained_context 64, from" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("argv", "said"),
     [

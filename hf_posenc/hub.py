@@ -28,6 +28,7 @@ from .card import PLOT_FILE, EvalTable, LmEvalTable, load_eval_table, load_lm_ev
 from .encoding_plots import FREQUENCY_PLOT, patch_plot_file, write_patch_plot
 from .files import json_text
 from .hub_errors import HubError, HubPushError, call_hub, refuse_missing_folder
+from .patching import trained_tensors
 from .patching.loading import load_patched_model
 from .plots import plot_ppl_vs_length
 from .record import PatchRecord
@@ -212,12 +213,14 @@ def _push_contents(
                 f"The results {table.source} were measured on {table.model!r}, not on the base model {base_id!r}. "
                 f"Evaluate {base_id!r}, or leave the results out."
             )
-    if not with_weights and record.baked:
-        raise ValueError(
-            f"{record.spec!r} changed this model's weights (GPT-2's position table, resampled to "
-            f"{model.config.n_positions} rows), which a config-only repo would load from the base model unchanged. "
-            "Push the weights too (`with_weights`)."
+    if not with_weights and (record.baked or (trained := trained_tensors(model))):
+        changed = (  # GPT-2 pi; a trained T5 table
+            f"this model's weights (GPT-2's position table, resampled to {model.config.n_positions} rows)"
+            if record.baked
+            else f"{', '.join(trained)}, which it added, since the patch (trained)"
         )
+        hint = "a config-only repo would not give that back. Push the weights too (`with_weights`)."
+        raise ValueError(f"{record.spec!r} changed {changed}: {hint}")
     if not with_weights and not _is_hub_id(base_id):
         raise ValueError(
             f"A config-only push needs the Hub id of the base model, and {base_id!r} is not one; pass it as "

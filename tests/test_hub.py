@@ -175,6 +175,25 @@ def test_gpt2_pi_is_in_the_weights_so_a_config_only_push_is_refused(fake_hub):
     torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)
 
 
+def test_a_trained_t5_table_needs_the_weights_pushed(fake_hub):
+    """A config-only repo loads the T5 table at the patch's start: as pushed just after the patch, fine; trained
+    since, refused (the push left nothing behind) until the weights go too, which load back the trained table."""
+    upload_base()
+    model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(BASE_REPO).eval(), "t5-bias")
+    hub.push_to_hub(model, "me/t5-start")  # the table as patched: a config-only repo gives it back
+    torch.testing.assert_close(logits(hf_posenc.from_pretrained("me/t5-start")), logits(model), rtol=0, atol=0)
+    [(name, table)] = hf_posenc.patching.added_tensors(model).items()
+    with torch.no_grad():  # "trained"
+        table.add_(torch.randn(table.shape, generator=torch.Generator().manual_seed(0)))
+    with pytest.raises(
+        ValueError, match=rf"'t5-bias[^']*' changed {name}, which it added, since the patch \(trained\).*`with_weights`"
+    ):
+        hub.push_to_hub(model, "me/t5-trained")
+    assert "me/t5-trained" not in fake_hub.repos
+    hub.push_to_hub(model, "me/t5-trained", with_weights=True)
+    torch.testing.assert_close(logits(hf_posenc.from_pretrained("me/t5-trained")), logits(model), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     ("failure", "status"),
     [("server error on commit", 500), ("wrong token", 401), ("repo exists, no exist_ok", 409)],

@@ -16,7 +16,7 @@ from ..files import atomic_write_text
 from ..hub import build_card, push_to_hub
 from ..patching import patch
 from ..record import PatchRecord
-from ..saved import base_config, load_base_model, saved_patch
+from ..saved import base_config, load_base_model, restore_saved_tensors, saved_patch
 from ..spec import MethodSpec
 
 # Library parameters whose flag has another name.
@@ -150,6 +150,7 @@ def _patched_model(args: argparse.Namespace, *, with_weights: bool) -> tuple[Pre
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(base_config(args.model, saved, **hub_kwargs))
     patch(model, spec.method, **spec.params)
+    restore_saved_tensors(model)  # its saved method asked again: the trained T5 table, not the patch's start
     if saved is not None and saved.weights_from is not None:
         return model, saved.weights_from, saved.weights_revision
     return model, args.model, args.model_revision

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hf_posenc.registrations  # noqa: F401  (transformers learns hf_posenc's rope types and attention backends)
 
-from .apply import added_tensors, get_patch, learned_table_rows, patch, patched, unpatch
+from .apply import added_tensors, get_patch, learned_table_rows, patch, patched, trained_tensors, unpatch
 from .loading import load_patched_model
 from .plan import PatchInfo
 
@@ -28,5 +28,6 @@ __all__ = [
     "load_patched_model",
     "patch",
     "patched",
+    "trained_tensors",
     "unpatch",
 ]

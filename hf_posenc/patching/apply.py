@@ -58,6 +58,7 @@ class _AppliedPatch:
     modules: list[_ModuleState] = field(default_factory=list)
     report: Callable[[nn.Module, PatchInfo], PatchInfo] | None = None
     added: frozenset[str] = frozenset()  # state-dict names the patch added (the T5 bias table)
+    initial: dict[str, torch.Tensor] = field(default_factory=dict)  # their values as the patch made them
     serving: tuple[Finding, ...] | None = None  # the serving gaps of the patched config, once computed
 
 
@@ -150,7 +151,9 @@ def _apply(model: nn.Module, plan: Plan) -> None:
         raise
     for entry in applied.modules:
         _finish(entry)
-    applied.added = frozenset(model.state_dict()) - names_before
+    state = model.state_dict()
+    applied.added = frozenset(state) - names_before
+    applied.initial = {name: state[name].detach().clone() for name in applied.added}
     _APPLIED[model] = applied
 
 
@@ -270,6 +273,20 @@ def added_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
         return {}
     state = model.state_dict()
     return {name: state[name] for name in sorted(applied.added)}
+
+
+def trained_tensors(model: nn.Module) -> list[str]:
+    """The names of :func:`added_tensors` whose values are no longer the patch's start (trained, or restored from
+    a checkpoint): what a repo without the weights would not give back. Meta tensors hold no values: none."""
+    applied = _APPLIED.get(model)
+    if applied is None:
+        return []
+    current = added_tensors(model)
+    return [
+        name
+        for name, start in applied.initial.items()
+        if not start.is_meta and not torch.equal(current[name], start.to(current[name].device))
+    ]
 
 
 def learned_table_rows(model: nn.Module) -> int | None:

@@ -134,3 +134,23 @@ def test_cli_push_with_weights_pushes_the_tokenizer_and_a_model_that_loads_patch
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, local(ids).logits)
     assert hf_posenc.get_patch(loaded) == hf_posenc.get_patch(local)
+
+
+def test_cli_push_of_a_saved_trained_t5_model_pushes_its_trained_table(fake_hub, tiny_dir, tmp_path):
+    """`push --model SAVED --method t5-bias --with-weights` (its own saved method asked again): the trained table
+    goes up, not the patch's start (as eval and train take it)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(tiny_dir / "model").eval(), "t5-bias")
+    [table] = hf_posenc.patching.added_tensors(model).values()
+    with torch.no_grad():  # "trained"
+        table.add_(torch.randn(table.shape, generator=torch.Generator().manual_seed(0)))
+    model.save_pretrained(tmp_path / "trained")
+    AutoTokenizer.from_pretrained(tiny_dir / "model").save_pretrained(tmp_path / "trained")
+    argv = ["push", "--model", str(tmp_path / "trained"), "--method", "t5-bias", "--repo", "me/t5", "--with-weights"]
+    done = run_cli(*argv)
+    assert done.returncode == 0, done.stderr
+    ids = torch.randint(0, 97, (1, 96), generator=torch.Generator().manual_seed(1))  # past the 64 positions
+    with torch.no_grad():
+        assert torch.equal(hf_posenc.from_pretrained("me/t5").eval()(ids).logits, model(ids).logits)

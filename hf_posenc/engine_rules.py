@@ -172,6 +172,21 @@ def longrope_table(switch: str) -> Rule:
     return rule
 
 
+def longrope_llamacpp(setting: Setting) -> tuple[str, str]:
+    """llama.cpp: Phi-3's converter (conversion/phi.py) writes the long and short factor tensors and the attention
+    factor from P / L; the runtime takes the long ones at every position when the context is longer than L
+    (``llama_model::get_rope_factors``). Other converters write no factor tensors."""
+    if setting.config.get("model_type") != "phi3":
+        return ignored("no LongRoPE factor tensors outside Phi-3 (conversion/phi.py), attention factor 1")(setting)
+    length, p = setting.original(), setting.positions
+    return "differs", (
+        f"attention factor {longrope_attention_engines(p, length):.4f} from max_position_embeddings / L = "
+        f"{p}/{length} (transformers: {longrope_attention_hf(setting):.4f}); long factors at every position when "
+        f"the context (n_ctx) > {length}, else short ones only; transformers uses the short factors up to {length} "
+        "tokens and the long ones for a longer sequence"
+    )
+
+
 def longrope_tgi(setting: Setting) -> tuple[str, str]:
     length, params = setting.config.get("original_max_position_embeddings"), setting.view.params
     if length is None:

@@ -29,6 +29,7 @@ from .engine_rules import (
     ignored,
     linear_longer,
     llama3_llamacpp,
+    longrope_llamacpp,
     longrope_table,
     longrope_tgi,
     yarn_attention_hf,
@@ -135,7 +136,7 @@ ENGINES = (
             "dynamic": ignored("no dynamic NTK in Llama / Qwen GGUFs (the converter leaves 'dynamic' to HunYuan)"),
             # llama-context.cpp overwrites the GGUF's yarn_attn_factor (read by Grok only) with YaRN's own
             "yarn": yarn_rule(lambda params, factor: yarn_mscale(factor), betas=False, truncate=False, hf_l=False),
-            "longrope": ignored("no LongRoPE factor tensors outside Phi-3 (conversion/phi.py), attention factor 1"),
+            "longrope": longrope_llamacpp,
         },
         unknown="ignored",
         activation="ignored",

@@ -148,6 +148,9 @@ def test_longrope_announces_the_extended_context_so_the_engines_compute_its_atte
     found = verdicts(config)
     assert f"attention factor {hf:.4f} from max_position_embeddings / L = 256/64" in found["vllm"][1]
     assert found["llama.cpp"][0] == "ignored" and "Phi-3" in found["llama.cpp"][1]
+    phi3 = verdicts({**config, "model_type": "phi3"})["llama.cpp"]  # its converter writes the factor tensors
+    assert phi3[0] == "differs" and f"attention factor {hf:.4f} from max_position_embeddings / L = 256/64" in phi3[1]
+    assert "long factors at every position when the context (n_ctx) > 64" in phi3[1]
     config["max_position_embeddings"] = L  # as hf_posenc wrote it before: the engines compute 1
     for engine in ("vllm", "sglang", "tgi"):
         assert (
@@ -237,7 +240,7 @@ def test_old_rope_type_names_are_read_as_every_reader_reads_them():
     """Phi-3's ``su`` is ``longrope`` to every engine, Qwen2-VL's ``mrope`` plain RoPE with sections."""
     phi3 = {"model_type": "phi3", "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
             "rope_scaling": {"type": "su", "long_factor": [1.0] * 48, "short_factor": [1.0] * 48}}  # fmt: skip
-    assert [f.severity for f in engine_findings(phi3)] == ["differs", "differs", "ignored", "differs"]
+    assert [f.severity for f in engine_findings(phi3)] == ["differs"] * 4  # llama.cpp's Phi-3 converter reads su
     assert all(f.severity != "refused" for f in engine_findings({"rope_scaling": {"type": "mrope"}}))
 
 

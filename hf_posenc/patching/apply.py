@@ -285,7 +285,7 @@ def trained_tensors(model: nn.Module) -> list[str]:
     return [
         name
         for name, start in applied.initial.items()
-        if not start.is_meta and not torch.equal(current[name], start.to(current[name].device))
+        if not start.is_meta and not torch.equal(current[name], start.to(current[name]))  # after model.to(...)
     ]
 
 

@@ -125,6 +125,12 @@ def lm_eval_command(args: argparse.Namespace) -> int:
             raise ValueError(f"--{option} does not apply to hf-posenc lm-eval: {reason}.")
     if not parsed.tasks:
         parser.error("the following arguments are required: --tasks")
+    if not all(str(task).strip() for task in parsed.tasks):
+        raise ValueError(f"--tasks names an empty task ({','.join(map(str, parsed.tasks))!r}); give task names.")
+    if parsed.limit is not None and not parsed.limit > 0:  # NaN too
+        raise ValueError(
+            f"--limit must be > 0 (examples per task, or a fraction of them below 1), not {parsed.limit:g}."
+        )
     from lm_eval.config.evaluate_config import EvaluatorConfig
 
     config = EvaluatorConfig.from_cli(

@@ -57,6 +57,8 @@ def _one_line_error(capsys) -> str:
         (["--tasks", "tiny_choice", "--revision", "main"], "--revision names a commit of a Hub repo, and --model"),
         (["--tasks", "tiny_choice", "--max-memory", "0=1GiB"], "--max-memory budgets the devices a --device-map"),
         (["--tasks", "no_such_task"], "Tasks not found: no_such_task"),
+        (["--tasks", ""], "--tasks names an empty task (''); give task names."),
+        (["--tasks", "tiny_choice", "--limit", "-3"], "--limit must be > 0 (examples per task, or a fraction"),
         (["--tasks", "tiny_choice", "--model_args", "max_length=abc"], "--model_args max_length=N must be a positive"),
     ],
 )

@@ -154,14 +154,15 @@ def longrope_attention_engines(positions: int, length: int) -> float:
     return math.sqrt(1 + math.log(positions / length) / math.log(length)) if positions > length else 1.0
 
 
-def longrope_table(switch: str) -> Rule:
-    """vLLM / SGLang: the attention factor from P / L (``short_mscale`` / ``long_mscale`` where given), never
-    ``attention_factor``; the long factors switched on as ``switch`` says."""
+def longrope_table(switch: str, *, mscales: bool = True) -> Rule:
+    """vLLM / SGLang: the attention factor from P / L (``short_mscale`` / ``long_mscale`` where given and
+    ``mscales``), never ``attention_factor``; the long factors switched on as ``switch`` says."""
 
     def rule(setting: Setting) -> tuple[str, str]:
         length, p, params = setting.original(), setting.positions, setting.view.params
         derived = longrope_attention_engines(p, length)
-        short, long = (float(params.get(key, derived)) for key in ("short_mscale", "long_mscale"))
+        given = params if mscales else {}
+        short, long = (float(given.get(key, derived)) for key in ("short_mscale", "long_mscale"))
         scales = f"{short:.4f}" if short == long else f"{short:.4f} (short) / {long:.4f} (long)"
         return "differs", (
             f"attention factor {scales} from max_position_embeddings / L = {p}/{length} (transformers: "
@@ -174,17 +175,12 @@ def longrope_table(switch: str) -> Rule:
 
 def longrope_llamacpp(setting: Setting) -> tuple[str, str]:
     """llama.cpp: Phi-3's converter (conversion/phi.py) writes the long and short factor tensors and the attention
-    factor from P / L; the runtime takes the long ones at every position when the context is longer than L
-    (``llama_model::get_rope_factors``). Other converters write no factor tensors."""
+    factor from P / L (no mscales); the runtime takes the long ones at every position when the context is longer
+    than L (``llama_model::get_rope_factors``). Other converters write no factor tensors."""
     if setting.config.get("model_type") != "phi3":
         return ignored("no LongRoPE factor tensors outside Phi-3 (conversion/phi.py), attention factor 1")(setting)
-    length, p = setting.original(), setting.positions
-    return "differs", (
-        f"attention factor {longrope_attention_engines(p, length):.4f} from max_position_embeddings / L = "
-        f"{p}/{length} (transformers: {longrope_attention_hf(setting):.4f}); long factors at every position when "
-        f"the context (n_ctx) > {length}, else short ones only; transformers uses the short factors up to {length} "
-        "tokens and the long ones for a longer sequence"
-    )
+    switch = "long factors at every position when the context (n_ctx) > {L}, else short ones only"
+    return longrope_table(switch, mscales=False)(setting)
 
 
 def longrope_tgi(setting: Setting) -> tuple[str, str]:

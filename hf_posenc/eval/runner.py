@@ -58,7 +58,7 @@ from .resume import (
     remove_stale_temporaries,
 )
 from .scoring import LengthScore, input_shape, passkey_flags, score_lengths, serves_every_length
-from .specs import parse_methods, refuse_duplicates
+from .specs import parse_methods, refuse_duplicates, warn_past_reach
 
 logger = logging.getLogger("hf_posenc")
 
@@ -95,6 +95,7 @@ def load_checked(
         with method_applied(model, spec, spec.params):
             resolved[spec.text] = {} if spec.unpatched else dict(get_patch(model).params)
             check_position_table(model, spec.text, longest)
+            warn_past_reach(spec, resolved[spec.text], longest)
     return model, resolved
 
 

@@ -3,14 +3,18 @@ the rows of a results file it resumes."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..registry import get_method
 from ..saved import SavedPatch
 from ..spec import MethodSpec
 
 DEFAULT_METHODS = ("none", "yarn:factor=4")
+
+logger = logging.getLogger("hf_posenc")
 
 
 def parse_methods(texts: Sequence[str] | None, saved: SavedPatch | None = None) -> list[MethodSpec]:
@@ -64,3 +68,20 @@ def _row_identity(text: str, resolved: dict[str, dict[str, Any]] | None) -> tupl
     except ValueError:
         return None
     return spec.identity(None if resolved is None else resolved.get(text, spec.defaults))
+
+
+def warn_past_reach(spec: MethodSpec, resolved: dict[str, Any], longest: int) -> None:
+    """Warn when ``spec``'s position remap (Self-Extend) has a reach, with the parameters resolved on the model,
+    shorter than the ``longest`` input: past it the remapped positions leave the trained context. The run goes
+    on (how a method fails past its reach is worth measuring), but the table must not be read as within it."""
+    remap = None if spec.unpatched else get_method(spec.method).part("remap")
+    reach = None if remap is None else remap.make_params(**remap.own(resolved)).reach
+    if reach is not None and longest > reach:
+        logger.warning(
+            "%s reaches %d tokens ((L - W) * G + W on L=%d); its lengths above that (up to %d) put grouped "
+            "positions past the trained context.",
+            spec.text,
+            reach,
+            resolved["original_max_position_embeddings"],
+            longest,
+        )

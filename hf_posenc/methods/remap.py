@@ -64,6 +64,12 @@ class RemapParams(RopeParams):
         """The segment whose turned keys ``segment`` shares (``KEY_SEGMENTS``): the backends turn them once."""
         return self.KEY_SEGMENTS[segment] if self.KEY_SEGMENTS else segment
 
+    @property
+    def reach(self) -> int | None:
+        """The longest input whose every remapped relative position stays below the trained context ``L``;
+        None where there is no such bound (every distance is capped) or ``L`` is not resolved yet."""
+        return None
+
     def key_span(self, segment: int, first: int, last: int) -> tuple[int, int]:
         """``(lo, hi)``: every key position that queries at ``first .. last`` can see in ``segment`` lies in
         ``lo .. hi`` (inclusive; empty when ``lo > hi``). Lets the query-block backends skip the rest."""

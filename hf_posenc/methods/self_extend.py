@@ -88,6 +88,11 @@ class SelfExtendParams(RemapParams):
                 "use a larger group_size or a smaller window."
             )
 
+    @property
+    def reach(self) -> int | None:
+        context = self.original_max_position_embeddings
+        return None if context is None else self_extend_reach(context, self.group_size, self.window)
+
     def segment_of(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         return (i - j >= self.window).long()
 

@@ -259,3 +259,18 @@ def _tokens_of_all_texts(tiny_dir, tmp_path) -> int:
     """Tokens of all four tiny texts joined as the offline default joins them."""
     assert main([*eval_args(tiny_dir, tmp_path / "all"), "--method", "none", "--lengths", "32", "--join", "\n\n"]) == 0
     return results_of(tmp_path / "all")["dataset_details"]["tokens"]
+
+
+@pytest.mark.parametrize(("lengths", "warned"), [("64,112", False), ("64,128", True)])
+def test_self_extend_past_its_reach_is_scored_with_a_warning(tiny_dir, tmp_path, caplog, lengths, warned):
+    # L = 64, G = 2, W = 16: (L - W) * G + W = 112 tokens; DCA has no reach (every distance is capped).
+    methods = ["--method", "self-extend:group_size=2,window=16", "--method", "dca"]
+    with caplog.at_level("WARNING", logger="hf_posenc"):
+        assert main([*eval_args(tiny_dir, tmp_path / "out"), *methods, "--lengths", lengths]) == 0
+    past = [record.getMessage() for record in caplog.records if "reaches" in record.getMessage()]
+    expected = [
+        "self-extend:group_size=2,window=16 reaches 112 tokens ((L - W) * G + W on L=64); its lengths above that "
+        "(up to 128) put grouped positions past the trained context."
+    ]
+    assert past == (expected if warned else [])
+    assert {row["length"] for row in results_of(tmp_path / "out")["results"]} == {int(n) for n in lengths.split(",")}

@@ -20,6 +20,7 @@ rotary embedding was given the same ones.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -154,11 +155,40 @@ def checked_mask(module: nn.Module, mask: Any, kwargs: dict[str, Any]) -> Positi
         expected = mask.query_positions
         real = torch.ones_like(expected, dtype=torch.bool) if mask.query_valid is None else mask.query_valid
         if not bool(((position_ids.expand_as(expected) == expected) | ~real).all()):
-            raise ValueError(
-                "position_ids must count the non-padding tokens (attention_mask.cumsum(-1) - 1, as generate() "
-                "assigns them): Self-Extend, DCA and log-n read positions from the attention mask."
-            )
+            raise ValueError(POSITIONS_ERROR)
     return mask
+
+
+POSITIONS_ERROR = (
+    "position_ids must count the non-padding tokens (attention_mask.cumsum(-1) - 1, as generate() assigns them): "
+    "Self-Extend, DCA and log-n read positions from the attention mask."
+)
+
+
+def positions_over_mask(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+    """Forward pre-hook of a patched decoder. With padding in a 2D ``attention_mask`` (covering the cache and the
+    new tokens), a token's position is the count of non-padding tokens before it, what :func:`extension_mask`
+    and log-n read. ``position_ids`` not given are filled in so, as ``generate()`` makes them (padding at 1): a
+    padded forward gives each row its own logits, as the unpatched model does. Given ones that disagree at a
+    real token raise (the rotary embedding would turn q and k by other positions than the method's)."""
+    names = list(inspect.signature(module.forward).parameters)
+    passed = {**dict(zip(names, args, strict=False)), **kwargs}
+    mask, tokens = passed.get("attention_mask"), passed.get("input_ids")
+    tokens = passed.get("inputs_embeds") if tokens is None else tokens
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or tokens is None or bool(mask.all()):
+        return None  # without padding a position is its cache index, the model's default
+    new = tokens.shape[1]
+    real = mask[:, -new:].bool()
+    counted = (mask.long().cumsum(-1) - 1)[:, -new:]
+    given = passed.get("position_ids")
+    if given is None:
+        index = names.index("position_ids")
+        if index < len(args):
+            return (*args[:index], counted.masked_fill(~real, 1), *args[index + 1 :]), kwargs
+        return args, {**kwargs, "position_ids": counted.masked_fill(~real, 1)}
+    if not bool(((given.expand_as(counted) == counted) | ~real).all()):
+        raise ValueError(POSITIONS_ERROR)
+    return None
 
 
 def scaled_queries(state: ExtensionState, query: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

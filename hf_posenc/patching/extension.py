@@ -33,7 +33,7 @@ from ..attention import (
     EXTENSION_IMPLEMENTATIONS,
     TEMPERATURE_IMPLEMENTATIONS,
 )
-from ..attention.extension import ExtensionState
+from ..attention.extension import ExtensionState, positions_over_mask
 from ..record import CONFIG_KEY, PatchRecord
 from ..registry import Method, params_to_dict
 from .changes import ATTENTION, check_implementation_before_calls, masks_in_forward
@@ -155,6 +155,7 @@ def plan_extension(model: nn.Module, method: Method, params: dict[str, Any]) -> 
     serving = EXTENSION_IMPLEMENTATIONS if remap is not None else TEMPERATURE_IMPLEMENTATIONS
     install, check = functools.partial(_install, state), check_implementation_before_calls(tuple(serving.values()))
     changes = [(module, change) for module in attention_modules(model) for change in (install, check)]
+    changes.insert(0, (model.base_model, _positions_over_mask))
     if remap is not None:
         changes.insert(0, (model, masks_in_forward))
     return Plan(info, updates, changes, _backend_now)
@@ -162,6 +163,10 @@ def plan_extension(model: nn.Module, method: Method, params: dict[str, Any]) -> 
 
 def _install(state: ExtensionState, module: nn.Module) -> None:
     module.hf_posenc_extension = state
+
+
+def _positions_over_mask(module: nn.Module) -> None:
+    module.register_forward_pre_hook(positions_over_mask, with_kwargs=True)
 
 
 def extension_loading(params: dict[str, Any], kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -199,6 +199,20 @@ def test_left_padded_batch_forward_equals_each_alone(case):
             torch.testing.assert_close(together[row, real], model(alone).logits[0], **TOLERANCE)
 
 
+@pytest.mark.parametrize("case", ["logn-eager", "logn-sdpa", "yarn+logn", "self-extend-blocked", "dca+logn-sdpa"])
+def test_left_padded_batch_forward_without_position_ids_equals_each_alone(case):
+    """The same batch with no position_ids (a tokenizer's padded batch passed as it is): the patch counts the
+    positions over the mask, as generate() does, where the model would count the padding too (log-n would then
+    scale the short row's queries by its padded index)."""
+    model = patched_tiny(case)
+    long, short = tokens(100, seed=6), tokens(71, seed=7)
+    batch, mask = left_padded(long, short)
+    with torch.no_grad():
+        together = model(batch, attention_mask=mask).logits
+        for row, alone in enumerate([long, short]):
+            torch.testing.assert_close(together[row, mask[row].bool()], model(alone).logits[0], **TOLERANCE)
+
+
 @pytest.mark.parametrize("case", ["self-extend-blocked", "dca-eager", "self-extend+logn-blocked"])
 def test_right_padded_batch_forward_equals_each_alone(case):
     """Right padding, with generate()'s position_ids (``cumsum - 1``, padding set to 1): the padding queries'
@@ -249,16 +263,18 @@ def test_flex_left_padded_batch_equals_eager():
     torch.testing.assert_close(flex[mask.bool()], eager[mask.bool()], **TOLERANCE)
 
 
-@pytest.mark.parametrize("case", ["self-extend-blocked", "dca-eager", "self-extend+logn-blocked"])
+@pytest.mark.parametrize(
+    "case", ["self-extend-blocked", "dca-eager", "self-extend+logn-blocked", "logn-sdpa", "yarn+logn"]
+)
 def test_positions_that_do_not_count_real_tokens_are_refused(case):
-    """The remaps read positions from the mask: a padded batch with position_ids 0..n-1 in every row (the
+    """The methods read positions from the mask: a padded batch given position_ids 0..n-1 in every row (the
     rotary embedding then disagrees with the mask) is a ValueError, not silently different logits."""
     model = patched_tiny(case)
     batch, mask = left_padded(tokens(30, seed=12), tokens(21, seed=13))
     with torch.no_grad(), pytest.raises(ValueError, match=r"position_ids must count the non-padding tokens"):
         model(batch, attention_mask=mask, position_ids=torch.arange(30).expand(2, -1))
     with torch.no_grad(), pytest.raises(ValueError, match=r"position_ids must count the non-padding tokens"):
-        model(batch, attention_mask=mask)  # the model's own default: 0..n-1
+        model.model(batch, mask, torch.arange(30)[None])  # positionally, to the decoder itself
 
 
 @pytest.mark.parametrize("case", ["self-extend+logn-blocked", "dca-blocked", "self-extend-sdpa", "dca+logn-sdpa"])

@@ -36,7 +36,9 @@ from .changes import (
     check_implementation_before_calls,
     masks_in_forward,
     positions_removed,
+    refuse_training_dropout,
     replacement_updates,
+    trains_with_dropout,
 )
 from .plan import ModuleChange, PatchInfo, Plan, Planner
 
@@ -127,13 +129,6 @@ def _resolve_t5(model: nn.Module, method: Method, requested: Any) -> Any:
     return dataclasses.replace(requested, backend=backend)
 
 
-def trains_with_dropout(model: nn.Module) -> bool:
-    """Whether ``model`` is in training mode with attention dropout (GPT-2: ``attn_pdrop``; Llama and others:
-    ``attention_dropout``), which the flex and cudnn backends do not have."""
-    config = model.config
-    return model.training and bool(getattr(config, "attn_pdrop", 0.0) or getattr(config, "attention_dropout", 0.0))
-
-
 def _install_t5(model: nn.Module, resolved: Any, modules: list[nn.Module]) -> list[tuple[nn.Module, ModuleChange]]:
     """One table for all layers (T5 shares it), registered on the decoder, in the model's dtype and device."""
     if hasattr(model.base_model, T5_TABLE):
@@ -182,6 +177,8 @@ def plan_bias(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
     requested = method.make_params(**params)
     config_changes, removal, rope_type = positions_removed(model, method)
     resolved = bias.resolve(model, method, requested)
+    if resolved.backend in ("flex", "cudnn"):
+        refuse_training_dropout(model, f"The {method.name} {resolved.backend} backend", "sdpa")
     # The config records the backend asked for ("auto" by default), not the one chosen here: a model saved from a
     # GPU (with the cudnn extra) must load on a machine without either.
     info, updates = replacement_updates(

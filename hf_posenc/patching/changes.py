@@ -118,3 +118,22 @@ def _check_implementation(serving: tuple[str, ...], module: nn.Module, args: tup
             f"does not apply it (set_attn_implementation?). Select one of {', '.join(serving)}, or call "
             "hf_posenc.unpatch(model) first."
         )
+
+
+def trains_with_dropout(model: nn.Module) -> bool:
+    """Whether ``model`` is in training mode with attention dropout (GPT-2: ``attn_pdrop``; Llama and others:
+    ``attention_dropout``), which the flex and cudnn bias backends and the remaps' backends do not have."""
+    config = model.config
+    return model.training and bool(getattr(config, "attn_pdrop", 0.0) or getattr(config, "attention_dropout", 0.0))
+
+
+def refuse_training_dropout(model: nn.Module, backend: str, other: str = "") -> None:
+    """Raise ``ValueError`` if ``model`` trains with attention dropout, which ``backend`` (a phrase naming the
+    attention, ``"The alibi flex backend"``) has none of: at patch time, before a training run writes anything.
+    ``other``: a backend that has it, offered first."""
+    if trains_with_dropout(model):
+        offer = f"use backend={other!r}, " if other else ""
+        raise ValueError(
+            f"{backend} has no attention dropout, and this model is in training mode with attention dropout: "
+            f"{offer}set the dropout to 0, or call model.eval() before patching."
+        )

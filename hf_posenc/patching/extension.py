@@ -36,7 +36,7 @@ from ..attention import (
 from ..attention.extension import ExtensionState, positions_over_mask
 from ..record import CONFIG_KEY, PatchRecord
 from ..registry import Method, params_to_dict
-from .changes import ATTENTION, check_implementation_before_calls, masks_in_forward
+from .changes import ATTENTION, check_implementation_before_calls, masks_in_forward, refuse_training_dropout
 from .plan import PatchInfo, Plan, Planner
 from .rope_types import EXTENSION_ROPE_TYPE
 
@@ -135,6 +135,8 @@ def plan_extension(model: nn.Module, method: Method, params: dict[str, Any]) -> 
     resolved = method.make_params(original_max_position_embeddings=served_context(config, params), **params)
     by_role = dict(zip((part.role for part in parts), getattr(resolved, "part_params", (resolved,)), strict=True))
     remap, temperature = by_role.get("remap"), by_role.get("temperature")
+    if remap is not None:
+        refuse_training_dropout(model, "Self-Extend and DCA attention")
     implementation = _implementation(model, remap)
     rotary = rope_modules(model, scaled_ok=True)[0]
 

@@ -358,6 +358,32 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tiny_dir, tmp_path, 
     assert said in _one_line_error(capsys) and not out.exists()
 
 
+@pytest.mark.parametrize("method", ["alibi:backend=flex", "t5-bias:backend=flex"])
+def test_a_backend_without_dropout_on_a_model_with_dropout_is_refused_before_anything(
+    tiny_dir, tmp_path, capsys, method
+):
+    """GPT-2 trains with attention dropout (attn_pdrop 0.1), which flex has none of: refused when patching, so the
+    run writes nothing (train_run.json would make the corrected command a 'resume' of it)."""
+    out = tmp_path / "out"
+    assert main([*_train_args(tiny_dir, out), "--model", str(tiny_dir / "gpt2"), "--method", method]) == 2
+    assert f"The {method.split(':')[0]} flex backend has no attention dropout" in _one_line_error(capsys)
+    assert not out.exists()
+    assert main([*_train_args(tiny_dir, out), "--model", str(tiny_dir / "gpt2"), "--method", "alibi:backend=sdpa"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "params"), [("self-extend", {"group_size": 2, "window": 16}), ("alibi", {"backend": "flex"})]
+)
+def test_patch_refuses_a_backend_without_dropout_for_a_model_training_with_it(method, params):
+    model = make_tiny("llama", attention_dropout=0.1).train()
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="has no attention dropout, and this model is in training mode"):
+        hf_posenc.patch(model, method, **params)
+    assert_same(snapshot(model), before)
+    hf_posenc.patch(model.eval(), method, **params)  # for inference: dropout is off
+    assert hf_posenc.get_patch(model).method == method
+
+
 def test_an_output_of_another_run_or_other_files_is_refused(tiny_dir, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(_train_args(tiny_dir, out, "--save-steps", "3")) == 0

@@ -18,7 +18,14 @@ INTRO = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
     "I will quiz you about the important information there."
 )
-FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+SENTENCES = (
+    " The grass is green.",
+    " The sky is blue.",
+    " The sun is yellow.",
+    " Here we go.",
+    " There and back again.",
+)
+FILLER = "".join(SENTENCES)
 NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = " What is the pass key? The pass key is"
 ANSWER = " {key}"
@@ -42,8 +49,9 @@ def random_keys(count: int, seed: int) -> list[int]:
 def build_prompt(tokenizer, length: int, depth: float, key: int, bos_id: int | None = None) -> PasskeyPrompt:
     """A prompt of at most ``length`` tokens (answer included) with ``key`` at ``depth`` of the filler.
 
-    Pieces are tokenized separately and joined as token lists, so the filler is whole sentences and the
-    needle starts at a sentence boundary.
+    Pieces are tokenized separately and joined as token lists: the filler is whole repeats of :data:`FILLER`,
+    and the needle goes in at the sentence boundary nearest ``depth`` of the filler's tokens (the earlier one on
+    a tie), so that every depth means what it says even when the filler repeats only a few times.
     """
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"Depth {depth} must be between 0 and 1.")
@@ -60,9 +68,24 @@ def build_prompt(tokenizer, length: int, depth: float, key: int, bos_id: int | N
         raise ValueError(
             f"Length {length} is too short for a passkey prompt (needs at least {length - room + len(filler)})."
         )
-    before = round(depth * repeats)
-    prompt = prefix + filler * before + needle + filler * (repeats - before) + question
+    stream = filler * repeats
+    boundaries = [block * len(filler) + cut for block in range(repeats) for cut in sentence_cuts(encode)]
+    target = depth * len(stream)
+    before = min([*boundaries, len(stream)], key=lambda cut: abs(cut - target))
+    prompt = prefix + stream[:before] + needle + stream[before:] + question
     return PasskeyPrompt(prompt + answer, len(prompt), key)
+
+
+def sentence_cuts(encode) -> list[int]:
+    """Where :data:`FILLER`'s tokens split between sentences (0 first): the token count of each run of its first
+    sentences whose tokens begin the filler's (a tokenizer may merge tokens across a boundary: not a cut)."""
+    filler = encode(FILLER)
+    cuts = [0]
+    for count in range(1, len(SENTENCES)):
+        head = encode("".join(SENTENCES[:count]))
+        if filler[: len(head)] == head:
+            cuts.append(len(head))
+    return cuts
 
 
 def ends_the_number(tokenizer, token_id: int) -> bool:

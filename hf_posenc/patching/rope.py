@@ -88,16 +88,17 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
     if rope_parameters is not None:
         updates = rope_config_updates(method, resolved, config, rope_parameters)
         native = _transformers_reproduces(_updated_copy(config, updates), type(modules[0]), ours, lengths)
-        if not native:
+    if not native:
+        own = own_rope_parameters(method, resolved, config)
+        if rope_parameters is not None:
             logger.warning(
                 "hf_posenc: transformers' rope_type %r does not reproduce %r for these parameters; recording "
                 "it under rope_type %r instead (needs hf_posenc to load).",
                 rope_parameters["rope_type"],
                 method.name,
-                OWN_ROPE_TYPE,
+                own["rope_type"],
             )
-    if not native:
-        rope_parameters = own_rope_parameters(method, resolved, config)
+        rope_parameters = own
         updates = rope_config_updates(method, resolved, config, rope_parameters)
     _check_config_accepts(_updated_copy(config, updates), method)
     info = PatchInfo(method.name, params_to_dict(resolved), native, rope_parameters["rope_type"])

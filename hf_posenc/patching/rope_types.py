@@ -67,6 +67,9 @@ def own_rope_parameters(method: Method, params: Any, config: Any) -> dict[str, A
     }
 
 
+TOP_LEVEL_ORIGINAL = "original_max_position_embeddings"
+
+
 def rope_config_updates(method: Method, params: Any, config: Any, rope_parameters: dict[str, Any]) -> dict[str, Any]:
     """New values of the config attributes a RoPE patch sets (``rope_parameters``, ``max_position_embeddings``,
     the record). Methods with a ``factor`` announce the extended context ``round(s * L)`` (LongRoPE too, as Phi-3
@@ -78,13 +81,13 @@ def rope_config_updates(method: Method, params: Any, config: Any, rope_parameter
     keeps_context = "dynamic" in rope_parameters["rope_type"] or factor is None
     max_positions = context if keeps_context else round(factor * context)
     native = rope_parameters["rope_type"] not in OWN_ROPE_TYPES
-    base = {"rope_parameters": config.rope_parameters, "max_position_embeddings": config.max_position_embeddings}
+    updates = {"rope_parameters": rope_parameters, "max_position_embeddings": max_positions}
+    if TOP_LEVEL_ORIGINAL in config.__dict__ and TOP_LEVEL_ORIGINAL in rope_parameters:
+        # Phi-3's class keeps L at the top level too (4096 unless set), and transformers reads it there first
+        updates[TOP_LEVEL_ORIGINAL] = rope_parameters[TOP_LEVEL_ORIGINAL]
+    base = {key: getattr(config, key) for key in updates}
     record = PatchRecord(method.name, params_to_dict(params), native, base)
-    return {
-        "rope_parameters": rope_parameters,
-        "max_position_embeddings": max_positions,
-        CONFIG_KEY: record.to_dict(),
-    }
+    return {**updates, CONFIG_KEY: record.to_dict()}
 
 
 def transformers_frequencies(

@@ -316,6 +316,26 @@ def test_rope_types_the_config_class_accepts_save_and_load(method, tmp_path, ids
         assert torch.equal(loaded(ids).logits, model(ids).logits)
 
 
+def test_phi3_longrope_at_a_trained_context_other_than_its_class_default(tmp_path, ids):
+    """Phi3Config keeps ``original_max_position_embeddings`` at the top level too (4096 unless set), and
+    transformers reads L there first: a given L = 32 is written there as well, so the patch is native, plain
+    transformers loads the same model, and unpatch gives the 4096 back."""
+    model = tiny_phi3()
+    before = snapshot(model)
+    assert model.config.original_max_position_embeddings == 4096
+    params = {"original_max_position_embeddings": 32, **method_params("longrope", 8)}
+    hf_posenc.patch(model, "longrope", **params)
+    assert hf_posenc.get_patch(model).native and model.config.original_max_position_embeddings == 32
+    hf_posenc.unpatch(model)
+    assert_same(before, snapshot(model))
+    hf_posenc.patch(model, "longrope", **params).save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    long_ids = torch.randint(1, 97, (1, 40), generator=torch.Generator().manual_seed(1))  # past L: long factors
+    with torch.no_grad():
+        for inputs in (ids, long_ids):
+            assert torch.equal(loaded(inputs).logits, model(inputs).logits)
+
+
 def test_per_layer_type_rope_is_refused_clearly():
     import transformers
 

@@ -10,6 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}  # YaRN's defaults, fixed where an engine does not read them
+# Config classes (transformers 4.x and 5) with a top-level ``original_max_position_embeddings`` default, which their
+# loading copies into the rope dict over the file's value: model_type -> default.
+CLASS_ORIGINAL = {"phi3": 4096, "phi4_multimodal": 4096}
+# llama.cpp's DeepSeek-V2 graph (src/models/deepseek2.cpp, conversion/deepseek.py), used for these model types.
+LLAMACPP_DEEPSEEK2 = ("deepseek_v2", "deepseek_v3")
 
 
 @dataclass(frozen=True)
@@ -35,10 +40,15 @@ class Setting:
     def factor(self) -> float:  # transformers' yarn: P / L when the config has no factor
         return float(self.view.params.get("factor") or self.positions / self.original())
 
+    @property
+    def top_original(self) -> int | None:
+        """The top-level ``original_max_position_embeddings`` a config class reads: the file's, else the class's
+        default where it has one (Phi-3's 4096); not llama.cpp's converter, which reads the file alone."""
+        return self.config.get("original_max_position_embeddings") or CLASS_ORIGINAL.get(self.config.get("model_type"))
+
     def original(self, top_level_first: bool = True) -> int:
         """L: top level first, as transformers 5 takes it, or the dict's first (llama.cpp)."""
-        key = "original_max_position_embeddings"
-        top, own = self.config.get(key), self.view.params.get(key)
+        top, own = self.top_original, self.view.params.get("original_max_position_embeddings")
         return int(((top or own) if top_level_first else (own or top)) or self.positions)
 
 
@@ -64,6 +74,16 @@ def attention_sglang(params: dict[str, Any], factor: float) -> float:
     mscale, all_dims = params.get("mscale"), params.get("mscale_all_dim")
     ratio = yarn_mscale(factor, mscale) / yarn_mscale(factor, all_dims) if None not in (mscale, all_dims) else None
     return (ratio or yarn_mscale(factor)) * float(params.get("attn_factor", 1.0))
+
+
+def attention_llamacpp(model_type: str | None) -> Attention:
+    """llama.cpp: YaRN's ``0.1 ln s + 1`` (src/llama-context.cpp overwrites the GGUF's attention factor with it).
+    DeepSeek-V2/V3 GGUFs carry ``mscale_all_dim`` (``rope.scaling.yarn_log_multiplier``): there the rotation gets
+    1 (llama-context.cpp takes ``mscale = mscale_all_dim``, a ratio of 1) and the graph multiplies the softmax scale
+    by ``(0.1 mscale_all_dim ln s + 1)^2``, as transformers' DeepseekV2 does; only the rotation is compared here."""
+    if model_type in LLAMACPP_DEEPSEEK2:
+        return lambda params, factor: 1.0 if params.get("mscale_all_dim") else yarn_mscale(factor)
+    return lambda params, factor: yarn_mscale(factor)
 
 
 def attention_tgi(params: dict[str, Any], factor: float) -> float:
@@ -119,6 +139,29 @@ def dynamic_tgi(setting: Setting) -> tuple[str, str]:
     )
 
 
+def yarn_llamacpp(setting: Setting) -> tuple[str, str]:
+    """YaRN in llama.cpp: the attention factor of :func:`attention_llamacpp` for the model type, betas fixed,
+    always floor/ceil, L from the rope dict first."""
+    attention = attention_llamacpp(setting.config.get("model_type"))
+    return yarn_rule(attention, betas=False, truncate=False, hf_l=False)(setting)
+
+
+def needs_dict_original(rule: Rule, rope_type: str) -> Rule:
+    """TGI's ``static()``: ``rope_scaling["original_max_position_embeddings"]`` for yarn and llama3 (a KeyError
+    without it) and a number as ``mscale`` / ``mscale_all_dim`` where present (``get(key, default)`` keeps a null)."""
+
+    def checked(setting: Setting) -> tuple[str, str]:
+        params = setting.view.params
+        if "original_max_position_embeddings" not in params:
+            return "refused", f"{rope_type}: reads original_max_position_embeddings from rope_scaling (KeyError)"
+        nulls = [key for key in ("mscale", "mscale_all_dim") if key in params and params[key] is None]
+        if rope_type == "yarn" and nulls:
+            return "refused", f"yarn: {nulls[0]} null is used as a number (TypeError)"
+        return rule(setting)
+
+    return checked
+
+
 def yarn_rule(attention: Attention, *, betas: bool, truncate: bool, hf_l: bool) -> Rule:
     """YaRN in an engine computing its attention factor with ``attention``; reading the betas and ``truncate`` or
     fixing them (32 / 1, floor and ceil); taking L as transformers does (``hf_l``) or from the dict first."""
@@ -142,7 +185,7 @@ def yarn_rule(attention: Attention, *, betas: bool, truncate: bool, hf_l: bool) 
 
 def longrope_attention_hf(setting: Setting) -> float:
     """transformers: ``attention_factor``, else ``sqrt(1 + ln f / ln L)``, f = P / L when L is at the top level."""
-    params, top = setting.view.params, setting.config.get("original_max_position_embeddings")
+    params, top = setting.view.params, setting.top_original
     if params.get("attention_factor") is not None:
         return float(params["attention_factor"])
     factor = setting.positions / top if top else float(params.get("factor", 1.0))
@@ -184,7 +227,7 @@ def longrope_llamacpp(setting: Setting) -> tuple[str, str]:
 
 
 def longrope_tgi(setting: Setting) -> tuple[str, str]:
-    length, params = setting.config.get("original_max_position_embeddings"), setting.view.params
+    length, params = setting.top_original, setting.view.params
     if length is None:
         return "refused", "reads original_max_position_embeddings at the top level only, and there is none"
     derived = longrope_attention_engines(setting.positions, int(length))
@@ -208,8 +251,16 @@ LLAMA3_WITHOUT_FACTORS = (
 
 
 def llama3_llamacpp(setting: Setting) -> tuple[str, str]:
+    """conversion/llama.py ``LlamaModel.generate_extra_tensors`` computes the ``rope_freqs`` factors with L from
+    the top level of the config only (``hparams.get("original_max_position_embeddings", 8192)``)."""
     model_type = setting.config.get("model_type")
-    if model_type not in LLAMA3_WITHOUT_FACTORS:
-        return same(setting)
-    why = f"llama3: the converter writes no rope_freqs factors for {model_type!r} (it does for Llama-family classes)"
-    return ignored(why)(setting)
+    if model_type in LLAMA3_WITHOUT_FACTORS:
+        why = f"llama3: the converter writes no rope_freqs factors for {model_type!r} (it does for Llama classes)"
+        return ignored(why)(setting)
+    length, expected = setting.config.get("original_max_position_embeddings") or 8192, setting.original()
+    if length != expected:
+        return "differs", (
+            f"llama3: the converter computes its rope_freqs factors with L = {length} (the top-level "
+            f"original_max_position_embeddings, else 8192) where transformers uses {expected}"
+        )
+    return same(setting)

@@ -32,8 +32,10 @@ from .engine_rules import (
     longrope_llamacpp,
     longrope_table,
     longrope_tgi,
+    needs_dict_original,
+    same,
     yarn_attention_hf,
-    yarn_mscale,
+    yarn_llamacpp,
     yarn_rule,
 )
 
@@ -135,7 +137,7 @@ ENGINES = (
             "llama3": llama3_llamacpp,
             "dynamic": ignored("no dynamic NTK in Llama / Qwen GGUFs (the converter leaves 'dynamic' to HunYuan)"),
             # llama-context.cpp overwrites the GGUF's yarn_attn_factor (read by Grok only) with YaRN's own
-            "yarn": yarn_rule(lambda params, factor: yarn_mscale(factor), betas=False, truncate=False, hf_l=False),
+            "yarn": yarn_llamacpp,
             "longrope": longrope_llamacpp,
         },
         unknown="ignored",
@@ -152,7 +154,8 @@ ENGINES = (
             **SAME,
             "linear": ignored("linear: static() sets no scaling factor for it"),
             "dynamic": dynamic_tgi,
-            "yarn": yarn_rule(attention_tgi, betas=False, truncate=False, hf_l=False),
+            "yarn": needs_dict_original(yarn_rule(attention_tgi, betas=False, truncate=False, hf_l=False), "yarn"),
+            "llama3": needs_dict_original(same, "llama3"),
             "longrope": longrope_tgi,
         },
         unknown="refused",

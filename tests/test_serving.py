@@ -87,6 +87,47 @@ def test_the_deepseek_mscale_ratio_is_written_as_given(tmp_path):
         assert found[engine][0] == "ok" and f"attention factor {ratio:.4f}" in found[engine][1], engine
 
 
+@pytest.mark.parametrize("model_type", ["deepseek_v2", "deepseek_v3"])
+def test_llama_cpps_deepseek_graph_moves_the_mscale_into_the_softmax_scale(tmp_path, model_type):
+    """llama.cpp's DeepSeek-V2 graph turns q and k with a factor of 1 (llama-context.cpp takes mscale =
+    mscale_all_dim) and multiplies the softmax scale by (0.1 mscale_all_dim ln s + 1)^2, as transformers' DeepseekV2:
+    the same model where transformers' rotation factor, the mscale ratio, is 1 (DeepSeek-V2's 0.707 / 0.707)."""
+    config = {**saved_config(tmp_path, "yarn", factor=40, mscale=0.707, mscale_all_dim=0.707), "model_type": model_type}
+    assert verdicts(config)["llama.cpp"] == (
+        "ok",
+        "builds YaRN s=40, L=64, attention factor 1.0000 as transformers does",
+    )
+    assert verdicts({**config, "model_type": "llama"})["llama.cpp"][1].endswith(
+        f"attention factor {yarn_factor(40):.4f} where transformers uses 1.0000"
+    )
+    other = {**saved_config(tmp_path, "yarn", factor=4, mscale=1.0, mscale_all_dim=0.5), "model_type": model_type}
+    ratio = yarn_factor(4) / yarn_factor(4, 0.5)
+    assert verdicts(other)["llama.cpp"][1].endswith(f"attention factor 1.0000 where transformers uses {ratio:.4f}")
+
+
+def test_tgi_refuses_yarn_and_llama3_without_l_in_rope_scaling_and_a_null_mscale(tmp_path):
+    """TGI's static() reads rope_scaling["original_max_position_embeddings"] (KeyError without it, where transformers
+    takes the top-level one) and uses a present mscale as a number."""
+    for method in ("yarn", "llama3"):
+        config = saved_config(tmp_path / method, method, factor=4)
+        del config["rope_scaling"]["original_max_position_embeddings"]
+        config["original_max_position_embeddings"] = L
+        found = verdicts(config)
+        assert found["tgi"] == (
+            "refused",
+            f"{method}: reads original_max_position_embeddings from rope_scaling (KeyError)",
+        )
+        assert found["vllm"][0] == "ok"
+    config = saved_config(tmp_path / "null", "yarn", factor=4)
+    config["rope_scaling"].update(mscale=None, mscale_all_dim=None)
+    found = verdicts(config)
+    assert found["tgi"] == ("refused", "yarn: mscale null is used as a number (TypeError)")
+    assert found["vllm"] == (
+        "ok",
+        f"builds YaRN s=4, L={L}, attention factor {yarn_factor(4):.4f} as transformers does",
+    )
+
+
 def test_default_yarn_writes_no_mscale_pair(tmp_path):
     assert "mscale" not in saved_config(tmp_path, "yarn", factor=4)["rope_parameters"]
 
@@ -130,6 +171,22 @@ def test_llama3_and_static_ntk_are_built_alike_everywhere(tmp_path):
     assert all(severity == "ok" and f"rope_theta {theta:g}" in message for severity, message in found.values())
 
 
+def test_llama3_says_l_at_the_top_level_where_llama_cpps_converter_reads_it(tmp_path):
+    """conversion/llama.py computes llama3's rope_freqs factors with hparams["original_max_position_embeddings"]
+    (8192 without it): hf_posenc writes L there too; a config with L in the rope dict only is built with 8192."""
+    config = saved_config(tmp_path, "llama3", factor=4)
+    assert config["original_max_position_embeddings"] == config["rope_scaling"]["original_max_position_embeddings"] == L
+    del config["original_max_position_embeddings"]
+    assert verdicts(config)["llama.cpp"] == (
+        "differs",
+        "llama3: the converter computes its rope_freqs factors with L = 8192 (the top-level "
+        f"original_max_position_embeddings, else 8192) where transformers uses {L}",
+    )
+    for key in ("rope_scaling", "rope_parameters"):
+        config[key]["original_max_position_embeddings"] = 8192  # Llama 3.1's: right by default
+    assert verdicts(config)["llama.cpp"][0] == "ok"
+
+
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_llama3_outside_llama_and_mistral_is_converted_unscaled_by_llama_cpp(tmp_path, family):
     """llama.cpp's converter writes llama3's per-pair factors (the rope_freqs tensor) in its Llama class only: a
@@ -137,6 +194,17 @@ def test_llama3_outside_llama_and_mistral_is_converted_unscaled_by_llama_cpp(tmp
     found = verdicts(saved_config(tmp_path, "llama3", family, factor=4))
     assert found["llama.cpp"][0] == "ignored" and f"no rope_freqs factors for {family!r}" in found["llama.cpp"][1]
     assert found["vllm"][0] == found["sglang"][0] == found["tgi"][0] == "ok"
+
+
+def test_a_phi3_config_without_a_top_level_l_has_its_class_default(tmp_path):
+    """Phi3Config (transformers 4 and 5) defaults the top-level original_max_position_embeddings to 4096 and reads
+    L there first: a Phi-3 config without it is L = 4096 for transformers, vLLM, SGLang and TGI (not refused)."""
+    config = saved_config(tmp_path, "longrope", factor=4, long_factor=[1.0 + i for i in range(D // 2)])
+    del config["original_max_position_embeddings"]
+    found = verdicts({**config, "model_type": "phi3"})
+    assert found["tgi"][0] == "differs" and f"= {4 * L}/4096" in found["tgi"][1]
+    assert "short factors up to 4096 tokens" in found["vllm"][1]
+    assert "refused" in verdicts(config)["tgi"]  # a Llama config has no such default
 
 
 def test_longrope_announces_the_extended_context_so_the_engines_compute_its_attention_factor(tmp_path):

@@ -11,10 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import hf_hub_download
+from transformers import AutoConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.utils import logging as transformers_logging
 
 from ..hub_errors import HubError, call_hub, refuse_missing_folder
 from ..record import PatchRecord
-from ..serving import ENGINES, Finding, engine_findings
+from ..serving import ENGINES, REFERENCE_READS, Finding, engine_findings, rope_view
 
 CONFIG_FILE = "config.json"
 _REPO_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
@@ -55,9 +59,11 @@ def check_command(args: argparse.Namespace) -> int:
     record = PatchRecord.from_config(config, missing_ok=True)
     try:
         _check_rope_values(config)
+        _check_transformers_reads(config)
         findings = engine_findings(config)
     except (TypeError, ValueError, KeyError, ArithmeticError) as error:  # a RoPE value of the wrong type, say
-        raise ValueError(f"{args.config}: its RoPE keys are malformed ({type(error).__name__}: {error}).") from None
+        detail = str(error) if isinstance(error, TransformersRefuses) else f"{type(error).__name__}: {error}"
+        raise ValueError(f"{args.config}: its RoPE keys are malformed ({detail}).") from None
     status = 0 if all(finding.severity == "ok" for finding in findings) else 1
     if args.json:
         method = None if record is None else {"method": record.method, "native": record.native}
@@ -87,8 +93,12 @@ def _check_rope_values(config: dict[str, Any]) -> None:
         rope = config.get(key)
         if rope is not None and not isinstance(rope, dict):
             raise TypeError(f"{key} is a {type(rope).__name__}, not an object")
-        entries = [rope] if rope and "full_attention" not in rope else list((rope or {}).values())
-        for entry in (e for e in entries if isinstance(e, dict)):
+        per_layer_type = bool(rope) and "full_attention" in rope
+        entries = list(rope.values()) if per_layer_type else [rope] if rope else []
+        for name, entry in rope.items() if per_layer_type else ():
+            if not isinstance(entry, dict):
+                raise TypeError(f"{key}.{name} is a {type(entry).__name__}, not an object (one per layer type)")
+        for entry in entries:
             for name in ("factor", "rope_theta", "original_max_position_embeddings", *_FRACTIONS):
                 _positive(f"{key}.{name}", entry.get(name))
     for name in (
@@ -100,6 +110,29 @@ def _check_rope_values(config: dict[str, Any]) -> None:
         *_FRACTIONS,
     ):
         _positive(name, config.get(name))
+
+
+class TransformersRefuses(ValueError):
+    """transformers' config class raises on the config's RoPE keys."""
+
+
+def _check_transformers_reads(config: dict[str, Any]) -> None:
+    """Raise what transformers 5 raises building ``config`` (its config class validates the RoPE keys: a yarn
+    without ``factor``, a llama3 without its frequency factors), for a model type and rope type it knows; the
+    engines' verdicts compare with what transformers builds, so there is nothing to compare with otherwise."""
+    rope_type = rope_view(config, REFERENCE_READS).rope_type
+    if config.get("model_type") not in CONFIG_MAPPING or rope_type not in ("default", *ROPE_INIT_FUNCTIONS):
+        return
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # its warnings on odd values: the verdicts say what matters
+    try:
+        AutoConfig.for_model(**config)
+    except Exception as error:  # whatever its validators raise (huggingface_hub's strict dataclass errors too)
+        cause = error.__cause__ or error
+        lines = [line.strip() for line in f"{type(cause).__name__}: {cause}".splitlines() if line.strip()]
+        raise TransformersRefuses(f"transformers refuses them: {' '.join(lines)}") from None
+    finally:
+        transformers_logging.set_verbosity(verbosity)
 
 
 def _positive(name: str, value: Any) -> None:

@@ -11,7 +11,8 @@ with ``rope_theta`` 10000 from a file that has only ``rope_parameters``. A patch
 - ``rope_theta`` and ``partial_rotary_factor`` at the top level, where 4.x reads them (GPT-NeoX's 4.x class:
   ``rotary_emb_base`` and ``rotary_pct``, :data:`TOP_LEVEL_NAMES`);
 - ``original_max_position_embeddings`` at the top level for ``longrope``: 4.x's LongRoPE reads the trained
-  context only there (else it takes ``max_position_embeddings``, the extended one, and never switches).
+  context only there (else it takes ``max_position_embeddings``, the extended one, and never switches); and for
+  ``llama3``: llama.cpp's converter computes the ``rope_freqs`` factors with L read there only (else 8192).
 
 transformers 5 reads the same file the same way: on loading it takes ``rope_scaling`` as its
 ``rope_parameters`` and ``rope_theta`` into it (``type`` stays there as an extra key it ignores).
@@ -43,6 +44,7 @@ LEGACY_KEYS = (
     "original_max_position_embeddings",
     *(name for names in TOP_LEVEL_NAMES.values() for name in names.values()),
 )
+TOP_LEVEL_ORIGINAL_TYPES = ("longrope", "llama3")  # whose L some reader takes from the top level only
 _TYPE_AND_FACTOR = {"linear": ("type", "factor"), "dynamic": ("type", "factor")}
 # transformers 4.x config classes whose ``_rope_scaling_validation`` takes exactly these ``rope_scaling`` fields (any
 # other key is a ValueError): model_type -> rope type -> fields. Not Phi-3's longrope (type, short_factor,
@@ -67,7 +69,7 @@ def legacy_rope_keys(rope_parameters: dict[str, Any], model_type: str | None = N
     keys.update({key: rope_parameters[key] for key in _TOP_LEVEL if key in rope_parameters})
     own_names = TOP_LEVEL_NAMES.get(model_type or "", {})
     keys.update({own_names[key]: keys[key] for key in own_names if key in keys})
-    if rope_type == "longrope":
+    if rope_type in TOP_LEVEL_ORIGINAL_TYPES:
         keys["original_max_position_embeddings"] = rope_parameters["original_max_position_embeddings"]
     return copy.deepcopy(keys)
 

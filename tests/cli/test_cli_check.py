@@ -107,6 +107,9 @@ def test_malformed_rope_values_are_one_line(tmp_path, capsys):
     assert err.startswith("hf-posenc check: error:") and "its RoPE keys are malformed" in err and "\n" not in err
 
 
+_LLAMA = '{"model_type": "llama", "max_position_embeddings": 256, "rope_parameters": %s}'
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -123,6 +126,11 @@ def test_malformed_rope_values_are_one_line(tmp_path, capsys):
         ),
         ('{"rope_parameters": {"rope_type": "yarn", "factor": 4, "attention_factor": NaN}}', "attention_factor is nan"),
         ("[" * 100000 + "]" * 100000, "is not a JSON file"),  # nested past Python's recursion limit
+        # what transformers' config class refuses (so there is no model to compare the engines' with)
+        (_LLAMA % '{"rope_type": "yarn", "original_max_position_embeddings": 64}', "{'factor'}"),
+        (_LLAMA % '{"rope_type": "llama3", "factor": 4, "original_max_position_embeddings": 64}', "'llama3'"),
+        (_LLAMA % '{"rope_type": "yarn", "factor": 4, "beta_fast": "32"}', "TypeError: '<' not supported"),
+        ('{"rope_parameters": {"full_attention": "yarn", "sliding_attention": {}}}', "full_attention is a str"),
     ],
 )
 def test_values_no_engine_could_read_are_one_line(tmp_path, capsys, text, message):

@@ -131,6 +131,17 @@ def parse_lengths(text: str) -> list[int]:
     return sorted({parse_length(part) for part in parts})
 
 
+def check_output_outside(output: Path, source: TextSource) -> None:
+    """Raise ``ValueError`` if ``output`` is a local data folder or inside one: the next run (a resume) would read
+    the results files written there as documents."""
+    folder = source.local
+    if folder is not None and folder.is_dir() and output.resolve().is_relative_to(folder.resolve()):
+        raise ValueError(
+            f"`output` {output} is inside the `dataset` folder {folder}, whose files are all read as documents: "
+            "the results written there would be read as data by the next run. Choose an `output` outside it."
+        )
+
+
 def check_protocol(protocol: str, stride: int | None) -> None:
     """Raise ``ValueError`` for an unknown protocol, or a stride given to a protocol that has none."""
     if protocol not in PROTOCOLS:

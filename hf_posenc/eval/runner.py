@@ -21,7 +21,15 @@ from accelerate import Accelerator
 from ..patching import get_patch, patched
 from ..saved import SavedPatch, restore_saved_tensors
 from ..spec import MethodSpec
-from .data import TextSource, WindowPlan, build_windows, check_protocol, load_texts, tokenize_texts
+from .data import (
+    TextSource,
+    WindowPlan,
+    build_windows,
+    check_output_outside,
+    check_protocol,
+    load_texts,
+    tokenize_texts,
+)
 from .models import (
     ModelSource,
     check_placement,
@@ -128,6 +136,7 @@ def run_perplexity(
     saved = model_source.saved_patch()
     specs = parse_methods(methods, saved)
     check_output(output, PERPLEXITY_FILES)
+    check_output_outside(output, text_source)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     check_placement(model_source, accelerator.num_processes)
     arguments = {

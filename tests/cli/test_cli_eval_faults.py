@@ -274,3 +274,14 @@ def test_self_extend_past_its_reach_is_scored_with_a_warning(tiny_dir, tmp_path,
     ]
     assert past == (expected if warned else [])
     assert {row["length"] for row in results_of(tmp_path / "out")["results"]} == {int(n) for n in lengths.split(",")}
+
+
+def test_an_output_inside_the_dataset_folder_is_refused_before_anything(tiny_dir, capsys, nothing_loaded):
+    """Every file of a local dataset folder is read as documents: results written inside it would be read as
+    data by the next run (a resume), so such an output is refused, and the folder left as it was."""
+    texts = tiny_dir / "texts"
+    before = folder_files(texts)
+    argv = ["eval", "--model", str(tiny_dir / "model"), "--dataset", str(texts), "--output", str(texts / "out")]
+    assert main([*argv, "--lengths", "32"]) == 2
+    assert f"--output {texts / 'out'} is inside the --dataset folder {texts}" in _one_line_error(capsys)
+    assert folder_files(texts) == before

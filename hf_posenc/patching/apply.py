@@ -45,7 +45,7 @@ class _ModuleState:
 
     module: nn.Module
     before: dict[str, Any]
-    installed: dict[str, tuple[torch.device, torch.dtype]] = field(default_factory=dict)
+    installed: dict[str, torch.Tensor] = field(default_factory=dict)  # a copy of each tensor as the patch left it
     hooks: dict[str, set[int]] = field(default_factory=dict)
 
 
@@ -109,7 +109,7 @@ def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
 
 def _finish(entry: _ModuleState) -> None:
     """Note what the patch left on the module: tensor layouts and new hook ids."""
-    entry.installed = {name: (tensor.device, tensor.dtype) for name, tensor in _tensors(entry.module).items()}
+    entry.installed = {name: tensor.detach().clone() for name, tensor in _tensors(entry.module).items()}
     entry.hooks = {key: set(hooks) - set(entry.before.get(key, ())) for key, hooks in _hook_dicts(entry.module).items()}
 
 
@@ -117,16 +117,30 @@ def _follow_moves(
     entry: _ModuleState, current: dict[str, torch.Tensor], name: str, tensor: torch.Tensor | None
 ) -> torch.Tensor | None:
     """A saved tensor moved to the device / cast to the dtype its ``current`` counterpart took since the
-    patch (``model.to`` between patch and unpatch); as it was where nothing moved."""
+    patch (``model.to`` between patch and unpatch), and rounded as it was where a cast went there and back
+    (``.to(bfloat16).to(float32)``: what the same calls give the unpatched model); as it was where nothing moved."""
     now, installed = current.get(name), entry.installed.get(name)
     if tensor is None or now is None or installed is None:
         return tensor
-    device = now.device if now.device != installed[0] else tensor.device
-    dtype = now.dtype if now.dtype != installed[1] else tensor.dtype
-    if (device, dtype) == (tensor.device, tensor.dtype):
+    device = now.device if now.device != installed.device else tensor.device
+    dtype = now.dtype if now.dtype != installed.dtype else tensor.dtype
+    through = _round_trip(installed, now) if dtype == installed.dtype else None
+    if (device, dtype, through) == (tensor.device, tensor.dtype, None):
         return tensor
-    moved = tensor.to(device=device, dtype=dtype)
+    moved = tensor.to(device=device, dtype=through or dtype).to(dtype)
     return nn.Parameter(moved, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else moved
+
+
+def _round_trip(installed: torch.Tensor, now: torch.Tensor) -> torch.dtype | None:
+    """The lower precision ``now`` went through since the patch left ``installed`` (same dtype, other values that
+    the cast there and back gives), or None (unchanged, or changed otherwise: a dynamic method's per-call update)."""
+    if not now.is_floating_point() or now.shape != installed.shape:
+        return None
+    values = installed.to(now.device)
+    if torch.equal(now, values):
+        return None
+    lower = (low for low in (torch.bfloat16, torch.float16) if torch.finfo(low).bits < torch.finfo(now.dtype).bits)
+    return next((low for low in lower if torch.equal(now, values.to(low).to(now.dtype))), None)
 
 
 def _apply(model: nn.Module, plan: Plan) -> None:

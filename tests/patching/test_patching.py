@@ -233,6 +233,19 @@ def test_unpatch_follows_a_device_or_dtype_move(ids):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("method", ["yarn", "longrope", "dynamic-ntk"])
+def test_unpatch_after_a_cast_there_and_back_gives_what_the_casts_give_the_unpatched_model(method, dtype, ids):
+    """``model.to(bfloat16).to(float32)`` rounds every float tensor of the unpatched model through bfloat16: after
+    a patch, unpatch gives the saved frequencies that rounding too (a dynamic method's, updated per call, stay
+    as saved when no such rounding explains them)."""
+    reference = make_tiny("llama").to(dtype).to(torch.float32)
+    model = hf_posenc.patch(make_tiny("llama"), method, **method_params(method, 8))
+    model.to(dtype).to(torch.float32)
+    hf_posenc.unpatch(model)
+    assert_same(snapshot(reference), snapshot(model))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("method", [name for name in ROPE_SCALING if get_method(name).dynamic])
 def test_dynamic_patch_follows_a_dtype_cast(method, dtype, ids):
     """``model.to(dtype)`` after a dynamic patch rounds its per-call frequencies as it rounds the unpatched

@@ -5,6 +5,7 @@ then, so the command is listed (and says what to install) without it."""
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from ..eval.lm_eval import LM_EVAL_JSON, format_lm_eval_table, import_lm_eval, run_lm_eval
@@ -26,6 +27,7 @@ PARAMETER_FLAGS = {
     "tasks": "--tasks",
     "max_length": "--model_args max_length=N",
     "include_path": "--include_path",
+    "output": "--output",
 }
 # lm-eval run's options that do not apply here, and why.
 REFUSED = {
@@ -127,9 +129,10 @@ def lm_eval_command(args: argparse.Namespace) -> int:
         parser.error("the following arguments are required: --tasks")
     if not all(str(task).strip() for task in parsed.tasks):
         raise ValueError(f"--tasks names an empty task ({','.join(map(str, parsed.tasks))!r}); give task names.")
-    if parsed.limit is not None and not parsed.limit > 0:  # NaN too
+    if parsed.limit is not None and not 0 < parsed.limit < math.inf:  # NaN too
         raise ValueError(
-            f"--limit must be > 0 (examples per task, or a fraction of them below 1), not {parsed.limit:g}."
+            "--limit must be a finite number > 0 (examples per task, or a fraction of them below 1), "
+            f"not {parsed.limit:g}."
         )
     from lm_eval.config.evaluate_config import EvaluatorConfig
 

@@ -137,7 +137,14 @@ def run_lm_eval(
         ValueError: a method spec, a task name, a loading argument in ``model_args``, or a method the model refuses.
     """
     lm_eval = import_lm_eval()
-    for key in model_args or {}:
+    model_args = dict(model_args or {})
+    if "max_length" in model_args:  # lm-eval's own spelling of it: one value, reported as run
+        if max_length is not None and max_length != model_args["max_length"]:
+            raise ValueError(
+                f"`max_length` {max_length} and `model_args` max_length={model_args['max_length']} differ."
+            )
+        max_length = model_args.pop("max_length")
+    for key in model_args:
         if key in LOADING_MODEL_ARGS:
             raise ValueError(
                 f"`model_args` {key}=... loads a model, and lm-eval ignores it for the model hf_posenc hands it: "

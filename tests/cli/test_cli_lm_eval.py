@@ -58,7 +58,8 @@ def _one_line_error(capsys) -> str:
         (["--tasks", "tiny_choice", "--max-memory", "0=1GiB"], "--max-memory budgets the devices a --device-map"),
         (["--tasks", "no_such_task"], "Tasks not found: no_such_task"),
         (["--tasks", ""], "--tasks names an empty task (''); give task names."),
-        (["--tasks", "tiny_choice", "--limit", "-3"], "--limit must be > 0 (examples per task, or a fraction"),
+        (["--tasks", "tiny_choice", "--limit", "-3"], "--limit must be a finite number > 0 (examples per task, or"),
+        (["--tasks", "tiny_choice", "--limit", "inf"], "--limit must be a finite number > 0"),
         (["--tasks", "tiny_choice", "--model_args", "max_length=abc"], "--model_args max_length=N must be a positive"),
     ],
 )
@@ -67,6 +68,14 @@ def test_bad_input_is_one_line_and_exit_2(tiny_dir, tasks, tmp_path, capsys, ext
     assert main(argv) == 2
     assert message in _one_line_error(capsys)
     assert not (tmp_path / "lm_eval.json").exists()
+
+
+def test_an_output_holding_a_run_is_named_by_its_flag(tiny_dir, tasks, tmp_path, capsys):
+    (tmp_path / "lm_eval.json").write_text("{}")
+    argv = ["lm-eval", "--model", str(tiny_dir / "model"), "--include_path", tasks, "--tasks", "tiny_choice"]
+    assert main([*argv, "--output", str(tmp_path)]) == 2
+    assert _one_line_error(capsys).startswith(f"hf-posenc lm-eval: error: --output {tmp_path} holds the lm_eval.json")
+    assert (tmp_path / "lm_eval.json").read_text() == "{}"
 
 
 def test_without_lm_eval_it_says_what_to_install(monkeypatch, tiny_dir, capsys):

@@ -100,6 +100,11 @@ def test_a_loaded_model_is_given_back_unpatched(tiny_dir, task_manager, one_thre
     )  # fmt: skip
     assert report["max_length"] == 128 and report["runs"][0]["params"]["factor"] == 4
     assert hf_posenc.get_patch(model) is None
+    spelled = run_lm_eval(  # lm-eval's own spelling, in model_args: the same length, run and reported
+        model, ["tiny_choice"], methods=["none"], tokenizer=tokenizer, task_manager=task_manager,
+        model_args={"max_length": 100}, limit=2, bootstrap_iters=0,
+    )  # fmt: skip
+    assert spelled["max_length"] == 100 and "max_length" not in spelled["arguments"]["model_args"]
     with torch.no_grad():
         assert torch.equal(model(ids).logits, before)
 

@@ -48,6 +48,11 @@ class EvalTable:
     saved_patch: str | None = None  # the method that --model was saved with (its patch undone for ``none``)
     report: dict[str, Any] = field(default_factory=dict, repr=False)  # the whole file as read (a push uploads it)
 
+    @property
+    def shown(self) -> dict[str, str]:
+        """``model`` and ``measured_on`` as a card says them: local paths cut to their last part."""
+        return {"model": _public_name(self.model), "measured_on": _public_name(self.measured_on)}
+
     def eval_results(self) -> list[EvalResult]:
         """One ``model-index`` perplexity per context length, for the method's finite rows on a Hub dataset
         (a local folder's label is no dataset id; inf / NaN are no valid metric values)."""
@@ -142,9 +147,14 @@ def public_results(value: Any) -> Any:
 
 
 def _public_field(key: str, item: Any) -> Any:
-    if key in PATH_KEYS and isinstance(item, str) and _is_local_path(item):
-        return Path(item).name
+    if key in PATH_KEYS and isinstance(item, str):
+        return _public_name(item)
     return public_results(item)
+
+
+def _public_name(name: str) -> str:
+    """A Hub id as it is; a local path cut to its last part (no local folders' names in a card or a pushed file)."""
+    return Path(name).name if _is_local_path(name) else name
 
 
 def _matching_spec(rows: list[dict[str, Any]], record: PatchRecord, path: Path, words: tuple[str, str]) -> str:

@@ -140,3 +140,16 @@ def test_a_saved_gpt2_pi_is_the_model_as_saved(tiny_dir, tmp_path):
     assert details["saved_patch"] == "pi:factor=2.0,original_max_position_embeddings=64"
     direct = _eval(tiny_dir / "gpt2", tiny_dir / "texts", tmp_path / "direct", "pi:factor=2")
     assert ppl == {("none", n): direct["pi:factor=2", n] for n in (32, 96)}
+
+
+def test_the_card_of_a_local_saved_model_names_no_local_folder_and_claims_no_training(tiny_dir, tmp_path):
+    """A card says a local model by its folder's last part (as the pushed eval_results.json does), and says
+    "without any training" only of a config-only repo (the base's weights): weights pushed may have been trained."""
+    _save_patched(tiny_dir, tmp_path / "saved", "yarn")
+    _eval(tmp_path / "saved", tiny_dir / "texts", tmp_path / "out")
+    card = tmp_path / "card.md"
+    argv = ["card", "--model", str(tmp_path / "saved"), "--method", "yarn:factor=2", "--with-weights"]
+    assert main([*argv, "--results", str(tmp_path / "out" / "results.json"), "--output", str(card)]) == 0
+    text = card.read_text()
+    assert "Measured on `saved`, a model saved with" in text and str(tmp_path) not in text
+    assert "by `hf_posenc`." in text and "without any training" not in text

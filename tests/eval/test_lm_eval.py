@@ -250,3 +250,19 @@ def test_push_uploads_the_lm_eval_results_beside_the_card(run, tiny_dir, fake_hu
     pushed = json.loads(files["lm_eval.json"], parse_constant=refuse)
     assert [r["results"] for r in pushed["runs"]] == [r["results"] for r in report["runs"]]
     assert str(tiny_dir) not in files["lm_eval.json"].decode() and "| Task | Metric |" in files["README.md"].decode()
+
+
+@pytest.mark.parametrize(
+    ("limit", "said"),
+    [
+        (0.5, "Only the first 50% of each task's examples (lm-eval's `--limit 0.5`): not a full evaluation."),
+        (3, "At most 3 examples per task (lm-eval's `--limit`): not a full evaluation unless a task has no more."),
+    ],
+)
+def test_the_card_says_a_limit_as_lm_eval_reads_it(run, tiny_dir, tmp_path, limit, said):
+    """lm-eval's --limit below 1 is a fraction of each task's examples, not a count."""
+    report, output = run
+    limited = {**report, "arguments": {**report["arguments"], "limit": limit}}
+    (tmp_path / LM_EVAL_JSON).write_text(json.dumps(limited))
+    model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(str(tiny_dir / "model")), "yarn", factor=4)
+    assert said in str(build_card(model, "me/tiny-yarn", lm_eval_results=tmp_path / LM_EVAL_JSON, with_weights=True))

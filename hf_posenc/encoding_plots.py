@@ -165,7 +165,11 @@ def write_bias_plot(
 def _write(
     folder: Path, plot_name: str, fig: Any, data_name: str, columns: Sequence[str], rows: Any
 ) -> tuple[Path, Path]:
-    """Write the figure and the CSV of its numbers (``columns``, then ``rows``) into ``folder``."""
+    """Write the figure and the CSV of its numbers (``columns``, then ``rows``) into ``folder``; neither when one
+    of the two names is taken by something other than a file (a folder): the plot would stand without its numbers."""
+    for path in (folder / plot_name, folder / data_name):
+        if path.exists() and not path.is_file():
+            raise ValueError(f"{path} is not a file it can replace (a folder?); choose another `output` folder.")
 
     def write_csv(tmp: Path) -> None:
         with tmp.open("w", newline="", encoding="utf-8") as file:

@@ -134,6 +134,20 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, ar
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("taken", ["frequencies.csv", "frequencies.png"])
+def test_a_name_taken_by_a_folder_writes_neither_file(tmp_path, capsys, taken):
+    """The plot and its numbers go together: where one of the names is a folder, the other file stays as it was."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / taken).mkdir()
+    other = out / ("frequencies.png" if taken.endswith(".csv") else "frequencies.csv")
+    other.write_text("an earlier run's")
+    assert main(["plot", "frequencies", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{out / taken} is not a file it can replace" in err, err
+    assert other.read_text() == "an earlier run's"
+
+
 def test_ctrl_c_exits_130_with_one_line(monkeypatch, capsys, tmp_path):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -8,7 +8,8 @@ import argparse
 import math
 from typing import Any
 
-from ..eval.lm_eval import LM_EVAL_JSON, format_lm_eval_table, import_lm_eval, run_lm_eval
+from ..eval.lm_eval import LM_EVAL_JSON, import_lm_eval, run_lm_eval
+from ..eval.lm_eval_report import format_lm_eval_table
 from ..eval.specs import DEFAULT_METHODS
 from .eval import _default_output, _loading, add_dtype_argument, add_loading_arguments
 

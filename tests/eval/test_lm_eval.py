@@ -12,7 +12,8 @@ from lm_eval_tasks import TASKS, write_tasks
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_posenc
-from hf_posenc.eval.lm_eval import LM_EVAL_JSON, format_lm_eval_table, run_lm_eval
+from hf_posenc.eval.lm_eval import LM_EVAL_JSON, run_lm_eval
+from hf_posenc.eval.lm_eval_report import format_lm_eval_table
 from hf_posenc.hub import build_card
 
 lm_eval = pytest.importorskip("lm_eval")

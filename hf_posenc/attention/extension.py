@@ -20,6 +20,7 @@ rotary embedding was given the same ones.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from collections.abc import Callable, Iterator
@@ -171,7 +172,7 @@ def positions_over_mask(module: nn.Module, args: tuple, kwargs: dict[str, Any]) 
     and log-n read. ``position_ids`` not given are filled in so, as ``generate()`` makes them (padding at 1): a
     padded forward gives each row its own logits, as the unpatched model does. Given ones that disagree at a
     real token raise (the rotary embedding would turn q and k by other positions than the method's)."""
-    names = list(inspect.signature(module.forward).parameters)
+    names = _forward_parameters(type(module))
     passed = {**dict(zip(names, args, strict=False)), **kwargs}
     mask, tokens = passed.get("attention_mask"), passed.get("input_ids")
     tokens = passed.get("inputs_embeds") if tokens is None else tokens
@@ -189,6 +190,13 @@ def positions_over_mask(module: nn.Module, args: tuple, kwargs: dict[str, Any]) 
     if not bool(((given.expand_as(counted) == counted) | ~real).all()):
         raise ValueError(POSITIONS_ERROR)
     return None
+
+
+@functools.cache
+def _forward_parameters(decoder: type) -> list[str]:
+    """The names of ``decoder.forward``'s parameters after ``self``, in order (read once per class: the hook runs
+    at every forward, each step of ``generate()``)."""
+    return list(inspect.signature(decoder.forward).parameters)[1:]
 
 
 def scaled_queries(state: ExtensionState, query: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

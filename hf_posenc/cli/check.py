@@ -93,12 +93,10 @@ def _check_rope_values(config: dict[str, Any]) -> None:
         rope = config.get(key)
         if rope is not None and not isinstance(rope, dict):
             raise TypeError(f"{key} is a {type(rope).__name__}, not an object")
-        per_layer_type = bool(rope) and "full_attention" in rope
-        entries = list(rope.values()) if per_layer_type else [rope] if rope else []
-        for name, entry in rope.items() if per_layer_type else ():
+        entries = rope if rope and "full_attention" in rope else {key: rope} if rope else {}  # per layer type
+        for layer_type, entry in entries.items():
             if not isinstance(entry, dict):
-                raise TypeError(f"{key}.{name} is a {type(entry).__name__}, not an object (one per layer type)")
-        for entry in entries:
+                raise TypeError(f"{key}.{layer_type} is a {type(entry).__name__}, not an object (one per layer type)")
             for name in ("factor", "rope_theta", "original_max_position_embeddings", *_FRACTIONS):
                 _positive(f"{key}.{name}", entry.get(name))
     for name in (

@@ -68,18 +68,17 @@ def build_prompt(tokenizer, length: int, depth: float, key: int, bos_id: int | N
         raise ValueError(
             f"Length {length} is too short for a passkey prompt (needs at least {length - room + len(filler)})."
         )
-    stream = filler * repeats
-    boundaries = [block * len(filler) + cut for block in range(repeats) for cut in sentence_cuts(encode)]
+    stream, cuts = filler * repeats, sentence_cuts(encode, filler)
+    boundaries = [block * len(filler) + cut for block in range(repeats) for cut in cuts]
     target = depth * len(stream)
     before = min([*boundaries, len(stream)], key=lambda cut: abs(cut - target))
     prompt = prefix + stream[:before] + needle + stream[before:] + question
     return PasskeyPrompt(prompt + answer, len(prompt), key)
 
 
-def sentence_cuts(encode) -> list[int]:
-    """Where :data:`FILLER`'s tokens split between sentences (0 first): the token count of each run of its first
-    sentences whose tokens begin the filler's (a tokenizer may merge tokens across a boundary: not a cut)."""
-    filler = encode(FILLER)
+def sentence_cuts(encode, filler: list[int]) -> list[int]:
+    """Where :data:`FILLER`'s tokens (``filler``) split between sentences (0 first): the token count of each run of
+    its first sentences whose tokens begin the filler's (a tokenizer may merge tokens across a boundary: not a cut)."""
     cuts = [0]
     for count in range(1, len(SENTENCES)):
         head = encode("".join(SENTENCES[:count]))

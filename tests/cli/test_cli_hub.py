@@ -154,3 +154,24 @@ def test_cli_push_of_a_saved_trained_t5_model_pushes_its_trained_table(fake_hub,
     ids = torch.randint(0, 97, (1, 96), generator=torch.Generator().manual_seed(1))  # past the 64 positions
     with torch.no_grad():
         assert torch.equal(hf_posenc.from_pretrained("me/t5").eval()(ids).logits, model(ids).logits)
+
+
+def test_a_config_only_push_of_a_repo_holding_a_trained_t5_table_loads_that_table(fake_hub, tiny_dir, tmp_path):
+    """`push --model REPO --method t5-bias` without the weights, REPO holding a trained table: the new repo's
+    weights come from REPO at its commit, table included, so it loads the trained table, not the patch's start."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(tiny_dir / "model").eval(), "t5-bias")
+    [table] = hf_posenc.patching.added_tensors(model).values()
+    with torch.no_grad():  # "trained"
+        table.add_(torch.randn(table.shape, generator=torch.Generator().manual_seed(0)))
+    hf_posenc.push_to_hub(
+        model, "me/t5-trained", with_weights=True, tokenizer=AutoTokenizer.from_pretrained(tiny_dir / "model")
+    )
+    done = run_cli("push", "--model", "me/t5-trained", "--method", "t5-bias", "--repo", "me/t5-config-only")
+    assert done.returncode == 0, done.stderr
+    assert not any(name.endswith(".safetensors") for name in fake_hub.files("me/t5-config-only", "main"))
+    ids = torch.randint(0, 97, (1, 96), generator=torch.Generator().manual_seed(1))  # past the 64 positions
+    with torch.no_grad():
+        assert torch.equal(hf_posenc.from_pretrained("me/t5-config-only").eval()(ids).logits, model(ids).logits)

@@ -47,6 +47,7 @@ DATASET_DETAILS = {"documents": (int,), "tokens": (int,)}
 # what a run that resumes reads besides (it writes the previous report again, and prints it)
 RUN_FIELDS = {"protocol_details": (dict,), "model_details": (dict,)}
 RUN_DETAILS = {"protocol_details": {"bos": (bool,)}, "model_details": {"dtype": (str,), "trained_context": (int,)}}
+MODEL_DETAILS_OPTIONAL = {"fingerprint": (str,), "trained_context": (int,)}  # where present (earlier files lack them)
 PASSKEY_FILE = {"model": (str,), "trials": (list,), "accuracy": (list,)}
 PASSKEY_FILE_OPTIONAL = {"prompt_hashes": (dict,)}
 PASSKEY_TRIAL = {"method": (str,), "length": (int,), "depth": _NUMBER, "correct": (bool,)}
@@ -129,7 +130,16 @@ def _perplexity_problem(report: dict[str, Any]) -> str | None:
         or _params_problem(report["results"])
         or _status_problem(report["results"])
         or _hashes_problem(report["dataset_details"].get("document_hashes"))
+        or _model_details_problem(report.get("model_details"))
     )
+
+
+def _model_details_problem(details: Any) -> str | None:
+    """The optional fields a ``model_details`` object has, checked (its required ones, where a resume needs them:
+    ``RUN_DETAILS``)."""
+    if not isinstance(details, dict):
+        return None if details is None else f"the file has {_json_name(details)} as 'model_details', not an object"
+    return fields_problem(details, _present(MODEL_DETAILS_OPTIONAL, details), "'model_details'")
 
 
 def _hashes_problem(hashes: Any) -> str | None:
@@ -143,6 +153,7 @@ def _passkey_problem(report: dict[str, Any]) -> str | None:
         fields_problem(report, PASSKEY_FILE, "the file")
         or fields_problem(report, _present(PASSKEY_FILE_OPTIONAL, report), "the file")
         or _hash_map_problem(report.get("prompt_hashes"))
+        or _model_details_problem(report.get("model_details"))
         or _rows_problem(report["trials"], PASSKEY_TRIAL, "trials")
         or _rows_problem(report["accuracy"], PASSKEY_CELL, "accuracy")
     )

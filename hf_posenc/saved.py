@@ -136,6 +136,13 @@ def restore_saved_tensors(model: PreTrainedModel) -> bool:
     return True
 
 
+def saved_tensors(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """The tensors the saved patch of a model from :func:`load_base_model` had added, as saved (its trained T5
+    table), by name; empty for any other model."""
+    entry = _SAVED_TENSORS.get(model)
+    return dict(entry[1]) if entry is not None else {}
+
+
 def _without_backend(params: dict[str, Any]) -> dict[str, Any]:
     """Parameters but the backend: the record keeps the one asked for (``auto``), a patch reports the one chosen."""
     return {key: value for key, value in params.items() if key != "backend"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,9 @@ from transformers import AutoTokenizer
 from ..hub_errors import HubError, call_hub
 from ..offline import smollm2_gguf
 from ..patching import learned_table_rows
-from ..saved import SavedPatch, load_base_model, loading_errors, saved_patch
+from ..saved import SavedPatch, load_base_model, loading_errors, saved_patch, saved_tensors
 
+FINGERPRINT_SAMPLES = 1024  # values read from each tensor for :func:`model_fingerprint`
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -174,6 +176,26 @@ def check_position_table(model, method: str, longest: int) -> None:
             f"input here has {longest} tokens. Evaluate it at `lengths` up to {rows} (runs with the same `output` "
             "add up), or with a method that extends or replaces the table (pi:factor=..., alibi, sinusoidal)."
         )
+
+
+@torch.no_grad()
+def model_fingerprint(model, samples: int = FINGERPRINT_SAMPLES) -> str:
+    """A short SHA-256 of the base model as loaded: each parameter's and buffer's name, shape and dtype, and
+    ``samples`` evenly spaced values of each (RoPE's ``inv_freq`` is a buffer: ``rope_theta`` and a shipped
+    scaling count), with a saved patch's added tensors (:func:`~hf_posenc.saved.saved_tensors`: a trained T5 table).
+    A results file keeps it, so that a resume notices a model retrained or replaced under the same name. Tensors
+    on the meta device (offloaded) count by name, shape and dtype only."""
+    digest = hashlib.sha256()
+    named = [*model.named_parameters(), *model.named_buffers(), *sorted(saved_tensors(model).items())]
+    for name, tensor in named:
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+        flat = tensor.reshape(-1)
+        if tensor.is_meta or not flat.numel():
+            continue
+        count = min(samples, flat.numel())
+        index = torch.arange(count, device=flat.device) * (flat.numel() - 1) // max(count - 1, 1)
+        digest.update(flat[index].double().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def model_details(model_source: ModelSource, saved: SavedPatch | None, dtype: str) -> dict[str, Any]:

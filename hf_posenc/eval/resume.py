@@ -115,6 +115,20 @@ def check_same_bos(before: dict[str, Any], bos: bool, path: Path) -> None:
         )
 
 
+def check_same_model(before: dict[str, Any], now: dict[str, Any], path: Path) -> None:
+    """Raise ``ValueError`` if the ``model_details`` of the results in ``path`` (``before``) describe another model
+    than the one loaded now (``now``) under the same arguments: another fingerprint
+    (:func:`~hf_posenc.eval.models.model_fingerprint`: weights retrained or replaced in the same folder, another
+    commit of a branch) or trained context (its config edited). Files written before fingerprints were recorded
+    compare what they hold."""
+    for key, what in (("fingerprint", "weights"), ("trained_context", "trained context")):
+        if key in before and key in now and before[key] != now[key]:
+            raise ValueError(
+                f"The results in {path} were computed on another model under the same name: its {what} differ "
+                f"({before[key]} then, {now[key]} now). Choose another `output` folder."
+            )
+
+
 def prompt_hashes(prompts: dict[int, list[list[int]]]) -> dict[str, str]:
     """Per passkey length (a JSON key: its decimal string), a short SHA-256 of all its prompts' token ids."""
     joined = {length: [token for ids in batch for token in ids] for length, batch in prompts.items()}

@@ -38,6 +38,7 @@ from .models import (
     load_model,
     load_tokenizer,
     model_details,
+    model_fingerprint,
     resolve_bos,
     trained_context,
 )
@@ -59,6 +60,7 @@ from .resume import (
     check_output,
     check_same_bos,
     check_same_data,
+    check_same_model,
     check_same_prompts,
     document_hashes,
     load_previous,
@@ -186,6 +188,13 @@ def run_perplexity(
 
     longest = max(input_shape(w, bos_id is not None)[0] for n in set().union(*todo.values()) for w in plans[n].windows)
     model, resolved = load_checked(model_source, saved, specs, accelerator, max(docs, key=len), longest)
+    details = {
+        **model_details(model_source, saved, arguments["dtype"]),
+        "trained_context": trained_context(model.config),
+        "fingerprint": model_fingerprint(model),
+    }
+    if previous:
+        check_same_model(previous["model_details"], details, output / RESULTS_JSON)
     rows = {row["method"]: row.get("params") or {} for row in results}
     refuse_duplicates(specs, list(rows), output / RESULTS_JSON, resolved={**rows, **resolved})
     report = {
@@ -199,10 +208,7 @@ def run_perplexity(
             "mean": "token-weighted over scored tokens",
             "note": note,
         },
-        "model_details": {
-            **model_details(model_source, saved, arguments["dtype"]),
-            "trained_context": trained_context(model.config),
-        },
+        "model_details": details,
         "dataset_details": data_details,
         "processes": accelerator.num_processes,
         "device": device_description(accelerator.device),
@@ -325,6 +331,9 @@ def run_passkey(
             longest = max(len(p.input_ids) for n in lengths for _, p in prompts[n])
             ids = prompts[todo[0]][0][1].input_ids
             model, resolved = load_checked(model_source, saved, specs, accelerator, ids, longest)
+            report["model_details"]["fingerprint"] = model_fingerprint(model)
+            if previous:
+                check_same_model(previous.get("model_details") or {}, report["model_details"], output / PASSKEY_JSON)
         if not todo:
             continue
         with method_applied(model, spec, resolved[spec.text]):

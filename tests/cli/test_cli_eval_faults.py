@@ -285,3 +285,51 @@ def test_an_output_inside_the_dataset_folder_is_refused_before_anything(tiny_dir
     assert main([*argv, "--lengths", "32"]) == 2
     assert f"--output {texts / 'out'} is inside the --dataset folder {texts}" in _one_line_error(capsys)
     assert folder_files(texts) == before
+
+
+@pytest.mark.parametrize("command", ["eval", "passkey"])
+@pytest.mark.parametrize("change", ["weights", "trained context"])
+def test_resuming_on_a_model_changed_under_the_same_name_is_refused(tiny_dir, tmp_path, capsys, command, change):
+    """The model's folder saved over (retrained, another seed) or its config edited between two runs into one
+    output folder: rows of two models would share one file under one name. Refused in one line, nothing changed."""
+    from conftest import make_tiny
+
+    model_dir, out = tmp_path / "model", tmp_path / "out"
+    shutil.copytree(tiny_dir / "model", model_dir)
+    if command == "eval":
+        argv = ["eval", "--model", str(model_dir), "--dataset", str(tiny_dir / "texts"), "--output", str(out)]
+        first, then = "48", "48,56"
+    else:
+        argv = ["passkey", "--model", str(model_dir), "--output", str(out), "--depths", "0.5"]
+        first, then = "400", "400,420"  # a passkey prompt of the character tokenizer needs 339 tokens
+    assert main([*argv, "--method", "none", "--lengths", first]) == 0
+    before = folder_files(out)
+    if change == "weights":
+        make_tiny("llama", seed=1, max_position_embeddings=64).save_pretrained(model_dir)
+    else:
+        config = json.loads((model_dir / "config.json").read_text())
+        (model_dir / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 96}))
+    if command == "passkey" and change == "trained context":  # passkey.json records no trained context
+        assert main([*argv, "--method", "none", "--lengths", then]) == 0
+        return
+    assert main([*argv, "--method", "none", "--lengths", then]) == 2
+    error = _one_line_error(capsys, command)
+    assert "were computed on another model under the same name: its " + change + " differ" in error
+    assert folder_files(out) == before
+
+
+def test_a_resume_of_the_same_model_or_of_a_file_without_fingerprint_goes_on(tiny_dir, tmp_path):
+    """The model loaded again gives the same fingerprint; a results file of an earlier version (none recorded)
+    resumes as before, and gets this run's."""
+    out = tmp_path / "out"
+    argv = [*eval_args(tiny_dir, out), "--method", "none"]
+    assert main([*argv, "--lengths", "32"]) == 0
+    fingerprint = results_of(out)["model_details"]["fingerprint"]
+    assert main([*argv, "--lengths", "32,48"]) == 0
+    assert results_of(out)["model_details"]["fingerprint"] == fingerprint
+    earlier = results_of(out)
+    del earlier["model_details"]["fingerprint"]
+    (out / "results.json").write_text(json.dumps(earlier))
+    assert main([*argv, "--lengths", "32,48,56"]) == 0
+    assert results_of(out)["model_details"]["fingerprint"] == fingerprint
+    assert [row["length"] for row in results_of(out)["results"]] == [32, 48, 56]

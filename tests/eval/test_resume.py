@@ -80,6 +80,10 @@ MALFORMED = [
     (_without(REPORT, "model_details"), "the file has no 'model_details'"),
     ({**REPORT, "protocol_details": {"bos": "yes"}}, "'protocol_details' has a string as 'bos', not a boolean"),
     ({**REPORT, "model_details": {"dtype": "float32"}}, "'model_details' has no 'trained_context'"),
+    (
+        {**REPORT, "model_details": {**REPORT["model_details"], "fingerprint": 3}},
+        "'model_details' has an integer as 'fingerprint', not a string",
+    ),
 ]
 
 
@@ -100,6 +104,8 @@ def test_a_malformed_results_file_is_one_line_naming_the_file_and_the_field(tmp_
         ({**PASSKEY, "trials": None}, "the file has null as 'trials'"),
         ({**PASSKEY, "accuracy": [{**CELL, "accuracy": None}]}, "accuracy[0] has null as 'accuracy'"),
         (_without(PASSKEY, "accuracy"), "the file has no 'accuracy'"),
+        ({**PASSKEY, "model_details": []}, "the file has a list as 'model_details', not an object"),
+        ({**PASSKEY, "model_details": {"fingerprint": None}}, "'model_details' has null as 'fingerprint'"),
     ],
 )
 def test_a_malformed_passkey_file_is_one_line_naming_the_field(tmp_path, report, problem):
@@ -146,3 +152,30 @@ def test_a_killed_runs_temporaries_are_removed_and_nothing_else(tmp_path):
     (tmp_path / ".hf-posenc-check-full" / "f").write_text("someone's")
     remove_stale_temporaries(tmp_path, PERPLEXITY_FILES)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*others, ".hf-posenc-check-full"])
+
+
+def test_the_fingerprint_reads_weights_and_rope_buffers_and_survives_a_patch_undone():
+    """Same weights, same fingerprint (a patch undone included); a weight scaled, or another RoPE base (its
+    ``inv_freq`` buffer), another one; a model on the meta device has one too (names and shapes only)."""
+    import torch
+    from conftest import make_tiny
+
+    import hf_posenc
+    from hf_posenc.eval.models import model_fingerprint
+
+    model = make_tiny("llama")
+    fingerprint = model_fingerprint(model)
+    assert re.fullmatch(r"[0-9a-f]{16}", fingerprint) and model_fingerprint(make_tiny("llama")) == fingerprint
+    with hf_posenc.patched(model, "yarn", factor=4):
+        assert model_fingerprint(model) != fingerprint  # inv_freq
+    assert model_fingerprint(model) == fingerprint
+    assert model_fingerprint(make_tiny("llama", seed=1)) != fingerprint
+    other_base = make_tiny("llama")
+    other_base.config.rope_parameters["rope_theta"] = 500_000.0
+    other_base.model.rotary_emb.__init__(other_base.config)
+    assert model_fingerprint(other_base) != fingerprint
+    with torch.no_grad():
+        model.model.norm.weight.mul_(1.001)
+    assert model_fingerprint(model) != fingerprint
+    with torch.device("meta"):
+        assert re.fullmatch(r"[0-9a-f]{16}", model_fingerprint(make_tiny("llama")))

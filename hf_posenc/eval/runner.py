@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
 
-from ..patching import get_patch, patched
-from ..saved import SavedPatch, restore_saved_tensors
+from ..patching import get_patch
+from ..saved import SavedPatch
 from ..spec import MethodSpec
 from .data import (
     TextSource,
@@ -68,22 +67,9 @@ from .resume import (
     remove_stale_temporaries,
 )
 from .scoring import LengthScore, input_shape, passkey_flags, score_lengths, serves_every_length
-from .specs import parse_methods, refuse_duplicates, warn_past_reach
+from .specs import method_applied, parse_methods, refuse_duplicates, warn_past_reach
 
 logger = logging.getLogger("hf_posenc")
-
-
-@contextmanager
-def method_applied(model, spec: MethodSpec, params: dict[str, Any]) -> Iterator[None]:
-    """The model patched with ``spec`` for the duration, from the parameters it resolved when checked (so
-    nothing is resolved, or logged, twice); ``none``: unchanged. A saved model's own method gets the tensors it
-    was saved with (:func:`~hf_posenc.saved.restore_saved_tensors`: a trained T5 table)."""
-    if spec.unpatched:
-        yield
-        return
-    with patched(model, spec.method, **params):
-        restore_saved_tensors(model)
-        yield
 
 
 def load_checked(

@@ -1,15 +1,17 @@
-"""The methods a run evaluates: parsed once from their specs, and told apart from each other and from
-the rows of a results file it resumes."""
+"""The methods a run evaluates: parsed once from their specs, told apart from each other and from the rows of a
+results file it resumes, and applied to the model in turn."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ..patching import patched
 from ..registry import get_method
-from ..saved import SavedPatch
+from ..saved import SavedPatch, restore_saved_tensors
 from ..spec import MethodSpec
 
 DEFAULT_METHODS = ("none", "yarn:factor=4")
@@ -85,3 +87,16 @@ def warn_past_reach(spec: MethodSpec, resolved: dict[str, Any], longest: int) ->
             resolved["original_max_position_embeddings"],
             longest,
         )
+
+
+@contextmanager
+def method_applied(model, spec: MethodSpec, params: dict[str, Any]) -> Iterator[None]:
+    """The model patched with ``spec`` for the duration, from the parameters it resolved when checked (so
+    nothing is resolved, or logged, twice); ``none``: unchanged. A saved model's own method gets the tensors it
+    was saved with (:func:`~hf_posenc.saved.restore_saved_tensors`: a trained T5 table)."""
+    if spec.unpatched:
+        yield
+        return
+    with patched(model, spec.method, **params):
+        restore_saved_tensors(model)
+        yield

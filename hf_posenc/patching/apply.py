@@ -40,13 +40,15 @@ _MISSING = object()
 
 @dataclass
 class _ModuleState:
-    """A changed module: its attributes before the patch, the layout of the tensors and the hook ids the
-    patch left on it (so that ``unpatch`` follows a later ``model.to`` and keeps hooks added since)."""
+    """A changed module: its attributes before the patch, which of them the patch changed, and a copy of the
+    tensors it left (so that ``unpatch`` puts back only those, following a later ``model.to``, and keeps what was
+    changed since: the train/eval flag, submodules swapped in, hooks added)."""
 
     module: nn.Module
     before: dict[str, Any]
     installed: dict[str, torch.Tensor] = field(default_factory=dict)  # a copy of each tensor as the patch left it
-    hooks: dict[str, set[int]] = field(default_factory=dict)
+    # attribute -> None (replaced, added or removed) or, for a dict or set (buffers, submodules, hooks), its entries
+    changed: dict[str, set[Any] | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,19 +100,31 @@ def _snapshot(module: nn.Module) -> dict[str, Any]:
     }
 
 
-def _hook_dicts(module: nn.Module) -> dict[str, dict]:
-    """The module's hook registries (``_forward_pre_hooks`` ...): hook id -> hook."""
-    return {key: value for key, value in module.__dict__.items() if "hooks" in key and isinstance(value, dict)}
-
-
 def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     return {name: tensor for name, tensor in {**module._buffers, **module._parameters}.items() if tensor is not None}
 
 
 def _finish(entry: _ModuleState) -> None:
-    """Note what the patch left on the module: tensor layouts and new hook ids."""
-    entry.installed = {name: tensor.detach().clone() for name, tensor in _tensors(entry.module).items()}
-    entry.hooks = {key: set(hooks) - set(entry.before.get(key, ())) for key, hooks in _hook_dicts(entry.module).items()}
+    """Note what the patch changed on the module (attributes, and the entries of its dicts and sets) and the
+    tensors it left there."""
+    before, after = entry.before, entry.module.__dict__
+    for key in before.keys() | after.keys():
+        old, new = before.get(key, _MISSING), after.get(key, _MISSING)
+        if type(old) is type(new) and isinstance(new, (dict, set)):
+            entries = _changed_entries(old, new)
+            if entries:
+                entry.changed[key] = entries
+        elif old is not new:
+            entry.changed[key] = None
+    changed = entry.changed.get("_buffers", set()) | entry.changed.get("_parameters", set())
+    entry.installed = {name: t.detach().clone() for name, t in _tensors(entry.module).items() if name in changed}
+
+
+def _changed_entries(old: dict | set, new: dict | set) -> set[Any]:
+    """The keys (of a dict) or elements (of a set) added, removed or replaced between ``old`` and ``new``."""
+    if isinstance(new, set):
+        return old ^ new
+    return {key for key in old.keys() | new.keys() if old.get(key, _MISSING) is not new.get(key, _MISSING)}
 
 
 def _follow_moves(
@@ -179,16 +193,34 @@ def _restore(model: nn.Module, applied: _AppliedPatch) -> None:
         else:
             set_config_attribute(config, key, copy.deepcopy(value))
     for entry in applied.modules:
-        module, before, current = entry.module, entry.before, _tensors(entry.module)
-        restored = {
-            key: {name: _follow_moves(entry, current, name, tensor) for name, tensor in before[key].items()}
-            for key in ("_buffers", "_parameters")
-        }
-        for key, hooks in _hook_dicts(module).items():  # hooks added since the patch stay
-            restored[key] = type(hooks)((i, hook) for i, hook in hooks.items() if i not in entry.hooks.get(key, ()))
-        module.__dict__.clear()
-        module.__dict__.update(before)
-        module.__dict__.update(restored)
+        _restore_module(entry)
+
+
+def _restore_module(entry: _ModuleState) -> None:
+    """Put back what the patch changed on ``entry.module``, and nothing else: an attribute it replaced, added or
+    removed; an entry of a dict or set it changed (a buffer, a submodule, a hook), its tensors following the
+    moves the model made since."""
+    module, before = entry.module, entry.before
+    current = _tensors(module)
+    attributes = module.__dict__
+    for key, entries in entry.changed.items():
+        old = before.get(key, _MISSING)
+        if entries is None or key not in attributes:
+            if old is _MISSING:
+                attributes.pop(key, None)
+            else:
+                attributes[key] = old
+        elif isinstance(old, set):
+            attributes[key] -= entries - old
+            attributes[key] |= entries & old
+        else:
+            for name in entries:
+                value = old.get(name, _MISSING)
+                if value is _MISSING:
+                    attributes[key].pop(name, None)
+                else:
+                    in_tensors = key in ("_buffers", "_parameters")
+                    attributes[key][name] = _follow_moves(entry, current, name, value) if in_tensors else value
 
 
 def patch(model: nn.Module, method: str, **params: Any) -> nn.Module:

@@ -105,3 +105,47 @@ def test_unpatch_of_a_model_cast_before_the_patch_restores_its_dtypes(family, me
     hf_posenc.patch(model, method, **method_params(method, 8))
     hf_posenc.unpatch(model)
     assert_same(before, snapshot(model))
+
+
+# Every kind of module change again, with the attention-level methods and the encodings that replace attention.
+AFTER_CASES = [
+    *CASES,
+    ("llama", "logn"),
+    ("llama", "self-extend"),
+    ("llama", "dca"),
+    ("llama", "t5-bias"),
+    ("gpt2", "t5-bias"),
+    ("gpt2", "nope"),
+]
+
+
+@pytest.mark.filterwarnings("ignore:.*(gradient|activation)_checkpointing:FutureWarning")  # renamed in 5.x
+@pytest.mark.parametrize("mode", ["eval", "train"])
+@pytest.mark.parametrize(("family", "method"), AFTER_CASES)
+def test_what_changed_after_the_patch_survives_unpatch(family, method, mode):
+    """unpatch puts back what the patch changed and nothing else: the train/eval mode set since (a model patched
+    in training and evaluated after it would otherwise run attention dropout), a submodule swapped in (an
+    adapter), gradient checkpointing turned on, a vocabulary resized."""
+    dropout = 0.0 if method in ("self-extend", "dca") else 0.5  # the remaps refuse training with dropout
+    overrides = {"attn_pdrop": dropout} if family == "gpt2" else {"attention_dropout": dropout}
+    model = make_tiny(family, **overrides).train(mode == "eval")  # patched in the other mode
+    hf_posenc.patch(model, method, **method_params(method, 8))
+    attention = next(m for name, m in model.named_modules() if name.endswith(("self_attn", "attn")))
+    projection = "q_proj" if family == "llama" else "c_proj"
+    swapped = copy.deepcopy(getattr(attention, projection))
+    setattr(attention, projection, swapped)
+    model.gradient_checkpointing_enable()
+    model.resize_token_embeddings(120, mean_resizing=False)
+    model.train(mode == "train")
+    hf_posenc.unpatch(model)
+    assert all(module.training == (mode == "train") for module in model.modules())
+    assert getattr(attention, projection) is swapped and model.is_gradient_checkpointing
+    assert model.get_output_embeddings().weight.shape[0] == model.config.vocab_size == 120
+    if mode == "eval":  # and it computes what the same steps give the model never patched
+        reference = make_tiny(family, **overrides).eval()
+        setattr(next(m for n, m in reference.named_modules() if n.endswith(("self_attn", "attn"))), projection, swapped)
+        reference.resize_token_embeddings(120, mean_resizing=False)
+        with torch.no_grad():
+            model.get_output_embeddings().weight[97:] = reference.get_output_embeddings().weight[97:]
+            model.get_input_embeddings().weight[97:] = reference.get_input_embeddings().weight[97:]
+        torch.testing.assert_close(logits(model, L // 2), logits(reference, L // 2), rtol=0, atol=0)

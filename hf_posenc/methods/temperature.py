@@ -22,6 +22,8 @@ from ._common import RopeParams, positive_int, positive_number
 
 VARIANTS = ("qwen", "llama4")
 LLAMA4_DEFAULTS = {"attn_scale": 0.1, "floor_scale": 8192}
+FLOAT16_MAX = torch.finfo(torch.float16).max  # the narrowest dtype a query is scaled in
+LONGEST_POSITION = 2**40  # no input is longer (the results files' bound too)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +54,13 @@ class TemperatureParams(RopeParams):
         for name, check in (("attn_scale", positive_number), ("floor_scale", positive_int)):
             value = getattr(self, name)
             self._set(name, check(name, LLAMA4_DEFAULTS[name] if value is None else value))
+        most = (FLOAT16_MAX - 1.0) / math.log(LONGEST_POSITION / self.floor_scale + 1)
+        if self.attn_scale > most:
+            raise ValueError(
+                f"attn_scale must be at most {most:.4g} with floor_scale={self.floor_scale} (the factor 1 + attn_scale "
+                f"* ln(floor((p + 1) / floor_scale) + 1) must stay finite in float16 up to p = 2**40), got "
+                f"{self.attn_scale!r}."
+            )
 
     def scale(self, positions: torch.Tensor) -> torch.Tensor:
         """The factor multiplying the query at each position (float64, same shape); 1 for positions < 0

@@ -16,6 +16,8 @@ ABSURD = [
     ("longrope context one", "longrope", {"factor": 4, "long_factor": [1.0] * PAIRS, "original_max_position_embeddings": 1}, "must be >= 2 for LongRoPE's default attention factor"),
     ("huge attention factor", "yarn", {"factor": 4, "attention_factor": 1e30}, r"attention_factor must be at most 1.845e\+19"),
     ("huge beta_fast", "yarn", {"factor": 4, "beta_fast": 1e308}, r"beta_fast=1e\+308 is out of range for the YaRN ramp"),
+    ("llama4 log-n overflowing", "logn", {"variant": "llama4", "attn_scale": 1e5, "floor_scale": 1}, r"attn_scale must be at most 2363 with floor_scale=1 .*finite in float16 up to p = 2\*\*40\), got 100000.0"),
+    ("llama4 log-n past the bound", "logn", {"variant": "llama4", "attn_scale": 3501}, r"attn_scale must be at most 3500 with floor_scale=8192"),
     ("long factor underflowing", "longrope", {"factor": 4, "long_factor": [1e300] * PAIRS}, r"method 'longrope' with base=10000.0, .* gives inverse frequencies from .* RoPE needs each finite and > 0 in float32"),
 ]  # fmt: skip
 

@@ -34,18 +34,20 @@ def _probe_lengths(method: Method, context: int) -> list[int | None]:
     return [None, context, context + 1, 2 * context, 4 * context + 3] if method.dynamic else [None]
 
 
-def _transformers_reproduces(
-    patched_config: Any, rotary_class: type, ours: Callable, lengths: list[int | None]
-) -> bool:
-    """Whether transformers' own function for the native config gives our formula at every length."""
+def _native_problem(patched_config: Any, rotary_class: type, ours: Callable, lengths: list[int | None]) -> str | None:
+    """Why transformers' own function for the native config does not give our formula at every length (it
+    differs, or fails on this config: Mixtral's ``head_dim: null`` in its yarn and dynamic functions), or None."""
     for seq_len in lengths:
-        theirs, their_factor = transformers_frequencies(patched_config, rotary_class, seq_len)
+        try:
+            theirs, their_factor = transformers_frequencies(patched_config, rotary_class, seq_len)
+        except (TypeError, ValueError, ZeroDivisionError) as error:
+            return f"fails on this config ({type(error).__name__}: {error})"
         expected, factor = ours(seq_len)
         if not torch.allclose(theirs.double(), expected, rtol=NATIVE_RTOL, atol=0) or abs(
             their_factor - factor
         ) > 1e-6 * max(1.0, abs(factor)):
-            return False
-    return True
+            return "does not reproduce it for these parameters"
+    return None
 
 
 def _updated_copy(config: Any, updates: dict[str, Any]) -> Any:
@@ -87,15 +89,17 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
     native = False  # transformers has a rope type for it (rope_parameters) and its function reproduces ours
     if rope_parameters is not None:
         updates = rope_config_updates(method, resolved, config, rope_parameters)
-        native = _transformers_reproduces(_updated_copy(config, updates), type(modules[0]), ours, lengths)
+        problem = _native_problem(_updated_copy(config, updates), type(modules[0]), ours, lengths)
+        native = problem is None
     if not native:
         own = own_rope_parameters(method, resolved, config)
         if rope_parameters is not None:
             logger.warning(
-                "hf_posenc: transformers' rope_type %r does not reproduce %r for these parameters; recording "
-                "it under rope_type %r instead (needs hf_posenc to load).",
+                "hf_posenc: transformers' rope_type %r for %r %s; recording it under rope_type %r instead "
+                "(needs hf_posenc to load).",
                 rope_parameters["rope_type"],
                 method.name,
+                problem,
                 own["rope_type"],
             )
         rope_parameters = own

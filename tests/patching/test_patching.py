@@ -277,6 +277,8 @@ GENERIC = {
     "gpt_neox": lambda T: T.GPTNeoXConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64, rotary_pct=0.5),
     "phi": lambda T: T.PhiConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64, partial_rotary_factor=0.5),
     "gemma": lambda T: T.GemmaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64),
+    # head_dim null, as Mixtral's configs have it: transformers' own yarn and dynamic functions fail on it
+    "mixtral": lambda T: T.MixtralConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, num_local_experts=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
 }  # fmt: skip
 
 
@@ -299,6 +301,30 @@ def test_other_rope_decoders_are_patched_by_the_same_code(model_type, ids):
         assert (model(ids).logits - reference).abs().max() > 1e-3
     hf_posenc.unpatch(model)
     assert_same(before, snapshot(model))
+
+
+@pytest.mark.parametrize("method", ["yarn", "ntk-by-parts", "dynamic-ntk"])
+def test_where_transformers_function_fails_on_the_config_the_method_is_recorded_as_ours(method, caplog, tmp_path, ids):
+    """Mixtral's ``head_dim: null`` makes transformers' yarn and dynamic functions raise a TypeError: the patch
+    records hf_posenc's own type (saying why), computes the paper's frequencies, and saves and loads back."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(GENERIC["mixtral"](transformers)).eval()
+    assert model.config.head_dim is None
+    with caplog.at_level(logging.WARNING, logger="hf_posenc"):
+        hf_posenc.patch(model, method, factor=4)
+    assert "fails on this config (TypeError: " in caplog.text
+    info = hf_posenc.get_patch(model)
+    assert not info.native and info.rope_type.startswith("hf_posenc")
+    expected, _ = hf_posenc.rope_frequencies(
+        method, head_dim=16, base=10000.0, original_max_position_embeddings=L, factor=4
+    )
+    inv_freq = model.model.rotary_emb.inv_freq.double()
+    torch.testing.assert_close(inv_freq, expected.to(inv_freq), rtol=1e-6, atol=0)
+    model.save_pretrained(tmp_path)
+    with torch.no_grad():
+        assert torch.equal(hf_posenc.from_pretrained(tmp_path).eval()(ids).logits, model(ids).logits)
 
 
 def tiny_phi3():

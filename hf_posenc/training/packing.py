@@ -15,11 +15,16 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset
 
+IGNORE_INDEX = -100  # a label the loss leaves out (transformers' and torch's cross-entropy default)
+
 
 @dataclass(frozen=True, eq=False)
 class PackedWindows(Dataset):
-    """The training windows, a `torch.utils.data.Dataset` of ``{"input_ids", "labels"}`` (the same tensor:
-    the model shifts the labels itself).
+    """The training windows, a `torch.utils.data.Dataset` of ``{"input_ids", "labels"}``: the labels are the window
+    (the model shifts them itself) with its first token ignored (-100), which no position predicts. So the Trainer
+    divides the summed loss by the tokens predicted for every model: it counts only ``labels[..., 1:]`` for a
+    model whose ``loss_type`` names the causal LM loss, and GPT-2's is None (the loss was the mean NLL times
+    ``(length - 1) / length``).
 
     Attributes:
         windows (`torch.LongTensor` of shape `(n, length)`): the windows, in stream order.
@@ -38,7 +43,7 @@ class PackedWindows(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         window = self.windows[index]
-        return {"input_ids": window, "labels": window}
+        return {"input_ids": window, "labels": torch.cat([window.new_full((1,), IGNORE_INDEX), window[1:]])}
 
     @property
     def length(self) -> int:

@@ -49,7 +49,7 @@ def test_windows_are_bos_then_the_stream_cut_in_spans():
     assert packed.windows.tolist() == [[1, 10, 11, 12], [1, 2, 20, 21], [1, 2, 30, 31]]
     assert (packed.stream_tokens, packed.dropped_tokens, len(packed), packed.length) == (11, 2, 3, 4)
     item = packed[1]
-    assert item["input_ids"].tolist() == item["labels"].tolist() == [1, 2, 20, 21]
+    assert item["input_ids"].tolist() == [1, 2, 20, 21] and item["labels"].tolist() == [-100, 2, 20, 21]
 
 
 def test_without_bos_and_eos_windows_are_the_plain_concatenation():
@@ -70,6 +70,23 @@ def test_the_loss_falls_on_repetitive_text(tmp_path):
     assert [step for step, _ in result.losses] == list(range(1, 31)) and result.steps == 30
     assert result.losses[-1][1] < 0.7 * result.losses[0][1], result.losses
     assert result.final_loss == result.losses[-1][1]
+
+
+@pytest.mark.parametrize(("family", "method"), [("llama", "nope"), ("gpt2", "nope"), ("gpt2", "t5-bias")])
+def test_the_logged_loss_is_the_mean_nll_of_the_predicted_tokens(tmp_path, family, method):
+    """One step on a batch of every window: its loss is the patched model's mean NLL at the start, computed here
+    (GPT-2, whose loss_type is None, logged it times (length - 1) / length: the Trainer counted the first tokens)."""
+    import torch.nn.functional as F
+
+    data = pack_windows([torch.randint(3, 97, (4 * (LENGTH - 1),)).tolist()], LENGTH, eos_id=None, bos_id=1)
+    deterministic = {"attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0} if family == "gpt2" else {}
+    reference = hf_posenc.patch(make_tiny(family, **deterministic), method)
+    with torch.no_grad():
+        logits = reference(data.windows).logits
+    expected = F.cross_entropy(logits[:, :-1].flatten(0, 1), data.windows[:, 1:].flatten()).item()
+    settings = _settings(steps=1, batch_size=len(data), save_steps=100)
+    result = train(make_tiny(family, **deterministic), None, data, tmp_path / "out", settings, method)
+    assert result.losses[0][1] == pytest.approx(expected, rel=1e-5)
 
 
 _POSITION_CASES = [("llama", "alibi"), ("gpt2", "alibi"), ("llama", "t5-bias"), ("gpt2", "t5-bias")]

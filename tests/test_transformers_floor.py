@@ -1,5 +1,6 @@
 """The oldest transformers the package declares runs the suite's core: methods, patching, the config round trip,
-ALiBi and the other attention methods (in a subprocess, that release installed beside the venv's newest one).
+ALiBi and the other attention methods, and training (in a subprocess, that release installed beside the venv's
+newest one).
 
 pyproject.toml declares ``transformers>=X``; this test reads X from there, so the declared floor is the tested one.
 huggingface_hub 2, which the package requires, caps it: transformers 5.18 is the first release that accepts it.
@@ -16,7 +17,7 @@ from pathlib import Path
 from helpers import pip_target
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE = ["tests/methods", "tests/patching", "tests/test_record.py"]
+CORE = ["tests/methods", "tests/patching", "tests/test_record.py", "tests/training"]
 ELSEWHERE = "tests/patching/test_transformers4.py"  # transformers 4.x, in its own subprocess already
 
 

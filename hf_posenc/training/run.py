@@ -37,6 +37,13 @@ from ..spec import MethodSpec
 from .packing import PackedWindows, pack_texts
 from .trainable import TRAINABLE, apply_method, release_gguf, select_trainable, unused_parameters
 
+# TrainingArguments' name for it: transformers after 5.18 renamed gradient_checkpointing (read still, with a warning)
+_CHECKPOINTING_ARGUMENT = next(
+    name
+    for name in ("activation_checkpointing", "gradient_checkpointing")
+    if name in {field.name for field in dataclasses.fields(TrainingArguments)}
+)
+
 logger = logging.getLogger(__name__)
 
 RUN_FILE = "train_run.json"
@@ -339,8 +346,8 @@ def _training_arguments(model: PreTrainedModel, output_dir: Path, settings: Trai
         report_to="none",
         use_cpu=not cuda,
         bf16=bf16,
-        activation_checkpointing=settings.gradient_checkpointing,
         remove_unused_columns=False,
+        **{_CHECKPOINTING_ARGUMENT: settings.gradient_checkpointing},
     )
 
 

@@ -278,7 +278,7 @@ def _mark_as_gguf_loaded(model) -> None:
 def test_a_gguf_loaded_model_trains_and_saves(tmp_path):
     model = make_tiny("llama")
     _mark_as_gguf_loaded(model)
-    with pytest.raises(ValueError, match="quantized with gguf and is not serializable"):
+    with pytest.raises(ValueError, match=r"quantized with (QuantizationMethod\.GGUF|gguf) and is not serializable"):
         model.save_pretrained(tmp_path / "refused")
     train(model, None, DATA, tmp_path / "out", _settings(steps=2), "alibi")
     assert "quantization_config" not in json.loads((tmp_path / "out" / "config.json").read_text())

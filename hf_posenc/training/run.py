@@ -107,6 +107,8 @@ class TrainSettings:
                 raise ValueError(f"`{name}` must be a positive number, not {value!r}.")
         if self.trainable not in TRAINABLE:
             raise ValueError(f"Unknown `trainable` {self.trainable!r}; choose one of {', '.join(TRAINABLE)}.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise ValueError(f"`seed` must be a whole number from 0 to 2**32 - 1 (numpy's range), not {self.seed!r}.")
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,7 @@ def train(
                 f"shorter than `length` {settings.length}; train at `length` up to {rows}, or with a method that "
                 "extends or replaces the table (pi:factor=..., alibi, sinusoidal, t5-bias, nope)."
             )
+        _check_backward(model, spec, args.device)
         trainable = select_trainable(model, settings.trainable, added, unused_parameters(model))
     except ValueError:
         if not spec.unpatched:
@@ -212,6 +215,17 @@ def train(
     if args.should_save:
         _write_json(output_dir / SUMMARY_FILE, _summary(model, spec, settings, data, result, args, sources))
     return result
+
+
+def _check_backward(model: PreTrainedModel, spec: MethodSpec, device: torch.device) -> None:
+    """Refuse a backend that has no backward where the model trains: torch's flex attention on a CPU (it would
+    fail at the first step, after the run's record is written)."""
+    patched = get_patch(model)
+    if patched is not None and patched.params.get("backend") == "flex" and device.type == "cpu":
+        raise ValueError(
+            f"`method` {spec.text!r}: the flex backend has no backward on a CPU (torch's flex attention); train with "
+            "backend=sdpa (or leave the backend to auto), or on a GPU."
+        )
 
 
 def _optimizer(

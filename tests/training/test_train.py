@@ -367,6 +367,10 @@ def test_streaming_reads_the_same_windows(tiny_dir, tmp_path):
         (["--gguf-file", "missing.gguf"], "--gguf-file 'missing.gguf' is not a file in the folder"),  # as eval
         (["--model", "./no/such/folder"], "'./no/such/folder': no such file or folder (a path, not a Hub id)"),
         (["--dtype", "bfloat16", "--bf16"], "--bf16 autocast trains float32 weights; the model is in torch.bfloat16"),
+        (["--seed", "-1"], "--seed must be a whole number from 0 to 2**32 - 1 (numpy's range), not -1."),
+        (["--seed", str(2**32)], "--seed must be a whole number from 0 to 2**32 - 1"),
+        (["--method", "t5-bias:backend=flex"], "the flex backend has no backward on a CPU (torch's flex attention)"),
+        (["--method", "self-extend:backend=flex"], "the flex backend has no backward on a CPU"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tiny_dir, tmp_path, capsys, change, said):

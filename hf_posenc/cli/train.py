@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..eval.data import LOCAL_SPLIT, TextSource, load_texts
+from ..eval.data import LOCAL_SPLIT, TextSource, check_output_outside, load_texts
 from ..eval.models import ModelSource, load_model, load_tokenizer
 from ..offline import essays_dir
 from ..spec import MethodSpec
@@ -150,6 +150,7 @@ def train_command(args: argparse.Namespace) -> int:
     check_output(args.output, None, args.resume)  # before anything loads; the run itself is checked by train
     model_source = _training_source(args)
     text_source = _text_source(args)
+    check_output_outside(args.output, text_source)
     saved = model_source.saved_patch()  # a model saved patched: its base is trained, with --method
     tokenizer = load_tokenizer(model_source, saved)
     data = pack_texts(tokenizer, load_texts(text_source), settings.length)  # too little text: before the model

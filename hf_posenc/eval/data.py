@@ -133,12 +133,13 @@ def parse_lengths(text: str) -> list[int]:
 
 def check_output_outside(output: Path, source: TextSource) -> None:
     """Raise ``ValueError`` if ``output`` is a local data folder or inside one: the next run (a resume) would read
-    the results files written there as documents."""
+    the files written there (results; a trained model and its checkpoints) as documents."""
     folder = source.local
     if folder is not None and folder.is_dir() and output.resolve().is_relative_to(folder.resolve()):
         raise ValueError(
             f"`output` {output} is inside the `dataset` folder {folder}, whose files are all read as documents: "
-            "the results written there would be read as data by the next run. Choose an `output` outside it."
+            "what this run writes there would be read as data by the next run (a resume). Choose an `output` "
+            "outside it."
         )
 
 

@@ -379,6 +379,17 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tiny_dir, tmp_path, 
     assert said in _one_line_error(capsys) and not out.exists()
 
 
+def test_an_output_inside_the_dataset_folder_is_refused_before_anything(tiny_dir, capsys):
+    """Local folders are read whole: the model and checkpoints written inside would be read as data by the rerun
+    with --resume (a killed run could not go on). Refused, the folder left as it was."""
+    texts = tiny_dir / "texts"
+    before = {path.name: path.read_bytes() for path in texts.iterdir()}
+    argv = _train_args(tiny_dir, texts / "out")
+    assert main(argv) == 2
+    assert f"--output {texts / 'out'} is inside the --dataset folder {texts}" in _one_line_error(capsys)
+    assert {path.name: path.read_bytes() for path in texts.iterdir()} == before
+
+
 @pytest.mark.parametrize("method", ["alibi:backend=flex", "t5-bias:backend=flex"])
 def test_a_backend_without_dropout_on_a_model_with_dropout_is_refused_before_anything(
     tiny_dir, tmp_path, capsys, method

@@ -185,6 +185,11 @@ def train(
                 "extends or replaces the table (pi:factor=..., alibi, sinusoidal, t5-bias, nope)."
             )
         _check_backward(model, spec, args.device)
+        if settings.position_learning_rate is not None and not added:
+            raise ValueError(
+                f"`position_learning_rate` sets the learning rate of the parameters the patch adds, and `method` "
+                f"{spec.text!r} adds none (t5-bias adds its table); leave it out."
+            )
         trainable = select_trainable(model, settings.trainable, added, unused_parameters(model))
     except ValueError:
         if not spec.unpatched:
@@ -233,7 +238,7 @@ def _optimizer(
 ) -> torch.optim.Optimizer | None:
     """The Trainer's own AdamW (None: it builds it) unless the parameters the patch added take their own
     ``position_learning_rate``: then the same AdamW with two parameter groups (the schedule scales both)."""
-    if settings.position_learning_rate is None or not added:
+    if settings.position_learning_rate is None:  # given, it has added parameters to move (checked in train)
         return None
     trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     groups = [

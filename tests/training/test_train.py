@@ -371,6 +371,10 @@ def test_streaming_reads_the_same_windows(tiny_dir, tmp_path):
         (["--seed", str(2**32)], "--seed must be a whole number from 0 to 2**32 - 1"),
         (["--method", "t5-bias:backend=flex"], "the flex backend has no backward on a CPU (torch's flex attention)"),
         (["--method", "self-extend:backend=flex"], "the flex backend has no backward on a CPU"),
+        (
+            ["--position-learning-rate", "1e-2"],
+            "--position-learning-rate sets the learning rate of the parameters the patch adds, and --method 'alibi' adds none",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tiny_dir, tmp_path, capsys, change, said):

@@ -104,6 +104,9 @@ def plot_command(args: argparse.Namespace) -> int:
     geometry.update({key: getattr(args, key) for key in DEFAULTS if getattr(args, key) is not None})
     specs = args.specs or list(DEFAULT_SPECS[args.kind])
     output = args.output or Path("hf-posenc-results") / "plot"
+    existing = next(path for path in (output, *output.absolute().parents) if path.exists())
+    if not existing.is_dir():
+        raise ValueError(f"`output` {output} names the folder for the plot and its CSV, and {existing} is a file.")
     rope = {key: geometry[key] for key in ("head_dim", "base", "trained_context")}
     if args.kind == "frequencies":
         paths = write_frequency_plot(output, specs, seq_len=args.seq_len, **rope)

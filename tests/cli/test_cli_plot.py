@@ -155,3 +155,15 @@ def test_ctrl_c_exits_130_with_one_line(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(plot_cli, "write_frequency_plot", interrupted)
     assert main(["plot", "frequencies", "--output", str(tmp_path)]) == 130
     assert capsys.readouterr().err == "hf-posenc plot: interrupted.\n"
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_an_output_that_is_a_file_or_under_one_is_one_line_naming_the_flag(tmp_path, capsys, below):
+    (tmp_path / "afile").write_text("mine")
+    output = tmp_path / "afile" / below if below else tmp_path / "afile"
+    assert main(["plot", "bias", "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"error: --output {output} names the folder for the plot and its CSV, and {tmp_path / 'afile'} is a file" in err
+    )
+    assert (tmp_path / "afile").read_text() == "mine" and "Errno" not in err

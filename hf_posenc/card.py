@@ -315,6 +315,7 @@ def render_card(
     base_model: str | None,
     base_revision: str | None,
     config_only: bool,
+    added_tensors: bool = False,
     license_info: dict[str, str] | None = None,
     eval_table: EvalTable | None = None,
     encoding_plot: str | None = None,
@@ -328,6 +329,8 @@ def render_card(
         base_model (`str`, *optional*): Hub id of the base model; ``None`` when it is not on the Hub.
         base_revision (`str`, *optional*): commit of the base model the patch was made for.
         config_only (`bool`): whether the repo holds no weights (they load from ``base_model``).
+        added_tensors (`bool`, defaults to `False`): whether its weights hold tensors the patch added (a T5 table),
+            which some engines refuse.
         license_info (`dict`, *optional*): ``license`` (and ``license_name``/``license_link``) of the base.
         eval_table (`EvalTable`, *optional*): perplexity rows to show and to put in ``model-index``.
         encoding_plot (`str`, *optional*): the repo's plot of the RoPE scaling's frequencies, to show
@@ -363,5 +366,5 @@ def render_card(
         plot_file=PLOT_FILE if eval_table else None,
         encoding_plot=encoding_plot,
         lm_eval_table=lm_eval_table,
-        engines=engine_findings(config.to_dict()),
+        engines=engine_findings(config.to_dict(), added_tensors=added_tensors),
     )

@@ -28,7 +28,7 @@ from .card import PLOT_FILE, EvalTable, LmEvalTable, load_eval_table, load_lm_ev
 from .encoding_plots import FREQUENCY_PLOT, patch_plot_file, write_patch_plot
 from .files import json_text
 from .hub_errors import HubError, HubPushError, call_hub, refuse_missing_folder
-from .patching import trained_tensors
+from .patching import added_tensors, trained_tensors
 from .patching.loading import load_patched_model
 from .plots import plot_ppl_vs_length
 from .record import PatchRecord
@@ -282,6 +282,7 @@ def _render(model: PreTrainedModel, repo_id: str, contents: _PushContents) -> Mo
         base_model=contents.base.repo_id if contents.base else None,
         base_revision=contents.base.revision if contents.base else None,
         config_only=not contents.with_weights,
+        added_tensors=contents.with_weights and bool(added_tensors(model)),
         license_info=contents.license_info,
         eval_table=contents.eval_table,
         encoding_plot=contents.encoding_plot,

@@ -41,6 +41,7 @@ class Method:
             rotary frequencies), ``"remap"`` (the positions attention sees: Self-Extend, DCA), ``"temperature"``
             (a per-position query scale: log-n), ``"replace"`` (the whole encoding: ALiBi; combines with nothing).
         parts (`tuple[Method, ...]`): the methods a combination (``"yarn+logn"``) is made of; empty otherwise.
+        adds_parameters (`bool`): the patch adds parameters (the T5 table), which the saved weights hold.
         paper (`str`): reference, shown in errors, the README and model cards.
         summary (`str`): one line on when to use it.
     """
@@ -55,6 +56,7 @@ class Method:
     applies_to: frozenset[str] = frozenset({"rope"})
     role: str = "rope"
     parts: tuple[Method, ...] = ()
+    adds_parameters: bool = False
     aliases: tuple[str, ...] = ()
     paper: str = ""
     summary: str = field(default="", compare=False)

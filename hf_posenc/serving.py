@@ -61,7 +61,8 @@ class Engine:
     ``theta_from_rope``: ``rope_theta`` from that dict before the top level; ``builds``: rope type -> rule;
     ``unknown`` / ``activation``: severity for another rope type / hf_posenc's GPT-2 ``activation_function``;
     ``dual_chunk``: model types whose ``dual_chunk_attention_config`` it reads first (``dual_chunk_gap``: why it
-    cannot run it all the same); ``strict_type``: ``type`` and ``rope_type`` that disagree are an error."""
+    cannot run it all the same); ``strict_type``: ``type`` and ``rope_type`` that disagree are an error;
+    ``added_tensors``: why it refuses weights holding tensors a patch added (empty: no such refusal known)."""
 
     name: str
     version: str
@@ -74,6 +75,7 @@ class Engine:
     dual_chunk: tuple[str, ...] = ()
     dual_chunk_gap: str = ""
     strict_type: bool = False
+    added_tensors: str = ""
 
 
 ENGINES = (
@@ -142,6 +144,8 @@ ENGINES = (
         },
         unknown="ignored",
         activation="ignored",
+        added_tensors="its converter has no GGUF name for the tensors the patch added (the T5 bias table): refuses "
+        "to convert the weights",
     ),
     Engine(
         name="tgi",
@@ -184,14 +188,20 @@ def _rotary_dim(config: dict[str, Any], view: View) -> int | None:
     return None if head_dim is None else int(head_dim * fraction)
 
 
-def engine_findings(config: dict[str, Any]) -> list[Finding]:
-    """Per engine of :data:`ENGINES`, whether it builds ``config`` (a ``config.json`` dict) as transformers 5 does;
-    first a ``config`` finding for keys other readers take otherwise. Raises TypeError if ``config`` is no dict."""
+def engine_findings(config: dict[str, Any], *, added_tensors: bool = False) -> list[Finding]:
+    """Per engine of :data:`ENGINES`, whether it builds ``config`` (a ``config.json`` dict) as transformers 5 does,
+    with weights that hold tensors the patch added where ``added_tensors`` (a T5 table); first a ``config`` finding
+    for keys other readers take otherwise. Raises TypeError if ``config`` is no dict."""
     if not isinstance(config, dict):
         raise TypeError(f"A config is a JSON object, got a {type(config).__name__}.")
     reference = rope_view(config, REFERENCE_READS)
     gap = _config_gaps(config, reference)
-    findings = [Finding(engine.name, *_verdict(engine, config, reference)) for engine in ENGINES]
+    findings = [
+        Finding(engine.name, "refused", engine.added_tensors)
+        if added_tensors and engine.added_tensors
+        else Finding(engine.name, *_verdict(engine, config, reference))
+        for engine in ENGINES
+    ]
     return findings if gap is None else [Finding("config", *gap), *findings]
 
 

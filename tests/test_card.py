@@ -215,3 +215,19 @@ def test_the_serving_table_is_hf_posenc_checks_verdict(method, params):
         assert verdicts == {"vllm": "differs", "sglang": "differs", "llama.cpp": "ignored", "tgi": "differs"}
     if method == "alibi":
         assert verdicts == {"vllm": "refused", "sglang": "refused", "llama.cpp": "ignored", "tgi": "refused"}
+
+
+def test_a_card_with_a_t5_tables_weights_says_llama_cpp_refuses_them():
+    """Pushed with its weights, a T5-bias model's table has no GGUF name: llama.cpp's converter refuses it (the card's
+    row says so); config-only, llama.cpp builds plain RoPE from the base's weights."""
+    model = hf_posenc.patch(make_tiny("llama"), "t5-bias")
+
+    def llama_cpp_row(config_only: bool) -> str:
+        card = render_card(
+            model.config, repo_id="me/x", base_model="org/tiny", base_revision=None, config_only=config_only,
+            added_tensors=not config_only,
+        )  # fmt: skip
+        return next(line for line in str(card).splitlines() if line.startswith("| llama.cpp |"))
+
+    assert llama_cpp_row(False).startswith("| llama.cpp | refused | its converter has no GGUF name for the tensors")
+    assert llama_cpp_row(True).startswith("| llama.cpp | ignored |")

@@ -16,8 +16,10 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.utils import logging as transformers_logging
 
+from ..hub import read_metadata
 from ..hub_errors import HubError, call_hub, refuse_missing_folder
 from ..record import PatchRecord
+from ..registry import get_method
 from ..serving import ENGINES, REFERENCE_READS, Finding, engine_findings, rope_view
 
 CONFIG_FILE = "config.json"
@@ -57,10 +59,11 @@ def check_command(args: argparse.Namespace) -> int:
     """Print the findings for ``args.config`` (a table, or JSON with ``--json``); the exit status: 0 or 1."""
     config = read_config(args.config, args.revision)
     record = PatchRecord.from_config(config, missing_ok=True)
+    added = _weights_hold_added_tensors(args.config, args.revision, record)
     try:
         _check_rope_values(config)
         _check_transformers_reads(config)
-        findings = engine_findings(config)
+        findings = engine_findings(config, added_tensors=added)
     except (TypeError, ValueError, KeyError, ArithmeticError) as error:  # a RoPE value of the wrong type, say
         detail = str(error) if isinstance(error, TransformersRefuses) else f"{type(error).__name__}: {error}"
         raise ValueError(f"{args.config}: its RoPE keys are malformed ({detail}).") from None
@@ -144,6 +147,24 @@ def format_table(findings: list[Finding]) -> str:
     rows = [("engine", "verdict", "detail"), *((f.engine, f.severity, f.message) for f in findings)]
     widths = [max(len(row[column]) for row in rows) for column in range(2)]
     return "\n".join(f"{engine:<{widths[0]}} | {verdict:<{widths[1]}} | {detail}" for engine, verdict, detail in rows)
+
+
+def _weights_hold_added_tensors(source: str, revision: str | None, record: PatchRecord | None) -> bool:
+    """Whether ``source``'s weights hold tensors its patch added: a method that adds some (the T5 table), and
+    weights beside the config (its ``hf_posenc.json`` says so; a folder without one: weight files there; a Hub
+    repo without one holds its own)."""
+    try:
+        adds = record is not None and get_method(record.method).adds_parameters
+    except ValueError:  # a method this version does not know: its findings say what the engines make of it
+        return False
+    if not adds:
+        return False
+    path = Path(source)
+    folder = path.parent if path.is_file() else path
+    metadata = read_metadata(str(folder) if path.exists() else source, revision=revision)
+    if metadata is not None:
+        return bool(metadata["weights"])
+    return not path.exists() or any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
 
 
 def read_config(source: str, revision: str | None = None) -> dict[str, Any]:

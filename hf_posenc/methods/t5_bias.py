@@ -126,6 +126,7 @@ register(
         applies_to=frozenset({"rope", "learned"}),
         role="replace",
         depends_on_length=False,
+        adds_parameters=True,
         paper="Raffel et al. 2020, Exploring the Limits of Transfer Learning with a Unified Text-to-Text "
         "Transformer (arXiv 1910.10683), §2.1",
         summary="Replaces RoPE or learned positions by a learned per-head bias per relative-distance bucket, "

@@ -139,3 +139,20 @@ def test_values_no_engine_could_read_are_one_line(tmp_path, capsys, text, messag
     assert main(["check", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("hf-posenc check: error:") and message in err and "\n" not in err, err
+
+
+def test_llama_cpp_refuses_the_weights_of_a_t5_bias_model_and_ignores_its_config_alone(tmp_path, capsys):
+    """The T5 table the patch adds has no GGUF name: llama.cpp's converter refuses weights that hold it. A saved
+    folder with its weights says so; the same config.json alone (no weights beside it) is plain RoPE there."""
+    model = hf_posenc.patch(make_tiny("llama"), "t5-bias")
+    model.save_pretrained(tmp_path / "saved")
+    (tmp_path / "config-only").mkdir()
+    (tmp_path / "config-only" / "config.json").write_bytes((tmp_path / "saved" / "config.json").read_bytes())
+
+    def llama_cpp(source) -> str:
+        assert main(["check", str(source)]) == 1
+        return next(line for line in capsys.readouterr().out.splitlines() if line.startswith("llama.cpp"))
+
+    assert llama_cpp(tmp_path / "saved").startswith("llama.cpp | refused | its converter has no GGUF name for the")
+    assert llama_cpp(tmp_path / "saved" / "config.json").startswith("llama.cpp | refused |")
+    assert llama_cpp(tmp_path / "config-only").startswith("llama.cpp | ignored | rope type 'hf_posenc_t5_bias'")

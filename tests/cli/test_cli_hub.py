@@ -169,6 +169,10 @@ def test_a_config_only_push_of_a_repo_holding_a_trained_t5_table_loads_that_tabl
     hf_posenc.push_to_hub(
         model, "me/t5-trained", with_weights=True, tokenizer=AutoTokenizer.from_pretrained(tiny_dir / "model")
     )
+    assert (
+        b"| llama.cpp | refused | its converter has no GGUF name"
+        in fake_hub.files("me/t5-trained", "main")["README.md"]
+    )
     done = run_cli("push", "--model", "me/t5-trained", "--method", "t5-bias", "--repo", "me/t5-config-only")
     assert done.returncode == 0, done.stderr
     assert not any(name.endswith(".safetensors") for name in fake_hub.files("me/t5-config-only", "main"))

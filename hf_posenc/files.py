@@ -14,6 +14,16 @@ from pathlib import Path
 from typing import Any
 
 
+def refuse_dangling_link(folder: Path, name: str = "output") -> None:
+    """Raise ``ValueError`` if the output folder ``folder`` is a link to nothing (making it would fail with "File
+    exists"); ``name`` names it in the message."""
+    if folder.is_symlink() and not folder.exists():
+        raise ValueError(
+            f"`{name}` {folder} is a link to {os.readlink(folder)}, which does not exist; create that folder or "
+            f"choose another `{name}`."
+        )
+
+
 def _temporary(path: Path) -> Path:
     """Where :func:`atomic_write` writes ``path`` first: ``.name.<32 hex>.suffix`` beside it."""
     return path.with_name(f".{path.stem}.{uuid.uuid4().hex}{path.suffix}")

@@ -31,7 +31,7 @@ from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArgu
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from .._version import __version__
-from ..files import atomic_write_text, json_text
+from ..files import atomic_write_text, json_text, refuse_dangling_link
 from ..patching import get_patch, learned_table_rows, unpatch
 from ..spec import MethodSpec
 from .packing import PackedWindows, pack_texts
@@ -314,6 +314,7 @@ def run_identity(model_name: str, spec: MethodSpec, settings: TrainSettings, dat
 def check_output(output_dir: Path, identity: dict[str, Any] | None, resume: bool) -> None:
     """Raise ``ValueError`` unless ``output_dir`` can take the run ``identity``: new or empty, or (with ``resume``)
     holding the same run. ``identity`` None checks only what needs no data: the folder holds nothing else."""
+    refuse_dangling_link(output_dir, "output_dir")
     if output_dir.exists() and not output_dir.is_dir():
         raise ValueError(f"`output_dir` {output_dir} is a file; give a folder.")
     if not output_dir.is_dir() or not any(output_dir.iterdir()):

@@ -333,3 +333,22 @@ def test_a_resume_of_the_same_model_or_of_a_file_without_fingerprint_goes_on(tin
     assert main([*argv, "--lengths", "32,48,56"]) == 0
     assert results_of(out)["model_details"]["fingerprint"] == fingerprint
     assert [row["length"] for row in results_of(out)["results"]] == [32, 48, 56]
+
+
+@pytest.mark.parametrize("command", ["eval", "passkey", "train", "plot"])
+def test_an_output_that_links_to_nothing_is_one_line_naming_the_flag(tiny_dir, tmp_path, capsys, command):
+    """A dangling link as --output: making the folder failed with the bare "[Errno 17] File exists"."""
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    model, texts = str(tiny_dir / "model"), str(tiny_dir / "texts")
+    argv = {
+        "eval": ["eval", "--model", model, "--dataset", texts, "--lengths", "32", "--method", "none"],
+        "passkey": ["passkey", "--model", model, "--lengths", "400", "--method", "none"],
+        "train": ["train", "--model", model, "--dataset", texts, "--length", "32", "--steps", "1", "--method", "nope"],
+        "plot": ["plot", "bias"],
+    }[command]
+    assert main([*argv, "--output", str(link)]) == 2
+    assert f"--output {link} is a link to {tmp_path / 'nowhere'}, which does not exist" in _one_line_error(
+        capsys, command
+    )
+    assert link.is_symlink() and not (tmp_path / "nowhere").exists()

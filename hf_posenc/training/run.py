@@ -35,14 +35,8 @@ from ..files import atomic_write_text, json_text, refuse_dangling_link
 from ..patching import get_patch, learned_table_rows, unpatch
 from ..spec import MethodSpec
 from .packing import PackedWindows, pack_texts
-from .trainable import TRAINABLE, apply_method, release_gguf, select_trainable, unused_parameters
-
-# TrainingArguments' name for it: transformers after 5.18 renamed gradient_checkpointing (read still, with a warning)
-_CHECKPOINTING_ARGUMENT = next(
-    name
-    for name in ("activation_checkpointing", "gradient_checkpointing")
-    if name in {field.name for field in dataclasses.fields(TrainingArguments)}
-)
+from .settings import TrainSettings, training_arguments
+from .trainable import apply_method, release_gguf, select_trainable, unused_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -50,65 +44,6 @@ RUN_FILE = "train_run.json"
 SUMMARY_FILE = "train_summary.json"
 CLOCK_FILE = "hf_posenc_seconds.json"  # in each checkpoint: the training time of the run up to it
 RUN_FORMAT = 1
-SAVE_TOTAL_LIMIT = 2  # checkpoints kept (model + optimizer state each): the last two, enough to resume
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainSettings:
-    """How to train.
-
-    Args:
-        length (`int`): tokens per training window, BOS included (the context to train at).
-        steps (`int`): optimizer steps.
-        learning_rate (`float`, defaults to 1e-4): peak learning rate (AdamW, linear decay to 0).
-        position_learning_rate (`float`, *optional*): peak learning rate of the parameters the patch adds (the T5
-            table, whose values are tens of units: at 1e-4 fifty steps move them by 1e-3); None: ``learning_rate``.
-        batch_size (`int`, defaults to 1): windows per device per forward.
-        gradient_accumulation_steps (`int`, defaults to 1): forwards per optimizer step.
-        warmup_steps (`int`, defaults to 0): steps of linear warm-up to ``learning_rate``.
-        trainable (`str`, defaults to ``"all"``): ``"all"``, or ``"position"``: only the parameters the patch
-            adds and the normalisation weights (:mod:`hf_posenc.training.trainable`).
-        save_steps (`int`, defaults to 500): a checkpoint (model, optimizer, scheduler, RNG) every N steps; the
-            last two are kept.
-        seed (`int`, defaults to 0): seed of the data order and of the Trainer.
-        gradient_checkpointing (`bool`, defaults to `False`): recompute activations in the backward (less memory).
-        bf16 (`bool`, *optional*): train a float32 model in bfloat16 autocast (the weights and the optimizer state
-            stay float32). Default: where a CUDA GPU supports bfloat16; on a CPU only when asked (it pays where the
-            CPU has AVX512-BF16 or AMX, as recent Xeon and EPYC do).
-        resume (`bool`, defaults to `False`): continue the run in ``output_dir`` from its last checkpoint (the
-            same model, method, data and settings); with no run there, start one.
-
-    A model not in float32 trains in its own dtype.
-    """
-
-    length: int
-    steps: int
-    learning_rate: float = 1e-4
-    position_learning_rate: float | None = None
-    batch_size: int = 1
-    gradient_accumulation_steps: int = 1
-    warmup_steps: int = 0
-    trainable: str = "all"
-    save_steps: int = 500
-    seed: int = 0
-    gradient_checkpointing: bool = False
-    bf16: bool | None = None
-    resume: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("length", "steps", "batch_size", "gradient_accumulation_steps", "save_steps"):
-            if not getattr(self, name) >= 1:
-                raise ValueError(f"`{name}` must be a positive integer, not {getattr(self, name)!r}.")
-        if not self.warmup_steps >= 0:
-            raise ValueError(f"`warmup_steps` must be 0 or more, not {self.warmup_steps!r}.")
-        for name in ("learning_rate", "position_learning_rate"):
-            value = getattr(self, name)
-            if value is not None and not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"`{name}` must be a positive number, not {value!r}.")
-        if self.trainable not in TRAINABLE:
-            raise ValueError(f"Unknown `trainable` {self.trainable!r}; choose one of {', '.join(TRAINABLE)}.")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
-            raise ValueError(f"`seed` must be a whole number from 0 to 2**32 - 1 (numpy's range), not {self.seed!r}.")
 
 
 @dataclass(frozen=True)
@@ -171,7 +106,7 @@ def train(
     identity = run_identity(model.name_or_path, spec, settings, data)
     check_output(output_dir, identity, settings.resume)
     release_gguf(model)
-    args = _training_arguments(model, output_dir, settings)
+    args = training_arguments(model, output_dir, settings)
     if args.place_model_on_device:  # patched where and as it trains: the backend "auto" picks depends on both
         model.to(args.device)
     model.train()
@@ -344,31 +279,6 @@ def _differences(recorded: dict[str, Any], identity: dict[str, Any]) -> str:
     if recorded.get("data_sha256") != identity["data_sha256"]:
         said.append("the tokens of `texts` differ")
     return "; ".join(said) or f"{RUN_FILE} is of another format"
-
-
-def _training_arguments(model: PreTrainedModel, output_dir: Path, settings: TrainSettings) -> TrainingArguments:
-    cuda = torch.cuda.is_available()
-    bf16 = settings.bf16
-    if bf16 is None:
-        bf16 = cuda and model.dtype == torch.float32 and torch.cuda.is_bf16_supported()
-    return TrainingArguments(
-        output_dir=str(output_dir),
-        max_steps=settings.steps,
-        per_device_train_batch_size=settings.batch_size,
-        gradient_accumulation_steps=settings.gradient_accumulation_steps,
-        learning_rate=settings.learning_rate,
-        warmup_steps=settings.warmup_steps,
-        save_strategy="steps",
-        save_steps=settings.save_steps,
-        save_total_limit=SAVE_TOTAL_LIMIT,
-        logging_steps=1,
-        seed=settings.seed,
-        report_to="none",
-        use_cpu=not cuda,
-        bf16=bf16,
-        remove_unused_columns=False,
-        **{_CHECKPOINTING_ARGUMENT: settings.gradient_checkpointing},
-    )
 
 
 def _summary(

@@ -82,6 +82,14 @@ def trained_context(config: Any, params: dict[str, Any]) -> int:
     ``max_position_embeddings`` with a log line."""
     given = params.pop("original_max_position_embeddings", None)
     if given is not None:
+        configured = getattr(config, "max_position_embeddings", None)
+        if isinstance(given, int) and isinstance(configured, int) and given > configured:
+            logger.warning(
+                "hf_posenc: original_max_position_embeddings=%d is above the config's max_position_embeddings=%d: "
+                "L is the context the model was trained at, which its config does not exceed. Check the value.",
+                given,
+                configured,
+            )
         return given
     dual_chunk = getattr(config, "dual_chunk_attention_config", None)
     recorded = (

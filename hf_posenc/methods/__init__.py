@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
@@ -56,6 +57,8 @@ def rope_frequencies(
     spec = get_method(method)
     if spec.frequencies is None:
         raise ValueError(f"Method {spec.name!r} is not a RoPE method.")
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 1):
+        raise ValueError(f"seq_len (the current length l) must be a positive integer or None, got {seq_len!r}.")
     resolved = spec.make_params(original_max_position_embeddings=original_max_position_embeddings, **params)
     return compute_frequencies(
         spec, resolved, head_dim=head_dim, base=base, seq_len=seq_len, dtype=dtype, device=device

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 
 import torch
@@ -12,7 +13,7 @@ from ._common import ScaledRopeParams, attention_scale, positive_number, rope_in
 
 
 def _factor_list(name: str, values) -> tuple[float, ...]:
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+    if isinstance(values, (str, bytes, Mapping, Set)) or not hasattr(values, "__iter__"):
         raise TypeError(f"{name} must be a list of numbers (one per rotary pair), got {values!r}.")
     return tuple(positive_number(f"{name}[{i}]", value) for i, value in enumerate(values))
 

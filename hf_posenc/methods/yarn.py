@@ -77,7 +77,8 @@ class NTKByPartsParams(RampParams, ScaledRopeParams):
 class YaRNParams(NTKByPartsParams):
     """Args:
     attention_factor (`float`, *optional*): ``sqrt(1/t)``, multiplying cos and sin (so q.k by its
-        square). Defaults to the paper's ``0.1 ln(s) + 1`` (§3.4).
+        square; on a partial-rotary model, Phi or GPT-NeoX, only the rotated dimensions' part of q.k, as in
+        transformers: the paper's ``1/t`` scales all of it). Defaults to the paper's ``0.1 ln(s) + 1`` (§3.4).
     mscale, mscale_all_dim (`float`, *optional*): given together (both > 0), the attention factor is
         ``(0.1 mscale ln s + 1) / (0.1 mscale_all_dim ln s + 1)``, the variant of the YaRN authors' code
         that DeepSeek-V2 configs use and transformers' ``yarn`` type reads. With ``attention_factor`` too,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import paper_formulas as paper
 import pytest
@@ -187,6 +188,8 @@ def test_ratio_ramp_differs_from_transformers_yarn():
         ("longrope", {"factor": 4, "long_factor": [1.0] * 3}, ValueError, "long_factor has 3 values.*needs 32"),
         ("longrope", {"factor": 4, "long_factor": [0.0] * 32}, ValueError, r"long_factor\[0\] must be > 0"),
         ("longrope", {"factor": 4, "long_factor": "2"}, TypeError, "list of numbers"),
+        ("longrope", {"factor": 4, "long_factor": dict.fromkeys(range(32), 1.0)}, TypeError, "list of numbers"),
+        ("longrope", {"factor": 4, "long_factor": {1.0, 2.0}}, TypeError, "list of numbers"),
         # absurd values: a one-line error where the arithmetic would overflow, divide by zero or give inf / 0
         ("ntk", {"factor": 1e308}, ValueError, r"factor must be at most 2\^24 = 16777216 .*got 1e\+308"),
         ("dynamic-ntk", {"factor": 2.0**24 + 1}, ValueError, r"factor must be at most 2\^24"),
@@ -254,3 +257,16 @@ def test_registry_refuses_duplicates_and_resolves_aliases():
         register(Method(name="linear", params=object, frequencies=print, transformers_rope=print))
     assert get_method("linear").name == "pi"
     assert get_method("Dynamic_NTK").name == "dynamic-ntk"
+
+
+@pytest.mark.parametrize("seq_len", [float("nan"), 100.0, "100", 0, -5, True])
+@pytest.mark.parametrize("method", ["dynamic-ntk", "dynamic-yarn", "longrope", "yarn"])
+def test_a_seq_len_that_is_no_length_is_refused_by_name(method, seq_len):
+    params = {"longrope": {"factor": 4, "long_factor": [1.0] * (D // 2)}, "dynamic-yarn": {}}.get(method, {"factor": 4})
+    with pytest.raises(
+        ValueError,
+        match=f"seq_len \\(the current length l\\) must be a positive integer or None, got {re.escape(repr(seq_len))}",
+    ):
+        hf_posenc.rope_frequencies(
+            method, head_dim=D, base=B, original_max_position_embeddings=L, seq_len=seq_len, **params
+        )

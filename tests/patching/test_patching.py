@@ -273,6 +273,18 @@ def test_trained_context_recorded_by_the_config_is_used(caplog):
     assert hf_posenc.get_patch(model).params["original_max_position_embeddings"] == 32
 
 
+@pytest.mark.parametrize(("given", "warned"), [(64, False), (32, False), (10**6, True)])
+def test_a_trained_context_above_the_configs_is_patched_with_a_warning(caplog, given, warned):
+    """``L`` is the context the model was trained at, which its config does not exceed: a larger one (a typo, an
+    extra zero) patches as asked, but says so (YaRN x4 at L=10**6 leaves every frequency of a 64-token model)."""
+    model = make_tiny("llama")
+    with caplog.at_level(logging.WARNING, logger="hf_posenc"):
+        hf_posenc.patch(model, "yarn", factor=4, original_max_position_embeddings=given)
+    expected = f"original_max_position_embeddings={given} is above the config's max_position_embeddings=64"
+    assert (expected in caplog.text) == warned
+    assert hf_posenc.get_patch(model).params["original_max_position_embeddings"] == given
+
+
 GENERIC = {
     "gpt_neox": lambda T: T.GPTNeoXConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64, rotary_pct=0.5),
     "phi": lambda T: T.PhiConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64, partial_rotary_factor=0.5),

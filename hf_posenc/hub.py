@@ -208,7 +208,7 @@ def _push_contents(
     lm_eval_table = load_lm_eval_table(results[1], record) if results[1] is not None else None
     base_id = base_model or model.name_or_path
     for table in (eval_table, lm_eval_table):
-        if table and _different_models(table.model, base_id):
+        if table and _different_models(table.measured_model or table.model, base_id):
             raise ValueError(
                 f"The results {table.source} were measured on {table.model!r}, not on the base model {base_id!r}. "
                 f"Evaluate {base_id!r}, or leave the results out."

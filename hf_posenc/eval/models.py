@@ -201,8 +201,9 @@ def model_fingerprint(model, samples: int = FINGERPRINT_SAMPLES) -> str:
 def model_details(model_source: ModelSource, saved: SavedPatch | None, dtype: str) -> dict[str, Any]:
     """What the results say of the model: its name, and for a saved patched model the method it was saved
     with and the repo its weights came from (``none`` rows are that base)."""
+    local = Path(model_source.name)
     return {
-        "name": model_source.name,
+        "name": str(local.resolve()) if local.exists() else model_source.name,  # a folder: which one, from anywhere
         "gguf_file": model_source.gguf_file,
         "dtype": dtype,
         **model_source.identity,

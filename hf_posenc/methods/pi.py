@@ -79,6 +79,6 @@ def _check_table_size(new_rows: int, table: torch.Tensor, factor: float) -> None
         most = MAX_TABLE_BYTES // (width * table.element_size())
         raise ValueError(
             f"factor={factor!r} would resample the position table from {rows} to {new_rows:,} rows of {width} "
-            f"({size / 2**30:,.1f} GiB in {str(table.dtype).removeprefix('torch.')}); hf_posenc builds tables of at "
+            f"({size / 2**30:.6g} GiB in {str(table.dtype).removeprefix('torch.')}); hf_posenc builds tables of at "
             f"most 1 GiB: {most:,} rows here, factor <= {most / rows:.4g}."
         )

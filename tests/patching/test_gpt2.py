@@ -181,7 +181,8 @@ BAD = [
     ("pi wrong context", "pi", {"factor": 2, "original_max_position_embeddings": 32}, ValueError, "position table has 64 rows"),
     ("rope method", "yarn", {"factor": 4}, ValueError, r"encodes position as learned \(transformer.wpe\); method 'yarn' needs rotary embeddings"),
     ("unknown backend", "alibi", {"backend": "triton"}, ValueError, "Unknown ALiBi backend 'triton'"),
-    ("pi table too large", "pi", {"factor": 1e6}, ValueError, r"^factor=1000000.0 would resample the position table from 64 to 64,000,000 rows of 64 \(15.3 GiB in float32\); hf_posenc builds tables of at most 1 GiB: 4,194,304 rows here, factor <= 6.554e\+04.$"),
+    ("pi table too large", "pi", {"factor": 1e6}, ValueError, r"^factor=1000000.0 would resample the position table from 64 to 64,000,000 rows of 64 \(15.2588 GiB in float32\); hf_posenc builds tables of at most 1 GiB: 4,194,304 rows here, factor <= 6.554e\+04.$"),
+    ("pi table just too large", "pi", {"factor": 65537}, ValueError, r"to 4,194,368 rows of 64 \(1.00002 GiB in float32\); hf_posenc builds tables of at most 1 GiB"),
 ]  # fmt: skip
 
 

@@ -121,6 +121,9 @@ def lm_eval_command(args: argparse.Namespace) -> int:
     try:
         parser, lm_eval_options = build_parser()
     except ImportError as error:
+        if {"-h", "--help"} & set(args.argv):  # what the command is, and how to get it, before it is installed
+            print(f"usage: hf-posenc lm-eval --tasks TASK[,TASK] [--model MODEL] [--method SPEC ...] ...\n\n{error}")
+            return 0
         raise ValueError(str(error)) from None
     parsed = parser.parse_args(args.argv)
     for option, reason in REFUSED.items():

@@ -82,3 +82,10 @@ def test_without_lm_eval_it_says_what_to_install(monkeypatch, tiny_dir, capsys):
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval raises ImportError
     assert main(["lm-eval", "--model", str(tiny_dir / "model"), "--tasks", "tiny_choice"]) == 2
     assert "install it with: pip install 'hf-posenc[lm-eval]'" in _one_line_error(capsys)
+
+
+def test_without_lm_eval_its_help_says_what_the_command_is_and_what_to_install(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "lm_eval", None)
+    assert main(["lm-eval", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: hf-posenc lm-eval --tasks") and "pip install 'hf-posenc[lm-eval]'" in out

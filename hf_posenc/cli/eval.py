@@ -105,8 +105,12 @@ def add_parser(subparsers) -> None:
     )
     _add_model_arguments(evaluate, OFFLINE_LENGTHS, DEFAULT_METHODS)
     data = evaluate.add_argument_group("data")
-    data.add_argument("--dataset", help="Hub dataset id, or a local .txt/.jsonl/.parquet file or folder")
-    data.add_argument("--dataset-config", help="Hub dataset configuration (wikitext-103-raw-v1)")
+    data.add_argument(
+        "--dataset",
+        help="Hub dataset id, or a local .txt/.jsonl/.parquet file or folder (default: the bundled Paul Graham "
+        "essays joined into one document, with or without --model)",
+    )
+    data.add_argument("--dataset-config", help="Hub dataset configuration (e.g. wikitext-103-raw-v1)")
     data.add_argument("--split", help="split of a Hub dataset (default: test)")
     data.add_argument("--text-column", default="text", help="column holding the documents (default: text)")
     data.add_argument("--streaming", action="store_true", help="stream the dataset (big ones)")

@@ -70,8 +70,11 @@ def add_parser(subparsers) -> None:
     command.add_argument("--output", type=Path, required=True, help="folder of the checkpoints and the trained model")
     command.add_argument("--resume", action="store_true", help="continue the run in --output from its last checkpoint")
     data = command.add_argument_group("data")
-    data.add_argument("--dataset", help="Hub dataset id, or a local .txt/.jsonl/.parquet file or folder")
-    data.add_argument("--dataset-config", help="Hub dataset configuration (wikitext-103-raw-v1)")
+    data.add_argument(
+        "--dataset",
+        help="Hub dataset id, or a local .txt/.jsonl/.parquet file or folder (default: the bundled Paul Graham essays)",
+    )
+    data.add_argument("--dataset-config", help="Hub dataset configuration (e.g. wikitext-103-raw-v1)")
     data.add_argument("--split", default=LOCAL_SPLIT, help="split of a Hub dataset (default: train)")
     data.add_argument("--text-column", default="text", help="column holding the documents (default: text)")
     data.add_argument("--streaming", action="store_true", help="stream the dataset (big ones, with --max-documents)")

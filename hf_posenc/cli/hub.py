@@ -65,7 +65,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_model_arguments(card)
     card.add_argument("--repo", help="repo id named in the card's snippets, user/name (default: <model>-<method>)")
-    card.add_argument("--output", type=Path, help="write the card to this file instead of printing it")
+    card.add_argument(
+        "--output",
+        type=Path,
+        help="write the card to this file instead of printing it (the images it shows, ppl_vs_length.png and "
+        "frequencies.png, are those push uploads beside it; a local card names them without writing them)",
+    )
     card.set_defaults(func=run_card, parameter_flags=PARAMETER_FLAGS)
 
 

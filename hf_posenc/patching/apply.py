@@ -175,6 +175,8 @@ def _apply(model: nn.Module, plan: Plan) -> None:
                 applied.modules.append(_ModuleState(module, _snapshot(module)))
             change(module)
     except BaseException:
+        for entry in applied.modules:  # what the changes so far did, put back
+            _finish(entry)
         _restore(model, applied)
         raise
     for entry in applied.modules:

@@ -149,3 +149,28 @@ def test_what_changed_after_the_patch_survives_unpatch(family, method, mode):
             model.get_output_embeddings().weight[97:] = reference.get_output_embeddings().weight[97:]
             model.get_input_embeddings().weight[97:] = reference.get_input_embeddings().weight[97:]
         torch.testing.assert_close(logits(model, L // 2), logits(reference, L // 2), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("family", "method"), [("llama", "yarn"), ("llama", "self-extend"), ("gpt2", "alibi")])
+def test_a_change_failing_midway_leaves_the_model_as_it_was(family, method):
+    """The module changes run one after another; one that raises after others (and after changing its own module)
+    leaves every module and the config as before the patch, and the model unpatched."""
+    import dataclasses
+
+    from hf_posenc.patching import apply
+
+    model = make_tiny(family)
+    before = snapshot(model)
+    plan = apply.plan_patch(model, method, method_params(method, 8))
+    module, change = plan.changes[-1]
+
+    def failing(target):
+        change(target)
+        raise RuntimeError("a change failed")
+
+    broken = dataclasses.replace(plan, changes=[*plan.changes[:-1], (module, failing)])
+    with pytest.raises(RuntimeError, match="a change failed"):
+        apply._apply(model, broken)
+    assert hf_posenc.get_patch(model) is None
+    assert_same(before, snapshot(model))
+    torch.testing.assert_close(logits(model, L // 2), logits(make_tiny(family), L // 2), rtol=0, atol=0)

@@ -223,9 +223,8 @@ def _push_contents(
         raise ValueError(f"{record.spec!r} changed {changed}: {hint}")
     if not with_weights and not _is_hub_id(base_id):
         raise ValueError(
-            f"A config-only repo (pushed, or its card) needs the Hub id of the base model its weights load from, and "
-            f"{base_id!r} is not one; pass it as `base_model` ('org/name', the repo the weights were loaded from), or "
-            "include the weights (`with_weights`)."
+            f"A config-only repo (pushed, or its card) needs the Hub id of the base model, and {base_id!r} is not one; "
+            "pass it as `base_model` ('org/name': the repo the weights come from), or include them (`with_weights`)."
         )
     base = None
     if _is_hub_id(base_id):

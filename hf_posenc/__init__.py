@@ -8,10 +8,11 @@
 
 from __future__ import annotations
 
-from ._startup import quiet_interrupt
+from ._startup import quiet_interrupt, require_transformers
 from ._version import __version__
 
 with quiet_interrupt():  # seconds of torch and transformers: Ctrl-C there is one line in the hf-posenc command
+    require_transformers()
     from .hub import HubError, HubPushError, from_pretrained, push_to_hub
     from .methods import alibi_slopes, rope_frequencies, sinusoidal_table, t5_buckets
     from .patching import PatchInfo, get_patch, patch, patched, unpatch

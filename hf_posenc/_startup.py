@@ -1,4 +1,5 @@
-"""Ctrl-C while the ``hf-posenc`` command starts: one line and exit 130, as during a run, not a traceback.
+"""What importing hf_posenc checks and how it ends: the transformers floor, and Ctrl-C while the ``hf-posenc``
+command starts (one line and exit 130, as during a run, not a traceback).
 
 Importing hf_posenc imports torch and transformers and registers its methods with transformers (seconds);
 a command interrupted then has run and written nothing. Only the command's own process is quieted: a
@@ -12,7 +13,10 @@ import os
 import re
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
+# pyproject.toml declares the same (tests/test_transformers_floor.py checks that both say it).
+TRANSFORMERS_FLOOR = "5.18.0"
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command killed by Ctrl-C
 STARTING = "interrupted while starting; nothing was run or written."
 
@@ -50,3 +54,18 @@ def quiet_interrupt() -> Iterator[None]:
             raise
         print(f"hf-posenc: {STARTING}", file=sys.stderr)
         raise SystemExit(INTERRUPTED_EXIT) from None
+
+
+def require_transformers() -> None:
+    """``ImportError`` naming the floor where an older transformers is imported (a ``PYTHONPATH`` or a pin past
+    pip's resolver): transformers 4 keeps RoPE parameters elsewhere, and every patch would fail on a misleading
+    message."""
+    import transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__) < Version(TRANSFORMERS_FLOOR):
+        raise ImportError(
+            f"hf_posenc needs transformers>={TRANSFORMERS_FLOOR}; this Python imports transformers "
+            f"{transformers.__version__} from {Path(transformers.__file__).parent}. "
+            f"Upgrade it: pip install 'transformers>={TRANSFORMERS_FLOOR},<6'."
+        )

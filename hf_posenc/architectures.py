@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from .registry import Method, methods_for
@@ -61,17 +62,27 @@ STATIC_ROPE_TYPES = frozenset({"default", "linear", "yarn", "llama3"})
 KIND_NAMES = {"rope": "rotary embeddings (RoPE)", "learned": "a learned absolute position table"}
 
 
+# A family whose config switches its attention to ALiBi (Falcon's ``alibi: true``, falcon-rw-1b/7b): its rotary
+# module is still built, but the attention never uses it, so a RoPE method there would change nothing.
+ALIBI_SWITCH = Positions("alibi", "the config's alibi: true")
+
+
 def positions_of(model: nn.Module) -> Positions:
-    """How ``model`` encodes position: the table first, then a look for rotary modules."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    """How ``model`` encodes position: the config's ALiBi switch, the table, then a look for rotary modules."""
+    config = getattr(model, "config", None)
+    if getattr(config, "alibi", False) is True:
+        return ALIBI_SWITCH
+    model_type = getattr(config, "model_type", None)
     if model_type in ARCHITECTURES:
         return ARCHITECTURES[model_type]
     return ROPE if rotary_modules(model) else Positions("unknown")
 
 
 def positions_of_config(config: Any) -> Positions:
-    """How a model built from ``config`` encodes position, before it is built: the table, else RoPE (the
-    only kind hf_posenc patches in families it does not list)."""
+    """How a model built from ``config`` encodes position, before it is built: the ALiBi switch, the table, else
+    RoPE (the only kind hf_posenc patches in families it does not list)."""
+    if getattr(config, "alibi", False) is True:
+        return ALIBI_SWITCH
     return ARCHITECTURES.get(getattr(config, "model_type", None), ROPE)
 
 
@@ -159,7 +170,8 @@ def rope_modules(model: nn.Module, *, scaled_ok: bool = False) -> list[nn.Module
         scaled_ok (`bool`): accept a model whose RoPE is already scaled (``rope_type`` other than
             ``default``); otherwise only plain RoPE, the base a scaling method starts from.
     """
-    modules = [module for _, module in rotary_modules(model)]
+    named = rotary_modules(model)
+    modules = [module for _, module in named]
     rope = getattr(model.config, "rope_parameters", None) or {}
     if "rope_type" not in rope:
         raise ValueError(
@@ -178,7 +190,19 @@ def rope_modules(model: nn.Module, *, scaled_ok: bool = False) -> list[nn.Module
                 f"{type(module).__name__} holds {module.inv_freq.numel()} frequencies but the config implies "
                 f"{pairs}; this architecture is not supported."
             )
+    first_name, first = named[0] if named else ("", None)
+    for name, module in named[1:]:  # GraniteSWA's layer_rope_theta: one rotary module per base
+        if not torch.equal(_unscaled_frequencies(module).cpu(), _unscaled_frequencies(first).cpu()):
+            raise ValueError(
+                f"{type(model).__name__}'s rotary modules hold different frequencies ({name} is not {first_name}: "
+                "per-layer RoPE bases); hf_posenc patches models with one set of RoPE parameters."
+            )
     return modules
+
+
+def _unscaled_frequencies(module: nn.Module) -> torch.Tensor:
+    """What a rotary module was built with (transformers' dynamic update keeps it as ``original_inv_freq``)."""
+    return getattr(module, "original_inv_freq", module.inv_freq)
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from helpers import pip_target
 
+from hf_posenc._startup import TRANSFORMERS_FLOOR
+
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ["tests/methods", "tests/patching", "tests/test_record.py", "tests/training"]
 ELSEWHERE = "tests/patching/test_transformers4.py"  # transformers 4.x, in its own subprocess already
@@ -54,3 +56,20 @@ def test_the_declared_floor_runs_the_core_of_the_suite():
     )
     assert done.returncode == 0, f"transformers {floor}:\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}"
     assert re.search(r"\d+ passed", done.stdout.splitlines()[-1]), done.stdout[-500:]
+
+
+def test_the_floor_checked_at_import_is_the_declared_one():
+    assert declared_floor() == TRANSFORMERS_FLOOR
+
+
+def test_a_transformers_below_the_floor_is_named_at_import():
+    """transformers 4 on the path (``PYTHONPATH``): ``import hf_posenc`` says what it needs, rather than every patch
+    failing later on "per-layer RoPE parameters ([])"."""
+    target = pip_target("transformers==4.57.6")  # tests/patching/test_transformers4.py's copy
+    env = {**os.environ, "PYTHONPATH": str(target), "PYTHONNOUSERSITE": "1"}
+    done = subprocess.run([sys.executable, "-c", "import hf_posenc"], capture_output=True, text=True, env=env)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        f"ImportError: hf_posenc needs transformers>={TRANSFORMERS_FLOOR}; this Python imports transformers 4.57.6 "
+        f"from {target / 'transformers'}. Upgrade it: pip install 'transformers>={TRANSFORMERS_FLOOR},<6'."
+    )

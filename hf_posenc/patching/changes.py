@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Any
 
@@ -30,6 +31,27 @@ def _keep_2d_mask(*, attention_mask: torch.Tensor | None = None, **kwargs: Any) 
     return attention_mask
 
 
+def updated_config(config: Any, updates: dict[str, Any]) -> Any:
+    """A copy of ``config`` with a patch's updates: what the patched model's config will be."""
+    candidate = copy.deepcopy(config)
+    for key, value in updates.items():
+        setattr(candidate, key, copy.deepcopy(value))  # transformers may standardize it in place
+    return candidate
+
+
+def refuse_unsavable_config(candidate: Any, method: Method) -> None:
+    """transformers validates a config's RoPE parameters when it is saved, and some config classes accept
+    only a few rope types (Phi-3: ``default`` and ``longrope``): refuse at patch time what could not be saved."""
+    try:
+        candidate.validate_rope()
+    except (ValueError, TypeError, KeyError) as error:
+        rope_type = candidate.rope_parameters["rope_type"]
+        raise ValueError(
+            f"{type(candidate).__name__} refuses the config that method {method.name!r} writes (rope_type "
+            f"{rope_type!r}), so the patched model could not be saved: {error}"
+        ) from None
+
+
 def positions_removed(
     model: nn.Module, method: Method, *, in_attention: bool = True
 ) -> tuple[dict[str, Any], list[tuple[nn.Module, ModuleChange]], str | None]:
@@ -54,8 +76,9 @@ def positions_removed(
             "may add terms or not go through transformers' attention interface, so the result could be silently wrong."
         )
     rotary = rope_modules(model, scaled_ok=True)  # no rotation is left: how it was scaled is moot
-    rope_parameters = {**model.config.rope_parameters, "rope_type": marker}
-    return {"rope_parameters": rope_parameters}, [(module, no_rotation) for module in rotary], marker
+    updates = {"rope_parameters": {**model.config.rope_parameters, "rope_type": marker}}
+    refuse_unsavable_config(updated_config(model.config, updates), method)  # Phi-3's class: default, longrope only
+    return updates, [(module, no_rotation) for module in rotary], marker
 
 
 def replacement_updates(

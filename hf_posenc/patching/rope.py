@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import logging
@@ -16,6 +15,7 @@ from torch import nn
 from ..architectures import rope_modules, rotary_dim, trained_context
 from ..methods import compute_frequencies
 from ..registry import Method, get_method, params_to_dict
+from .changes import refuse_unsavable_config, updated_config
 from .plan import PatchInfo, Plan, Planner
 from .rope_types import (
     OWN_ROPE_TYPE,
@@ -50,25 +50,38 @@ def _native_problem(patched_config: Any, rotary_class: type, ours: Callable, len
     return None
 
 
-def _updated_copy(config: Any, updates: dict[str, Any]) -> Any:
-    """A copy of ``config`` with the patch's updates: what the patched model's config will be."""
-    candidate = copy.deepcopy(config)
-    for key, value in updates.items():
-        setattr(candidate, key, copy.deepcopy(value))  # transformers may standardize it in place
-    return candidate
+MSCALE_PAIR = ("mscale", "mscale_all_dim")
 
 
-def _check_config_accepts(candidate: Any, method: Method) -> None:
-    """transformers validates a config's RoPE parameters when it is saved, and some config classes accept
-    only a few rope types (Phi-3: ``default`` and ``longrope``): refuse at patch time what could not be saved."""
-    try:
-        candidate.validate_rope()
-    except (ValueError, TypeError, KeyError) as error:
-        rope_type = candidate.rope_parameters["rope_type"]
-        raise ValueError(
-            f"{type(candidate).__name__} refuses the config that method {method.name!r} writes (rope_type "
-            f"{rope_type!r}), so the patched model could not be saved: {error}"
-        ) from None
+def _native_forms(rope_parameters: dict[str, Any]) -> list[dict[str, Any]]:
+    """The native ``rope_parameters`` to try: as written, then without the mscale pair (for SGLang and TGI), which
+    some families' attention reads besides the rotation (:func:`_attention_problem`)."""
+    if not any(key in rope_parameters for key in MSCALE_PAIR):
+        return [rope_parameters]
+    return [rope_parameters, {key: value for key, value in rope_parameters.items() if key not in MSCALE_PAIR}]
+
+
+def _attention_problem(model: nn.Module, candidate: Any) -> str | None:
+    """Why the attention transformers builds from the patched config would not be the model's, or None. A patch
+    changes the rotary modules only, but some families' attention reads the RoPE parameters when built:
+    DeepSeek-V2/V3 multiply the softmax scale by YaRN's ``(0.1 mscale_all_dim ln s + 1)^2``. One layer's attention
+    is built on the meta device from each config and their ``scaling`` compared."""
+    attention = next(
+        (m for m in model.modules() if hasattr(m, "scaling") and hasattr(m, "layer_idx") and hasattr(m, "config")),
+        None,
+    )
+    if attention is None:
+        return None
+    scalings = []
+    for config in (model.config, candidate):
+        try:
+            with torch.device("meta"):
+                scalings.append(type(attention)(config, layer_idx=attention.layer_idx).scaling)
+        except TypeError:  # an attention built from other arguments: nothing to compare
+            return None
+    if scalings[0] == scalings[1]:
+        return None
+    return f"also makes {type(attention).__name__} scale its softmax by {scalings[1] / scalings[0]:.6g}"
 
 
 def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
@@ -86,11 +99,16 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
     for seq_len in lengths:  # raises on inputs only checkable against the model (e.g. list lengths)
         ours(seq_len)
     rope_parameters = native_rope_parameters(method, resolved, config)
-    native = False  # transformers has a rope type for it (rope_parameters) and its function reproduces ours
+    native = False  # transformers has a rope type for it (rope_parameters) and builds the patched model from it
     if rope_parameters is not None:
+        for form in _native_forms(rope_parameters):
+            candidate = updated_config(config, rope_config_updates(method, resolved, config, form))
+            problem = _native_problem(candidate, type(modules[0]), ours, lengths)
+            problem = problem or _attention_problem(model, candidate)
+            if problem is None:
+                rope_parameters, native = form, True
+                break
         updates = rope_config_updates(method, resolved, config, rope_parameters)
-        problem = _native_problem(_updated_copy(config, updates), type(modules[0]), ours, lengths)
-        native = problem is None
     if not native:
         own = own_rope_parameters(method, resolved, config)
         if rope_parameters is not None:
@@ -104,10 +122,10 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
             )
         rope_parameters = own
         updates = rope_config_updates(method, resolved, config, rope_parameters)
-    _check_config_accepts(_updated_copy(config, updates), method)
+    refuse_unsavable_config(updated_config(config, updates), method)
     info = PatchInfo(method.name, params_to_dict(resolved), native, rope_parameters["rope_type"])
     if native:  # transformers' function on this patch's config (a copy: a combination marks the live one)
-        source = dataclasses.replace(source, transformers_rotary=(_updated_copy(config, updates), type(modules[0])))
+        source = dataclasses.replace(source, transformers_rotary=(updated_config(config, updates), type(modules[0])))
     # What the patched modules report as rope_type: transformers' dynamic decorator skips both kinds,
     # and its weight init rebuilds them exactly (a native static type, or ours from the config record).
     rope_type = info.rope_type if native and not method.dynamic else OWN_ROPE_TYPE

@@ -141,7 +141,9 @@ def dynamic_tgi(setting: Setting) -> tuple[str, str]:
 
 def yarn_llamacpp(setting: Setting) -> tuple[str, str]:
     """YaRN in llama.cpp: the attention factor of :func:`attention_llamacpp` for the model type, betas fixed,
-    always floor/ceil, L from the rope dict first."""
+    always floor/ceil; L indexed in the rope dict (``set_gguf_parameters``: a KeyError without it)."""
+    if "original_max_position_embeddings" not in setting.view.params:
+        return "refused", "yarn: its converter reads original_max_position_embeddings from the rope dict (KeyError)"
     attention = attention_llamacpp(setting.config.get("model_type"))
     return yarn_rule(attention, betas=False, truncate=False, hf_l=False)(setting)
 

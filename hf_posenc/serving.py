@@ -13,7 +13,7 @@ converter reads ``rope_parameters`` first.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .engine_rules import (
@@ -62,7 +62,8 @@ class Engine:
     ``unknown`` / ``activation``: severity for another rope type / hf_posenc's GPT-2 ``activation_function``;
     ``dual_chunk``: model types whose ``dual_chunk_attention_config`` it reads first (``dual_chunk_gap``: why it
     cannot run it all the same); ``strict_type``: ``type`` and ``rope_type`` that disagree are an error;
-    ``added_tensors``: why it refuses weights holding tensors a patch added (empty: no such refusal known)."""
+    ``added_tensors``: why it refuses weights holding tensors a patch added (empty: no such refusal known);
+    ``needs``: model type -> top-level keys it indexes for that family (a KeyError without them)."""
 
     name: str
     version: str
@@ -76,6 +77,7 @@ class Engine:
     dual_chunk_gap: str = ""
     strict_type: bool = False
     added_tensors: str = ""
+    needs: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 ENGINES = (
@@ -146,6 +148,7 @@ ENGINES = (
         activation="ignored",
         added_tensors="its converter has no GGUF name for the tensors the patch added (the T5 bias table): refuses "
         "to convert the weights",
+        needs={"gpt2": ("n_ctx",)},  # conversion/gpt2.py; transformers 5 saves no n_ctx for GPT-2
     ),
     Engine(
         name="tgi",
@@ -224,6 +227,9 @@ def _config_gaps(config: dict[str, Any], reference: View) -> tuple[str, str] | N
 
 def _verdict(engine: Engine, config: dict[str, Any], reference: View) -> tuple[str, str]:
     activation, dual_chunk = config.get("activation_function"), config.get("dual_chunk_attention_config")
+    missing = [key for key in engine.needs.get(config.get("model_type"), ()) if key not in config]
+    if missing:
+        return "refused", f"its {config['model_type']} converter reads {missing[0]} (KeyError: not in this config)"
     if isinstance(activation, str) and activation.startswith("hf_posenc"):
         if engine.activation == "refused":
             return "refused", f"activation_function {activation!r} is unknown to it: refuses the model"

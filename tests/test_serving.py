@@ -285,10 +285,35 @@ def test_dca_is_read_by_vllm_and_sglang_without_an_attention_backend(tmp_path):
 
 
 def test_a_gpt2_config_without_rope(tmp_path):
-    found = verdicts(saved_config(tmp_path / "pi", "pi", family="gpt2", factor=2))  # baked into wpe
-    assert {severity for severity, _ in found.values()} == {"ok"}
+    """llama.cpp's GPT-2 converter indexes ``n_ctx`` (conversion/gpt2.py), which transformers 5 saves for no GPT-2:
+    refused there before anything else; with the key, the config alone is read as every other engine reads it."""
+    config = saved_config(tmp_path / "pi", "pi", family="gpt2", factor=2)  # baked into wpe
+    assert "n_ctx" not in config
+    found = verdicts(config)
+    assert {found[engine][0] for engine in ("vllm", "sglang", "tgi")} == {"ok"}
+    assert found["llama.cpp"] == ("refused", "its gpt2 converter reads n_ctx (KeyError: not in this config)")
+    assert {severity for severity, _ in verdicts({**config, "n_ctx": 1024}).values()} == {"ok"}
     found = verdicts(saved_config(tmp_path / "sin", "sinusoidal", family="gpt2"))
-    assert found["vllm"][0] == found["tgi"][0] == "refused" and found["sglang"][0] == "ignored"
+    assert found["vllm"][0] == found["tgi"][0] == found["llama.cpp"][0] == "refused" and found["sglang"][0] == "ignored"
+
+
+def test_llama_cpp_refuses_a_yarn_dict_without_its_trained_context():
+    """Its converter indexes ``original_max_position_embeddings`` in the rope dict, where transformers 5 (and vLLM,
+    SGLang) fall back to the top level or ``max_position_embeddings``. hf_posenc always writes it there."""
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 256,
+        "original_max_position_embeddings": 64,
+        "rope_theta": 10000.0,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
+    }
+    found = verdicts(config)
+    assert found["llama.cpp"][0] == found["tgi"][0] == "refused" and "(KeyError)" in found["llama.cpp"][1]
+    assert found["vllm"][0] == "ok" and "L=64" in found["vllm"][1]
+    config["rope_scaling"]["original_max_position_embeddings"] = 64
+    assert {severity for severity, _ in verdicts(config).values()} == {"ok"}
 
 
 def test_every_engine_says_how_it_builds_each_rope_type_hf_posenc_writes():

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import re
@@ -127,7 +128,7 @@ def _check_transformers_reads(config: dict[str, Any]) -> None:
     verbosity = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()  # its warnings on odd values: the verdicts say what matters
     try:
-        AutoConfig.for_model(**config)
+        AutoConfig.for_model(**copy.deepcopy(config))  # it standardizes the RoPE dicts in place
     except Exception as error:  # whatever its validators raise (huggingface_hub's strict dataclass errors too)
         cause = error.__cause__ or error
         lines = [line.strip() for line in f"{type(cause).__name__}: {cause}".splitlines() if line.strip()]

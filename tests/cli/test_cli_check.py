@@ -54,6 +54,24 @@ def test_json_output_is_the_findings(tmp_path, capsys):
     assert set(report["engines"]) == {engine.name for engine in ENGINES}
 
 
+def test_the_verdicts_are_on_the_file_as_written(tmp_path, capsys):
+    """transformers' config class standardizes the rope dict in place (adds L and rope_theta): ``check`` validated
+    with it first, then judged the engines on the changed dict, so TGI's KeyError read as ok."""
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 256,
+        "rope_theta": 10000.0,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
+    }
+    path = write(tmp_path / "config.json", json.dumps(config))
+    assert main(["check", str(path), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["findings"] == [vars(finding) for finding in engine_findings(config)]
+    assert {finding["engine"]: finding["severity"] for finding in report["findings"]}["tgi"] == "refused"
+
+
 def write(path, text: str):
     path.write_text(text)
     return path

@@ -78,8 +78,9 @@ class PatchRecord:
 
     @property
     def spec(self) -> str:
-        """The method and its parameters as a specification string (``yarn:factor=4.0,...``)."""
-        return format_method_spec(self.method, self.params)
+        """The method and its parameters as a specification string (``yarn:factor=4.0,...``); parameters left unset
+        (None, the default of each optional one) are left out."""
+        return format_method_spec(self.method, {key: value for key, value in self.params.items() if value is not None})
 
     @property
     def base_max_position_embeddings(self) -> int | None:

@@ -9,6 +9,8 @@ from conftest import make_tiny
 
 import hf_posenc
 from hf_posenc.record import CONFIG_KEY, PatchRecord
+from hf_posenc.registry import get_method
+from hf_posenc.spec import parse_method_spec
 
 
 def test_the_record_a_patch_writes_reads_back_equal(tmp_path):
@@ -30,6 +32,14 @@ def test_the_record_a_patch_writes_reads_back_equal(tmp_path):
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert PatchRecord.from_config(saved) == record  # from a config's dict too
+
+
+def test_the_spec_leaves_unset_parameters_out_and_reads_back_as_the_same_method():
+    """The card's Specification line showed ``mscale=null,mscale_all_dim=null`` for a default YaRN."""
+    record = PatchRecord.from_config(hf_posenc.patch(make_tiny("llama"), "yarn", factor=4).config)
+    assert record.params["mscale"] is None and "null" not in record.spec
+    name, params = parse_method_spec(record.spec)
+    assert get_method(name).make_params(**params) == get_method("yarn").make_params(**record.params)
 
 
 def test_baked_is_written_only_when_set():

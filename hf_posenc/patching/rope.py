@@ -72,16 +72,21 @@ def _attention_problem(model: nn.Module, candidate: Any) -> str | None:
     )
     if attention is None:
         return None
-    scalings = []
-    for config in (model.config, candidate):
-        try:
-            with torch.device("meta"):
-                scalings.append(type(attention)(config, layer_idx=attention.layer_idx).scaling)
-        except TypeError:  # an attention built from other arguments: nothing to compare
-            return None
-    if scalings[0] == scalings[1]:
+    name = type(attention).__name__
+    try:
+        before = _meta_attention(attention, model.config).scaling
+    except TypeError:  # an attention built from other arguments: nothing to compare
         return None
-    return f"also makes {type(attention).__name__} scale its softmax by {scalings[1] / scalings[0]:.6g}"
+    try:
+        after = _meta_attention(attention, candidate).scaling
+    except (TypeError, ValueError, KeyError, ZeroDivisionError) as error:
+        return f"makes {name} fail ({type(error).__name__}: {error})"
+    return None if after == before else f"also makes {name} scale its softmax by {after / before:.6g}"
+
+
+def _meta_attention(attention: nn.Module, config: Any) -> nn.Module:
+    with torch.device("meta"):
+        return type(attention)(config, layer_idx=attention.layer_idx)
 
 
 def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:

@@ -3,7 +3,10 @@
 #   bash scripts/gpu_run.sh tests alibi     # python -m pytest -m gpu; scripts/bench_alibi.py
 #   bash scripts/gpu_run.sh eval rope extension   # bench_eval.py, bench_rope_overhead.py, bench_extension.py
 #   bash scripts/gpu_run.sh extension-sdpa        # bench_extension.py --backend sdpa (the remaps' query-block SDPA)
-# (all five take about 14 minutes on an H100: two calls of the tool's 10-minute limit). The machine's
+# (all five took about 14 minutes on an H100: two calls of the tool's 10-minute limit). A task lent a GPU now has
+# 15 minutes of device time, start-up included: one call. Run the stages not measured since the last changes first,
+# `bash scripts/gpu_run.sh tests extension alibi` (timeout_s 590: each stage has its own timeout below), and leave
+# `eval rope extension-sdpa` to the next task lent one. The machine's
 # transformers is older than the project's floor: newer pure-Python wheels travel in .whl/ (see the device
 # README); the project itself runs from the working tree.
 set -u -o pipefail

@@ -15,14 +15,32 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from ..architectures import rotary_modules
+
 DEFAULT_CHUNK_SIZE = 2048
 
 
 def _hidden_states(model, input_ids: torch.Tensor, score_from: int) -> torch.Tensor:
-    """The decoder's hidden states ``(B, T, H)`` of ``input_ids``, checking ``1 <= score_from < T``."""
+    """The decoder's hidden states ``(B, T, H)`` of ``input_ids``, checking ``1 <= score_from < T``; the model's
+    rotary state as built (:func:`_as_if_alone`)."""
     if not 1 <= score_from < input_ids.shape[1]:
         raise ValueError(f"score_from={score_from} must be in [1, {input_ids.shape[1]}).")
+    _as_if_alone(model)
     return model.get_decoder()(input_ids=input_ids, use_cache=False)[0]
+
+
+def _as_if_alone(model) -> None:
+    """Put back the frequencies of transformers' ``dynamic`` rope types as built. transformers keeps those of the
+    longest input it has seen until an input shorter than ``L`` comes (made for generation with a cache), so a
+    window's loss would depend on the windows and methods scored before it, and on how they were split between
+    processes. Its own reset, done here before each forward: ``inv_freq`` and ``max_seq_len_cached``. hf_posenc's
+    dynamic methods need none (their frequencies come from each call's length alone)."""
+    for _, module in rotary_modules(model):
+        dynamic = isinstance(module.rope_type, str) and "dynamic" in module.rope_type
+        if dynamic and getattr(module, "max_seq_len_cached", None) != getattr(module, "original_max_seq_len", None):
+            original = module.original_inv_freq.to(module.inv_freq.device)
+            module.register_buffer("inv_freq", original, persistent=False)
+            module.max_seq_len_cached = module.original_max_seq_len
 
 
 def _logit_chunks(model, hidden: torch.Tensor, chunk_size: int) -> Iterator[tuple[int, torch.Tensor]]:

@@ -11,6 +11,7 @@ the losses of the first ``n`` tokens of the longest window are those of the wind
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -133,8 +134,7 @@ def score_lengths(
             ids = torch.tensor(windows, device=input_device(model))
             sums = cumulative_nll(model, ids, input_shape(forwards[batch[0]].window, bos)[1], chunk_size).cpu()
             for row, i in enumerate(batch):
-                served = [(n, k, plans[n][k]) for n, k in forwards[i].serves]
-                records.append((i, [(n, k, sums[row, w.scored - 1].item(), w.scored) for n, k, w in served]))
+                records.append((i, _served(model, docs, plans, forwards[i], sums[row], bos_id, chunk_size)))
             seconds[forwards[batch[0]].length] += time.perf_counter() - begin
             bar.update(len(batch))
         bar.close()
@@ -143,14 +143,40 @@ def score_lengths(
     return {n: _length_score(n, windows, forwards, gathered, seconds[n]) for n, windows in plans.items()}
 
 
+def _served(
+    model,
+    docs: list[list[int]],
+    plans: dict[int, list[Window]],
+    forward: Forward,
+    sums: torch.Tensor,
+    bos_id: int | None,
+    chunk_size: int,
+) -> list[tuple[int, int, float, int, bool]]:
+    """``(length, index, nll, tokens, read alone)`` of each window ``forward`` serves, read from its running NLL sums.
+    A non-finite NLL of a shorter window is read again from a forward of its own: a NaN or an overflow later in the
+    longer input reaches earlier positions too (the causal mask is added to the logits, and NaN plus a mask is NaN)."""
+    entries = []
+    for length, index in forward.serves:
+        window = plans[length][index]
+        nll, alone = sums[window.scored - 1].item(), False
+        if not math.isfinite(nll) and window.end < forward.window.end:
+            ids = torch.tensor([window_ids(docs, window, bos_id)], device=input_device(model))
+            nll = cumulative_nll(model, ids, input_shape(window, bos_id is not None)[1], chunk_size)[0, -1].item()
+            alone = True
+        entries.append((length, index, nll, window.scored, alone))
+    return entries
+
+
 def _length_score(
     length: int, windows: list[Window], forwards: list[Forward], gathered: list, seconds: float
 ) -> LengthScore:
-    """``length``'s :class:`LengthScore` from the gathered ``(forward index, [(length, index, nll, tokens)])``."""
-    scored = sorted((k, (nll, tokens)) for _, served in gathered for n, k, nll, tokens in served if n == length)
+    """``length``'s :class:`LengthScore` from the gathered ``(forward index, [(length, index, nll, tokens, read
+    alone)])``."""
+    entries = [(i, k, nll, count, alone) for i, served in gathered for n, k, nll, count, alone in served if n == length]
+    scored = sorted((k, (nll, tokens)) for _, k, nll, tokens, _ in entries)
     if [k for k, _ in scored] != list(range(len(windows))):
         raise RuntimeError(f"Gathered {len(scored)} results for {len(windows)} windows of length {length}.")
-    sources = [f.length for f in forwards for n, _ in f.serves if n == length]
+    sources = [length if alone else forwards[i].length for i, _, _, _, alone in entries]
     derived = [source for source in sources if source != length]
     return LengthScore([value for _, value in scored], len(sources) - len(derived), seconds, max(derived, default=None))
 

@@ -63,6 +63,19 @@ def test_float32_chunked_nll_within_1e4_of_labels_loss():
     assert math.isclose(window_nll(model, ids, 1, 16).item(), _labels_loss_sum(model, ids, 1), rel_tol=1e-4)
 
 
+def test_a_dynamic_base_model_scores_each_window_as_if_alone():
+    """transformers' ``dynamic`` rope type keeps the frequencies of the longest input seen until one shorter than L
+    comes: a 100-token window read after a 128-token one got the 128-token frequencies (L = 64)."""
+    rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    fresh, used = (make_tiny("llama", rope_parameters=dict(rope)) for _ in range(2))
+    short, long = _ids(100), _ids(128, seed=2)
+    expected = window_nll(fresh, short, 1)
+    window_nll(used, long, 1)
+    assert torch.equal(window_nll(used, short, 1), expected)
+    greedy_continuation(used, long, 1)
+    assert torch.equal(window_nll(used, short, 1), expected)
+
+
 def test_no_future_token_in_context():
     """Each scored token's NLL equals the NLL from a forward over its prefix only."""
     model = _tiny64("llama")

@@ -154,6 +154,26 @@ def test_windows_cut_by_max_windows_and_batched_still_equal_their_own_forwards()
     assert [(s.forwards, s.derived_from) for s in together.values()] == [(0, 100), (1, 100), (2, None)]
 
 
+def test_a_non_finite_loss_past_a_shorter_window_is_not_read_into_it():
+    """A NaN embedding at token 60 of the 150-token document makes every position of the 100-token forward NaN
+    (the causal mask is added to the logits): the 16- and 40-token windows of that document are read from forwards
+    of their own, and equal them. The other documents keep sharing the longest forward."""
+    model, docs = make_tiny("llama"), _docs()
+    docs[0][60] = 1
+    with torch.no_grad():
+        model.get_input_embeddings().weight[1] = float("nan")
+    together = _scores(model, docs, [16, 40, 100], None, together=True)
+    alone = _scores(model, docs, [16, 40, 100], None, together=False)
+    assert math.isnan(together[100].windows[0][0]) and math.isnan(alone[100].windows[0][0])
+    for n in (16, 40):
+        assert all(math.isfinite(nll) for nll, _ in together[n].windows)
+        for (nll, tokens), (nll_alone, tokens_alone) in zip(together[n].windows, alone[n].windows, strict=True):
+            assert tokens == tokens_alone and math.isclose(nll, nll_alone, rel_tol=1e-5)
+    # 100: documents 0 and 3; 40: document 0 alone, document 1 (90 tokens) its own length; 16: document 0 alone,
+    # document 2 (20 tokens) its own length, and documents 1 and 3 from longer forwards
+    assert [(s.forwards, s.derived_from) for s in together.values()] == [(2, 100), (2, 100), (2, None)]
+
+
 def test_seconds_go_to_the_length_each_forward_was_run_at(monkeypatch):
     """A clock that ticks once a reading: each forward (one a batch) adds 1 s to its own length; the rest of
     the pass (before the first and after the last forward, gathering) goes to the longest length."""

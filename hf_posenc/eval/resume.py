@@ -68,13 +68,25 @@ def load_previous(path: Path, arguments: dict[str, Any], *, kind: str) -> dict[s
     if problem:
         raise ValueError(f"{path} is malformed: {problem}; {_ADVICE}.")
     before = previous["arguments"]
-    if before != arguments:
-        changed = sorted(key for key in set(arguments) | set(before) if arguments.get(key) != before.get(key))
+    changed = sorted(key for key in set(arguments) | set(before) if not _alike(before.get(key), arguments.get(key)))
+    if changed:
+        values = "; ".join(f"{key}: {before.get(key)!r} then, {arguments.get(key)!r} now" for key in changed)
         raise ValueError(
-            f"{path} holds results of different arguments (differing: {', '.join(changed)}); "
+            f"{path} holds results of different arguments ({values}); "
             "choose another `output` folder or rerun with the same arguments to resume."
         )
     return previous
+
+
+def _alike(before: Any, now: Any) -> bool:
+    """Equal, or naming the same existing local file or folder (``texts/``, ``./texts``; the data and the weights
+    are then compared by :func:`check_same_data` and :func:`check_same_model`); dicts key by key."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        return before.keys() == now.keys() and all(_alike(before[key], now[key]) for key in before)
+    if isinstance(before, str) and isinstance(now, str) and before != now:
+        then, here = Path(before), Path(now)
+        return then.exists() and here.exists() and then.resolve() == here.resolve()
+    return before == now
 
 
 def document_hashes(docs: list[list[int]]) -> list[str]:

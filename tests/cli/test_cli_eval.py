@@ -142,7 +142,7 @@ def test_output_of_other_arguments_is_refused_and_untouched(tiny_dir, tmp_path, 
     files = _snapshot(out)
     monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("model loaded"))
     assert main(_args(tiny_dir, out) + ["--method", "none", "--lengths", "32", "--protocol", "sliding"]) == 2
-    assert "holds results of different arguments (differing: protocol)" in capsys.readouterr().err
+    assert "holds results of different arguments (protocol: 'truncate' then, 'sliding' now)" in capsys.readouterr().err
     assert _snapshot(out) == files
 
 

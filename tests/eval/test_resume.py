@@ -38,8 +38,21 @@ def test_load_previous_names_the_differing_arguments(tmp_path):
     assert load_previous(path, {"protocol": "truncate"}, kind="perplexity") is None
     path.write_text(json.dumps(REPORT))
     assert load_previous(path, {"protocol": "truncate", "bos": "auto"}, kind="perplexity")["results"] == [ROW]
-    with pytest.raises(ValueError, match=r"differing: bos, stride"):
+    with pytest.raises(ValueError, match=r"arguments \(bos: 'auto' then, 'none' now; stride: None then, 512 now\)"):
         load_previous(path, {"protocol": "truncate", "bos": "none", "stride": 512}, kind="perplexity")
+
+
+def test_the_same_folder_spelled_otherwise_is_the_same_argument(tmp_path, monkeypatch):
+    """``texts/`` or ``./texts`` for ``texts``: the same data (their documents are compared by hash after)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "texts").mkdir()
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({**REPORT, "arguments": {**REPORT["arguments"], "dataset": {"name": "texts"}}}))
+    for spelling in ("texts/", "./texts", str(tmp_path / "texts")):
+        arguments = {"protocol": "truncate", "bos": "auto", "dataset": {"name": spelling}}
+        assert load_previous(path, arguments, kind="perplexity")["results"] == [ROW]
+    with pytest.raises(ValueError, match=r"dataset: \{'name': 'texts'\} then, \{'name': 'text'\} now"):
+        load_previous(path, {"protocol": "truncate", "bos": "auto", "dataset": {"name": "text"}}, kind="perplexity")
 
 
 @pytest.mark.parametrize(

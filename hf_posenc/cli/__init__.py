@@ -33,8 +33,15 @@ _PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
 INTERRUPTED = "interrupted."
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error in one line, as every other error of the command (not argparse's usage block first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message.rstrip('.')}; see {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hf-posenc",
         description="Change how a pretrained Hugging Face model encodes position, and measure it.",
     )

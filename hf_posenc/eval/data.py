@@ -114,12 +114,10 @@ def parse_length(text: str) -> int:
     for anything else."""
     match = _LENGTH_RE.match(str(text))
     if not match or int(match.group(1)) == 0:
-        raise ValueError(f"Length {text!r} is not a positive number of tokens (examples: 512, 4k, 32k).")
+        raise ValueError(f"{text!r} is not a positive number of tokens (examples: 512, 4k, 32k).")
     length = int(match.group(1)) * (1024 if match.group(2) else 1)
     if length > MAX_TOKENS:
-        raise ValueError(
-            f"Length {text!r} is more than {MAX_TOKENS // 1024}k tokens, longer than any window evaluated."
-        )
+        raise ValueError(f"{text!r} is more than {MAX_TOKENS // 1024}k tokens, longer than any window evaluated.")
     return length
 
 

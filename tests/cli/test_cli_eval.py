@@ -176,7 +176,16 @@ def test_lengths_that_are_not_numbers(tiny_dir, tmp_path, capsys, lengths):
     with pytest.raises(SystemExit) as exit_info:
         main(_args(tiny_dir, tmp_path / "out") + ["--lengths", lengths])
     assert exit_info.value.code == 2
-    assert "argument --lengths" in capsys.readouterr().err
+    [line] = capsys.readouterr().err.splitlines()  # one line, as every other error (no usage block first)
+    assert line.startswith("hf-posenc eval: error: argument --lengths: ") and line.endswith(
+        "; see hf-posenc eval --help"
+    )
+
+
+def test_a_stride_is_not_called_a_length(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--protocol", "sliding", "--stride", "0"])
+    assert "argument --stride: '0' is not a positive number of tokens" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -56,12 +56,20 @@ class SavedPatch:
 
     @property
     def spec(self) -> str:
-        """The saved method as a method spec, its parameters that differ from the method's defaults (the
-        resolved ones among them): asked for again, it is the model as saved (``yarn:factor=4.0,
-        original_max_position_embeddings=8192``)."""
-        defaults = {field.name: field.default for field in dataclasses.fields(get_method(self.record.method).params)}
-        changed = {key: value for key, value in self.record.params.items() if defaults.get(key) != value}
-        return format_method_spec(self.record.method, changed)
+        """The saved method as a method spec: its parameters that differ from the method's defaults (the resolved
+        ones among them), less those its resolution gives back from the others (YaRN's attention factor from the
+        factor). Asked for again, it is the model as saved
+        (``yarn:original_max_position_embeddings=8192,factor=4.0``)."""
+        method = get_method(self.record.method)
+        defaults = {field.name: field.default for field in dataclasses.fields(method.params)}
+        given = {key: value for key, value in self.record.params.items() if defaults.get(key) != value}
+        resolved = method.make_params(**given)
+        for key in list(given):
+            rest = {name: value for name, value in given.items() if name != key}
+            with contextlib.suppress(TypeError, ValueError):  # a parameter without which it does not resolve
+                if method.make_params(**rest) == resolved:
+                    given = rest
+        return format_method_spec(self.record.method, given)
 
 
 def saved_patch(name: str, *, gguf_file: str | None = None, **hub_kwargs: Any) -> SavedPatch | None:

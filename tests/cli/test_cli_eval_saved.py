@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from conftest import make_tiny
 from hub_server import BASE_REPO, upload_base
 from huggingface_hub import HfApi
 from tiny_runs import results_of
@@ -15,6 +16,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_posenc
 from hf_posenc.cli import main
+from hf_posenc.record import PatchRecord
+from hf_posenc.saved import SavedPatch
+from hf_posenc.spec import parse_method_spec
 
 ASKED = {"yarn": "yarn:factor=2", "dynamic-yarn": "dynamic-yarn", "alibi": "alibi"}  # the same on the base
 SAVED = {
@@ -153,3 +157,22 @@ def test_the_card_of_a_local_saved_model_names_no_local_folder_and_claims_no_tra
     text = card.read_text()
     assert "Measured on `saved`, a model saved with" in text and str(tmp_path) not in text
     assert "by `hf_posenc`." in text and "without any training" not in text
+
+
+@pytest.mark.parametrize(
+    ("params", "spec"),
+    [
+        ({"factor": 4}, "yarn:original_max_position_embeddings=64,factor=4.0"),
+        (
+            {"factor": 4, "attention_factor": 1.3},
+            "yarn:original_max_position_embeddings=64,factor=4.0,attention_factor=1.3",
+        ),
+    ],
+)
+def test_the_saved_methods_name_leaves_out_what_its_resolution_derives(params, spec):
+    """YaRN's attention factor 0.1 ln s + 1 is the factor's: the name (the results' row) left it in, unlike the
+    README's example; one given otherwise stays, and the name patches the same model again."""
+    record = PatchRecord.from_config(hf_posenc.patch(make_tiny("llama"), "yarn", **params).config)
+    assert SavedPatch(record).spec == spec
+    name, parsed = parse_method_spec(spec)
+    assert PatchRecord.from_config(hf_posenc.patch(make_tiny("llama"), name, **parsed).config).params == record.params

@@ -321,6 +321,7 @@ def run_passkey(
             model, resolved, report["model_details"]["fingerprint"] = load_checked(
                 model_source, saved, specs, accelerator, ids, longest
             )
+            report["model_details"]["trained_context"] = trained_context(model.config)
             if previous:
                 check_same_model(previous.get("model_details") or {}, report["model_details"], output / PASSKEY_JSON)
         if not todo:

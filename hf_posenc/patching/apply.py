@@ -231,7 +231,7 @@ def patch(model: nn.Module, method: str, **params: Any) -> nn.Module:
     Args:
         model (`torch.nn.Module`): a loaded transformers causal LM: a RoPE decoder (Llama, Mistral, Qwen2/3,
             or any decoder whose RoPE comes from a rotary-embedding module), or GPT-2 (learned positions:
-            ``alibi`` and ``pi``).
+            ``alibi``, ``nope``, ``pi``, ``sinusoidal``, ``t5-bias``).
         method (`str`): one of :func:`hf_posenc.available_methods` (or an alias such as ``"linear"``).
         **params: the method's parameters, e.g. ``factor=4``. RoPE methods' ``original_max_position_embeddings``
             defaults to the one the config records, else to its ``max_position_embeddings`` (logged).

@@ -30,8 +30,8 @@ class PatchInfo:
             models without RoPE.
         serving (`tuple[Finding, ...]`): the serving engines known to build the patched config otherwise
             (``differs``) or without the method (``ignored``), from :mod:`hf_posenc.serving`; empty where every
-            engine builds it as intended or refuses it (a config of hf_posenc's own types). ``hf-posenc check``
-            gives the whole verdict.
+            engine builds it as intended or refuses it. A config of hf_posenc's own types is refused by all but
+            llama.cpp, whose converter ignores an unknown rope type. ``hf-posenc check`` gives the whole verdict.
     """
 
     method: str

@@ -138,7 +138,7 @@ def add_parser(subparsers) -> None:
     evaluate.set_defaults(
         func=eval_command,
         parameter_flags=PARAMETER_FLAGS,
-        interrupted="interrupted: the finished (method, length) results are kept in {output}; rerun the same "
+        interrupted="interrupted: any finished (method, length) results are kept in {output}; rerun the same "
         "command to resume.",
     )
 
@@ -156,7 +156,7 @@ def add_parser(subparsers) -> None:
     passkey.set_defaults(
         func=passkey_command,
         parameter_flags=PARAMETER_FLAGS,
-        interrupted="interrupted: the finished (method, length) results are kept in {output}; rerun the same "
+        interrupted="interrupted: any finished (method, length) results are kept in {output}; rerun the same "
         "command to resume.",
     )
 

@@ -28,6 +28,7 @@ from ..saved import SavedPatch
 from ..spec import MethodSpec
 from .lm_eval_report import plain_json, run_entry
 from .models import ModelSource, check_position_table, load_model, load_tokenizer, model_details
+from .perplexity import each_call_alone
 from .results import device_description, versions
 from .runner import method_applied
 from .scoring import serves_every_length
@@ -294,6 +295,6 @@ def _evaluate(lm_eval: Any, subject: _Subject, spec: MethodSpec, params: dict[st
     if settings.get("use_cache"):  # lm-eval's cache is keyed by the request: one file per method
         settings["use_cache"] = f"{settings['use_cache']}-{re.sub(r'[^A-Za-z0-9._=-]+', '_', spec.text)}"
     settings.setdefault("log_samples", False)
-    with method_applied(subject.model, spec, params):
+    with method_applied(subject.model, spec, params), each_call_alone(subject.model):
         lm = lm_eval.models.huggingface.HFLM(pretrained=subject.model, tokenizer=subject.tokenizer, **hflm_args)
         return lm_eval.simple_evaluate(model=lm, **settings)

@@ -8,6 +8,7 @@ Log-probabilities are taken in float32 (float64 for a float64 model) and summed 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from collections.abc import Iterator
@@ -22,14 +23,14 @@ DEFAULT_CHUNK_SIZE = 2048
 
 def _hidden_states(model, input_ids: torch.Tensor, score_from: int) -> torch.Tensor:
     """The decoder's hidden states ``(B, T, H)`` of ``input_ids``, checking ``1 <= score_from < T``; the model's
-    rotary state as built (:func:`_as_if_alone`)."""
+    rotary state as built (:func:`as_if_alone`)."""
     if not 1 <= score_from < input_ids.shape[1]:
         raise ValueError(f"score_from={score_from} must be in [1, {input_ids.shape[1]}).")
-    _as_if_alone(model)
+    as_if_alone(model)
     return model.get_decoder()(input_ids=input_ids, use_cache=False)[0]
 
 
-def _as_if_alone(model) -> None:
+def as_if_alone(model) -> None:
     """Put back the frequencies of transformers' ``dynamic`` rope types as built. transformers keeps those of the
     longest input it has seen until an input shorter than ``L`` comes (made for generation with a cache), so a
     window's loss would depend on the windows and methods scored before it, and on how they were split between
@@ -41,6 +42,22 @@ def _as_if_alone(model) -> None:
             original = module.original_inv_freq.to(module.inv_freq.device)
             module.register_buffer("inv_freq", original, persistent=False)
             module.max_seq_len_cached = module.original_max_seq_len
+
+
+@contextlib.contextmanager
+def each_call_alone(model) -> Iterator[None]:
+    """Within the block, each call of ``model`` starts from its rotary state as built (:func:`as_if_alone`): for
+    lm-eval, whose requests (longest first) run through the model's own forward. Within one ``generate()`` this
+    changes nothing: its lengths only grow."""
+    handle = model.register_forward_pre_hook(_before_call)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _before_call(module, args) -> None:
+    as_if_alone(module)
 
 
 def _logit_chunks(model, hidden: torch.Tensor, chunk_size: int) -> Iterator[tuple[int, torch.Tensor]]:

@@ -267,3 +267,31 @@ def test_the_card_says_a_limit_as_lm_eval_reads_it(run, tiny_dir, tmp_path, limi
     (tmp_path / LM_EVAL_JSON).write_text(json.dumps(limited))
     model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(str(tiny_dir / "model")), "yarn", factor=4)
     assert said in str(build_card(model, "me/tiny-yarn", lm_eval_results=tmp_path / LM_EVAL_JSON, with_weights=True))
+
+
+def test_each_request_runs_on_the_dynamic_state_as_built(monkeypatch):
+    """lm-eval sends its requests longest first through the model's forward; on a base whose own RoPE is
+    transformers' ``dynamic`` type, each would run on the frequencies of the longest request (L = 64)."""
+    from types import SimpleNamespace
+
+    from conftest import make_tiny
+
+    from hf_posenc.eval import lm_eval as runner
+    from hf_posenc.spec import MethodSpec
+
+    rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    model, fresh = (make_tiny("llama", rope_parameters=dict(rope)) for _ in range(2))
+    long, short = torch.randint(2, 97, (1, 128)), torch.randint(2, 97, (1, 100))
+
+    def simple_evaluate(model, **settings):
+        model(long)
+        return model(short).logits
+
+    harness = SimpleNamespace(
+        models=SimpleNamespace(huggingface=SimpleNamespace(HFLM=lambda pretrained, **kwargs: pretrained)),
+        simple_evaluate=simple_evaluate,
+    )
+    subject = SimpleNamespace(model=model, tokenizer=None)
+    with torch.no_grad():
+        logits = runner._evaluate(harness, subject, MethodSpec.parse("none"), {}, {}, {})
+        assert torch.equal(logits, fresh(short).logits)

@@ -12,7 +12,13 @@ from helpers import SPECS, family_of
 
 import hf_posenc
 from hf_posenc.eval.data import build_windows
-from hf_posenc.eval.perplexity import check_head_decomposition, greedy_continuation, perplexity, window_nll
+from hf_posenc.eval.perplexity import (
+    check_head_decomposition,
+    each_call_alone,
+    greedy_continuation,
+    perplexity,
+    window_nll,
+)
 from hf_posenc.eval.scoring import score_lengths
 from hf_posenc.spec import MethodSpec
 
@@ -74,6 +80,21 @@ def test_a_dynamic_base_model_scores_each_window_as_if_alone():
     assert torch.equal(window_nll(used, short, 1), expected)
     greedy_continuation(used, long, 1)
     assert torch.equal(window_nll(used, short, 1), expected)
+
+
+def test_each_call_alone_puts_the_dynamic_state_back_before_each_call():
+    """What lm-eval runs through the model's own forward (its requests longest first)."""
+    rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    fresh, used = (make_tiny("llama", rope_parameters=dict(rope)) for _ in range(2))
+    short, long = _ids(100), _ids(128, seed=2)
+    with torch.no_grad():
+        expected = fresh(short).logits
+        used(long)
+        assert not torch.equal(used(short).logits, expected)  # transformers' state: the 128-token frequencies
+        with each_call_alone(used):
+            used(long)
+            assert torch.equal(used(short).logits, expected)
+        assert not used._forward_pre_hooks
 
 
 def test_no_future_token_in_context():

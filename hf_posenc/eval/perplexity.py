@@ -9,6 +9,7 @@ Log-probabilities are taken in float32 (float64 for a float64 model) and summed 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 from collections.abc import Iterator
@@ -36,12 +37,7 @@ def as_if_alone(model) -> None:
     window's loss would depend on the windows and methods scored before it, and on how they were split between
     processes. Its own reset, done here before each forward: ``inv_freq`` and ``max_seq_len_cached``. hf_posenc's
     dynamic methods need none (their frequencies come from each call's length alone)."""
-    for _, module in rotary_modules(model):
-        dynamic = isinstance(module.rope_type, str) and "dynamic" in module.rope_type
-        if dynamic and getattr(module, "max_seq_len_cached", None) != getattr(module, "original_max_seq_len", None):
-            original = module.original_inv_freq.to(module.inv_freq.device)
-            module.register_buffer("inv_freq", original, persistent=False)
-            module.max_seq_len_cached = module.original_max_seq_len
+    _reset(_dynamic_rotary(model))
 
 
 @contextlib.contextmanager
@@ -49,15 +45,22 @@ def each_call_alone(model) -> Iterator[None]:
     """Within the block, each call of ``model`` starts from its rotary state as built (:func:`as_if_alone`): for
     lm-eval, whose requests (longest first) run through the model's own forward. Within one ``generate()`` this
     changes nothing: its lengths only grow."""
-    handle = model.register_forward_pre_hook(_before_call)
+    handle = model.register_forward_pre_hook(functools.partial(_reset, _dynamic_rotary(model)))
     try:
         yield
     finally:
         handle.remove()
 
 
-def _before_call(module, args) -> None:
-    as_if_alone(module)
+def _dynamic_rotary(model) -> list[torch.nn.Module]:
+    return [m for _, m in rotary_modules(model) if isinstance(m.rope_type, str) and "dynamic" in m.rope_type]
+
+
+def _reset(modules: list[torch.nn.Module], *hook_args) -> None:
+    for module in modules:
+        if getattr(module, "max_seq_len_cached", None) != getattr(module, "original_max_seq_len", None):
+            module.register_buffer("inv_freq", module.original_inv_freq.to(module.inv_freq.device), persistent=False)
+            module.max_seq_len_cached = module.original_max_seq_len
 
 
 def _logit_chunks(model, hidden: torch.Tensor, chunk_size: int) -> Iterator[tuple[int, torch.Tensor]]:

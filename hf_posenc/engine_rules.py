@@ -14,7 +14,8 @@ BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}  # YaRN's defaults, fixed where an
 # loading copies into the rope dict over the file's value: model_type -> default.
 CLASS_ORIGINAL = {"phi3": 4096, "phi4_multimodal": 4096}
 # llama.cpp's DeepSeek-V2 graph (src/models/deepseek2.cpp, conversion/deepseek.py), used for these model types.
-LLAMACPP_DEEPSEEK2 = ("deepseek_v2", "deepseek_v3")
+# Families whose attention reads YaRN's mscale pair besides the rotation (every engine's DeepSeek-V2 code).
+DEEPSEEK_V2_FAMILY = ("deepseek_v2", "deepseek_v3")
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def attention_llamacpp(model_type: str | None) -> Attention:
     DeepSeek-V2/V3 GGUFs carry ``mscale_all_dim`` (``rope.scaling.yarn_log_multiplier``): there the rotation gets
     1 (llama-context.cpp takes ``mscale = mscale_all_dim``, a ratio of 1) and the graph multiplies the softmax scale
     by ``(0.1 mscale_all_dim ln s + 1)^2``, as transformers' DeepseekV2 does; only the rotation is compared here."""
-    if model_type in LLAMACPP_DEEPSEEK2:
+    if model_type in DEEPSEEK_V2_FAMILY:
         return lambda params, factor: 1.0 if params.get("mscale_all_dim") else yarn_mscale(factor)
     return lambda params, factor: yarn_mscale(factor)
 
@@ -146,6 +147,18 @@ def yarn_llamacpp(setting: Setting) -> tuple[str, str]:
         return "refused", "yarn: its converter reads original_max_position_embeddings from the rope dict (KeyError)"
     attention = attention_llamacpp(setting.config.get("model_type"))
     return yarn_rule(attention, betas=False, truncate=False, hf_l=False)(setting)
+
+
+def yarn_by_family(attention: Attention) -> Rule:
+    """YaRN in vLLM or SGLang: ``attention``'s factor, but on DeepSeek-V2/V3 that of the ``deepseek_yarn`` rotation
+    their DeepSeek code builds instead (models/deepseek_v2.py): the mscale ratio with defaults 1 and 0, as TGI's;
+    ``attention_factor`` unread. Its softmax-scale part, ``(0.1 mscale_all_dim ln s + 1)^2``, is transformers' too."""
+
+    def rule(setting: Setting) -> tuple[str, str]:
+        family = attention_tgi if setting.config.get("model_type") in DEEPSEEK_V2_FAMILY else attention
+        return yarn_rule(family, betas=True, truncate=True, hf_l=True)(setting)
+
+    return rule
 
 
 def needs_dict_original(rule: Rule, rope_type: str) -> Rule:

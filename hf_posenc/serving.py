@@ -35,6 +35,7 @@ from .engine_rules import (
     needs_dict_original,
     same,
     yarn_attention_hf,
+    yarn_by_family,
     yarn_llamacpp,
     yarn_rule,
 )
@@ -86,14 +87,15 @@ ENGINES = (
         version="vllm 0.33.0 (PyPI wheel; transformers>=5.16.1,<5.21)",
         doc="model_executor/layers/rotary_embedding/{__init__ (get_rope), yarn_scaling_rope, dynamic_ntk_scaling_rope, "
         "phi3_long_rope_scaled_rope}.py, transformers_utils/config.py (patch_legacy_rope_type), config/model.py "
-        "(_get_and_verify_max_len). YaRN reads attention_factor, mscale, mscale_all_dim, betas, truncate.",
+        "(_get_and_verify_max_len), models/deepseek_v2.py. YaRN reads attention_factor, mscale, mscale_all_dim, betas, "
+        "truncate (DeepSeek-V2/V3: deepseek_yarn, the mscale pair only).",
         reads=REFERENCE_READS,
         theta_from_rope=True,
         builds={
             **SAME,
             "linear": linear_longer,
             "dynamic": dynamic_vllm,
-            "yarn": yarn_rule(yarn_attention_hf, betas=True, truncate=True, hf_l=True),
+            "yarn": yarn_by_family(yarn_attention_hf),
             "longrope": longrope_table(
                 "long factors at every position when --max-model-len > {L}, else short ones only (default {L})"
             ),
@@ -110,14 +112,14 @@ ENGINES = (
         version="sglang 0.5.23 (PyPI wheel; transformers==5.19.0)",
         doc="srt/layers/rotary_embedding/{factory (get_rope), yarn, rope_variant}.py, srt/models/{llama,qwen2}.py, "
         "srt/utils/hf_transformers/common.py (get_context_length). YaRN reads attn_factor, mscale, mscale_all_dim, "
-        "betas, truncate; not attention_factor.",
+        "betas, truncate; not attention_factor (DeepSeek-V2/V3: deepseek_yarn, defaults 1 and 0).",
         reads=REFERENCE_READS,
         theta_from_rope=True,
         builds={
             **SAME,
             "linear": linear_longer,
             "dynamic": dynamic_sglang,
-            "yarn": yarn_rule(attention_sglang, betas=True, truncate=True, hf_l=True),
+            "yarn": yarn_by_family(attention_sglang),
             "longrope": longrope_table(
                 "long factors for the whole batch once a position passes {L}; its long table and default context "
                 "are max_position_embeddings = {P}"

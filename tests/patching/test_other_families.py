@@ -4,12 +4,15 @@ class that accepts few rope types (Phi-3). Each patch is exact against plain tra
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from helpers import assert_refused
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posenc
+from hf_posenc.serving import engine_findings
 
 L = 64
 SMALL = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=L)
@@ -82,11 +85,20 @@ def tiny_deepseek_v3() -> torch.nn.Module:
 def test_deepseek_loads_the_patched_model_without_hf_posenc(method, params, tmp_path):
     """DeepSeek-V3's attention multiplies its softmax scale by ``(0.1 mscale_all_dim ln s + 1)^2`` when the config
     has the pair: written for SGLang and TGI, it made plain transformers build another model (logits off by ~1e-3).
-    On such a family the pair is left out; ``attention_factor`` says the factor to transformers and vLLM."""
+    On such a family the pair is left out; ``attention_factor`` says the factor to transformers. vLLM's and SGLang's
+    DeepSeek code reads the pair only (defaults 1 and 0: YaRN's ``0.1 ln s + 1``): ``check`` says they differ
+    where the factor is another."""
     model = tiny_deepseek_v3()
     hf_posenc.patch(model, method, factor=4, **params)
     assert hf_posenc.get_patch(model).native
     assert not {"mscale", "mscale_all_dim"} & set(model.config.rope_parameters)
+    factor = model.config.rope_parameters["attention_factor"]
+    verdicts = {finding.engine: finding for finding in engine_findings(model.config.to_dict())}
+    default = math.isclose(factor, 0.1 * math.log(4) + 1, rel_tol=1e-12)
+    for engine in ("vllm", "sglang"):
+        assert verdicts[engine].severity == ("ok" if default else "differs")
+        if not default:
+            assert f"attention factor 1.1386 where transformers uses {factor:.4f}" in verdicts[engine].message
     model.save_pretrained(tmp_path)
     plain = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
     assert plain.model.layers[0].self_attn.scaling == model.model.layers[0].self_attn.scaling

@@ -192,7 +192,7 @@ def rope_modules(model: nn.Module, *, scaled_ok: bool = False) -> list[nn.Module
             )
     first_name, first = named[0] if named else ("", None)
     for name, module in named[1:]:  # GraniteSWA's layer_rope_theta: one rotary module per base
-        if not torch.equal(_unscaled_frequencies(module).cpu(), _unscaled_frequencies(first).cpu()):
+        if not _rotate_alike(module, first):
             raise ValueError(
                 f"{type(model).__name__}'s rotary modules hold different frequencies ({name} is not {first_name}: "
                 "per-layer RoPE bases); hf_posenc patches models with one set of RoPE parameters."
@@ -200,9 +200,18 @@ def rope_modules(model: nn.Module, *, scaled_ok: bool = False) -> list[nn.Module
     return modules
 
 
-def _unscaled_frequencies(module: nn.Module) -> torch.Tensor:
-    """What a rotary module was built with (transformers' dynamic update keeps it as ``original_inv_freq``)."""
-    return getattr(module, "original_inv_freq", module.inv_freq)
+def _rotate_alike(one: nn.Module, other: nn.Module) -> bool:
+    """Whether two rotary modules were built with the same frequencies (transformers' dynamic update keeps them as
+    ``original_inv_freq``); on the meta device, which holds no values (a config-only push), whether their configs
+    give the same base."""
+    built = [getattr(module, "original_inv_freq", module.inv_freq) for module in (one, other)]
+    if any(frequencies.is_meta for frequencies in built):
+        return _base(one) == _base(other)
+    return torch.equal(built[0].float().cpu(), built[1].float().cpu())
+
+
+def _base(module: nn.Module) -> Any:
+    return (getattr(module.config, "rope_parameters", None) or {}).get("rope_theta")
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:

@@ -39,19 +39,45 @@ def test_falcon_with_its_alibi_switch_is_refused_as_an_alibi_model(method, param
     assert_refused(model, method, params, ValueError, r"encodes position as alibi \(the config's alibi: true\)")
 
 
-def test_per_layer_rope_bases_are_refused():
-    """GraniteSWA's ``layer_rope_theta``: one rotary module per base. One set of new frequencies written into every
-    module gave the 5e5-base layers the 1e4 base's, reported as native."""
-    model = build(
+def granite_swa(bases: list[float], meta: bool = False) -> torch.nn.Module:
+    config = AutoConfig.for_model(
         "granite_swa",
+        **SMALL,
         intermediate_size=96,
         num_key_value_heads=2,
         layer_types=["full_attention", "sliding_attention"],
         sliding_window=16,
-        layer_rope_theta=[1e4, 5e5],
+        layer_rope_theta=bases,
     )
+    with torch.device("meta" if meta else "cpu"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+@pytest.mark.parametrize("meta", [False, True])  # on the meta device (a config-only push), from the configs' bases
+def test_per_layer_rope_bases_are_refused(meta):
+    """GraniteSWA's ``layer_rope_theta``: one rotary module per base. One set of new frequencies written into every
+    module gave the 5e5-base layers the 1e4 base's, reported as native."""
+    model = granite_swa([1e4, 5e5], meta)
     for method in ("pi", "yarn"):
-        assert_refused(model, method, {"factor": 4}, ValueError, "rotary modules hold different frequencies")
+        if not meta:
+            assert_refused(model, method, {"factor": 4}, ValueError, "rotary modules hold different frequencies")
+            continue
+        config = model.config.to_dict()  # meta tensors hold nothing to compare
+        with pytest.raises(ValueError, match="rotary modules hold different frequencies"):
+            hf_posenc.patch(model, method, factor=4)
+        assert hf_posenc.get_patch(model) is None and model.config.to_dict() == config
+
+
+@pytest.mark.parametrize("meta", [False, True])
+def test_one_base_in_several_rotary_modules_is_patched_as_transformers_builds_it(meta):
+    """GraniteSWA with one base: a module per layer and a shared one, all alike; patched as the native config."""
+    model = granite_swa([1e4, 1e4], meta)
+    hf_posenc.patch(model, "yarn", factor=4)
+    assert hf_posenc.get_patch(model).native
+    if not meta:
+        native = AutoModelForCausalLM.from_config(model.config)
+        expected = native.model.rotary_emb.inv_freq
+        assert all(torch.equal(module.inv_freq, expected) for module in model.model.rotary_embs)
 
 
 def tiny_deepseek_v3() -> torch.nn.Module:

@@ -68,7 +68,8 @@ def load_previous(path: Path, arguments: dict[str, Any], *, kind: str) -> dict[s
     if problem:
         raise ValueError(f"{path} is malformed: {problem}; {_ADVICE}.")
     before = previous["arguments"]
-    changed = sorted(key for key in set(arguments) | set(before) if not _alike(before.get(key), arguments.get(key)))
+    keys = sorted(set(arguments) | set(before))
+    changed = [key for key in keys if not _alike(before.get(key), arguments.get(key), key)]
     if changed:
         values = "; ".join(f"{key}: {before.get(key)!r} then, {arguments.get(key)!r} now" for key in changed)
         raise ValueError(
@@ -78,14 +79,20 @@ def load_previous(path: Path, arguments: dict[str, Any], *, kind: str) -> dict[s
     return previous
 
 
-def _alike(before: Any, now: Any) -> bool:
-    """Equal, or naming the same existing local file or folder (``texts/``, ``./texts``; the data and the weights
-    are then compared by :func:`check_same_data` and :func:`check_same_model`); dicts key by key."""
+_PATHS = ("model", "gguf_file", "name")  # the arguments that may name a local file or folder (the dataset's: name)
+
+
+def _alike(before: Any, now: Any, key: str = "") -> bool:
+    """Equal, or (a path argument) naming the same existing local file or folder (``texts/``, ``./texts``; the data
+    and the weights are then compared by :func:`check_same_data` and :func:`check_same_model`); dicts key by key."""
     if isinstance(before, dict) and isinstance(now, dict):
-        return before.keys() == now.keys() and all(_alike(before[key], now[key]) for key in before)
-    if isinstance(before, str) and isinstance(now, str) and before != now:
-        then, here = Path(before), Path(now)
-        return then.exists() and here.exists() and then.resolve() == here.resolve()
+        return before.keys() == now.keys() and all(_alike(before[name], now[name], name) for name in before)
+    if key in _PATHS and isinstance(before, str) and isinstance(now, str) and before and now and before != now:
+        try:
+            then, here = Path(before), Path(now)
+            return then.exists() and here.exists() and then.resolve() == here.resolve()
+        except OSError:  # a name too long for a path, say: not one
+            return False
     return before == now
 
 

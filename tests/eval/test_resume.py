@@ -53,6 +53,12 @@ def test_the_same_folder_spelled_otherwise_is_the_same_argument(tmp_path, monkey
         assert load_previous(path, arguments, kind="perplexity")["results"] == [ROW]
     with pytest.raises(ValueError, match=r"dataset: \{'name': 'texts'\} then, \{'name': 'text'\} now"):
         load_previous(path, {"protocol": "truncate", "bos": "auto", "dataset": {"name": "text"}}, kind="perplexity")
+    arguments = {"protocol": ".", "bos": "auto", "dataset": {"name": "texts"}}  # a folder, but no path argument
+    with pytest.raises(ValueError, match="protocol: 'truncate' then, '.' now"):
+        load_previous(path, arguments, kind="perplexity")
+    arguments = {"protocol": "truncate", "bos": "auto", "dataset": {"name": "x" * 300}}  # too long for the OS
+    with pytest.raises(ValueError, match="dataset: "):
+        load_previous(path, arguments, kind="perplexity")
 
 
 @pytest.mark.parametrize(

@@ -53,10 +53,14 @@ def each_call_alone(model) -> Iterator[None]:
 
 
 def _dynamic_rotary(model) -> list[torch.nn.Module]:
+    """The rotary modules transformers' dynamic update changes (hf_posenc's own dynamic patches report another
+    ``rope_type``, which it skips)."""
     return [m for _, m in rotary_modules(model) if isinstance(m.rope_type, str) and "dynamic" in m.rope_type]
 
 
 def _reset(modules: list[torch.nn.Module], *hook_args) -> None:
+    """transformers' own reset of the dynamic update, on each of ``modules`` whose state moved (a forward pre-hook
+    with ``modules`` bound)."""
     for module in modules:
         if getattr(module, "max_seq_len_cached", None) != getattr(module, "original_max_seq_len", None):
             module.register_buffer("inv_freq", module.original_inv_freq.to(module.inv_freq.device), persistent=False)

@@ -133,9 +133,9 @@ def score_lengths(
             windows = [window_ids(docs, forwards[i].window, bos_id) for i in batch]
             ids = torch.tensor(windows, device=input_device(model))
             sums = cumulative_nll(model, ids, input_shape(forwards[batch[0]].window, bos)[1], chunk_size).cpu()
-            for row, i in enumerate(batch):
-                records.append((i, _served(model, docs, plans, forwards[i], sums[row], bos_id, chunk_size)))
             seconds[forwards[batch[0]].length] += time.perf_counter() - begin
+            for row, i in enumerate(batch):
+                records.append((i, _served(model, docs, plans, forwards[i], sums[row], bos_id, chunk_size, seconds)))
             bar.update(len(batch))
         bar.close()
     gathered = _gathered(records, len(forwards), "forwards")
@@ -151,17 +151,21 @@ def _served(
     sums: torch.Tensor,
     bos_id: int | None,
     chunk_size: int,
+    seconds: dict[int, float],
 ) -> list[tuple[int, int, float, int, bool]]:
     """``(length, index, nll, tokens, read alone)`` of each window ``forward`` serves, read from its running NLL sums.
-    A non-finite NLL of a shorter window is read again from a forward of its own: a NaN or an overflow later in the
-    longer input reaches earlier positions too (the causal mask is added to the logits, and NaN plus a mask is NaN)."""
+    A non-finite NLL of a shorter window is read again from a forward of its own, timed into ``seconds[length]``: a
+    NaN or an overflow later in the longer input reaches earlier positions too (the causal mask is added to the
+    logits, and NaN plus a mask is NaN)."""
     entries = []
     for length, index in forward.serves:
         window = plans[length][index]
         nll, alone = sums[window.scored - 1].item(), False
         if not math.isfinite(nll) and window.end < forward.window.end:
+            begin = time.perf_counter()
             ids = torch.tensor([window_ids(docs, window, bos_id)], device=input_device(model))
             nll = cumulative_nll(model, ids, input_shape(window, bos_id is not None)[1], chunk_size)[0, -1].item()
+            seconds[length] += time.perf_counter() - begin
             alone = True
         entries.append((length, index, nll, window.scored, alone))
     return entries

@@ -85,6 +85,7 @@ def _attention_problem(model: nn.Module, candidate: Any) -> str | None:
 
 
 def _meta_attention(attention: nn.Module, config: Any) -> nn.Module:
+    """A new ``type(attention)`` of the same layer built from ``config`` on the meta device: no memory, no values."""
     with torch.device("meta"):
         return type(attention)(config, layer_idx=attention.layer_idx)
 

@@ -154,7 +154,7 @@ def test_windows_cut_by_max_windows_and_batched_still_equal_their_own_forwards()
     assert [(s.forwards, s.derived_from) for s in together.values()] == [(0, 100), (1, 100), (2, None)]
 
 
-def test_a_non_finite_loss_past_a_shorter_window_is_not_read_into_it():
+def test_a_non_finite_loss_past_a_shorter_window_is_not_read_into_it(monkeypatch):
     """A NaN embedding at token 60 of the 150-token document makes every position of the 100-token forward NaN
     (the causal mask is added to the logits): the 16- and 40-token windows of that document are read from forwards
     of their own, and equal them. The other documents keep sharing the longest forward."""
@@ -162,7 +162,12 @@ def test_a_non_finite_loss_past_a_shorter_window_is_not_read_into_it():
     docs[0][60] = 1
     with torch.no_grad():
         model.get_input_embeddings().weight[1] = float("nan")
-    together = _scores(model, docs, [16, 40, 100], None, together=True)
+    ticks = iter(range(1000))  # a clock that ticks once a reading, as in the test below
+    with monkeypatch.context() as clock:
+        clock.setattr(scoring.time, "perf_counter", lambda: float(next(ticks)))
+        together = _scores(model, docs, [16, 40, 100], None, together=True)
+    # 1 s a forward, to the length it was run at (the two read again alone too), the rest of the pass to 100
+    assert {n: score.seconds for n, score in together.items()} == {16: 2.0, 40: 2.0, 100: 9.0}
     alone = _scores(model, docs, [16, 40, 100], None, together=False)
     assert math.isnan(together[100].windows[0][0]) and math.isnan(alone[100].windows[0][0])
     for n in (16, 40):

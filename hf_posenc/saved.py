@@ -59,7 +59,7 @@ class SavedPatch:
         """The saved method as a method spec: its parameters that differ from the method's defaults (the resolved
         ones among them), less those its resolution gives back from the others (YaRN's attention factor from the
         factor). Asked for again, it is the model as saved
-        (``yarn:original_max_position_embeddings=8192,factor=4.0``)."""
+        (``yarn:factor=4.0,original_max_position_embeddings=8192``)."""
         method = get_method(self.record.method)
         defaults = {field.name: field.default for field in dataclasses.fields(method.params)}
         given = {key: value for key, value in self.record.params.items() if defaults.get(key) != value}

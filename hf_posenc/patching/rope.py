@@ -75,7 +75,7 @@ def _attention_problem(model: nn.Module, candidate: Any) -> str | None:
     name = type(attention).__name__
     try:
         before = _meta_attention(attention, model.config).scaling
-    except TypeError:  # an attention built from other arguments: nothing to compare
+    except (TypeError, AttributeError):  # built from other arguments, or from a sub-config: nothing to compare
         return None
     try:
         after = _meta_attention(attention, candidate).scaling

@@ -79,14 +79,15 @@ def load_checked(
     accelerator: Accelerator,
     ids: list[int],
     longest: int,
-) -> tuple[Any, dict[str, dict[str, Any]], str]:
+) -> tuple[Any, dict[str, dict[str, Any]], dict[str, Any]]:
     """Load the (base) model, check the chunked head applies to it, and that every method patches it and
-    takes inputs of ``longest`` tokens; returns the model, each method's parameters as resolved on it, and the
-    model's fingerprint as loaded (:func:`~hf_posenc.eval.models.model_fingerprint`). The notes of patching about
+    takes inputs of ``longest`` tokens; returns the model, each method's parameters as resolved on it, and what the
+    results' ``model_details`` say of the model as loaded: its trained context and fingerprint
+    (:func:`~hf_posenc.eval.models.model_fingerprint`, which a resume compares). The notes of patching about
     what was not given (the trained context assumed) are logged here only: the run patches again from the
     resolved parameters."""
     model = load_model(model_source, accelerator.device, saved)
-    fingerprint = model_fingerprint(model)
+    loaded = {"trained_context": trained_context(model.config), "fingerprint": model_fingerprint(model)}
     check_head_decomposition(model, torch.tensor([ids[:16]], dtype=torch.long, device=input_device(model)))
     resolved = {}
     for spec in specs:
@@ -94,7 +95,7 @@ def load_checked(
             resolved[spec.text] = {} if spec.unpatched else dict(get_patch(model).params)
             check_position_table(model, spec.text, longest)
             warn_past_reach(spec, resolved[spec.text], longest)
-    return model, resolved, fingerprint
+    return model, resolved, loaded
 
 
 def run_perplexity(
@@ -175,12 +176,8 @@ def run_perplexity(
         return report
 
     longest = max(input_shape(w, bos_id is not None)[0] for n in set().union(*todo.values()) for w in plans[n].windows)
-    model, resolved, fingerprint = load_checked(model_source, saved, specs, accelerator, max(docs, key=len), longest)
-    details = {
-        **model_details(model_source, saved, arguments["dtype"]),
-        "trained_context": trained_context(model.config),
-        "fingerprint": fingerprint,
-    }
+    model, resolved, loaded = load_checked(model_source, saved, specs, accelerator, max(docs, key=len), longest)
+    details = {**model_details(model_source, saved, arguments["dtype"]), **loaded}
     if previous:
         check_same_model(previous["model_details"], details, output / RESULTS_JSON)
     rows = {row["method"]: row.get("params") or {} for row in results}
@@ -318,10 +315,8 @@ def run_passkey(
         if todo and model is None:
             longest = max(len(p.input_ids) for n in lengths for _, p in prompts[n])
             ids = prompts[todo[0]][0][1].input_ids
-            model, resolved, report["model_details"]["fingerprint"] = load_checked(
-                model_source, saved, specs, accelerator, ids, longest
-            )
-            report["model_details"]["trained_context"] = trained_context(model.config)
+            model, resolved, loaded = load_checked(model_source, saved, specs, accelerator, ids, longest)
+            report["model_details"].update(loaded)
             if previous:
                 check_same_model(previous.get("model_details") or {}, report["model_details"], output / PASSKEY_JSON)
         if not todo:

@@ -24,6 +24,13 @@ def refuse_dangling_link(folder: Path, name: str = "output") -> None:
         )
 
 
+def nearest_existing(folder: Path, name: str = "output") -> Path:
+    """``folder``, or the nearest of its parents that exists: where making it starts (a file there stops it).
+    Raises ``ValueError`` if ``folder`` is a link to nothing (:func:`refuse_dangling_link`)."""
+    refuse_dangling_link(folder, name)
+    return next(path for path in (folder, *folder.absolute().parents) if path.exists())
+
+
 def _temporary(path: Path) -> Path:
     """Where :func:`atomic_write` writes ``path`` first: ``.name.<32 hex>.suffix`` beside it."""
     return path.with_name(f".{path.stem}.{uuid.uuid4().hex}{path.suffix}")

@@ -10,7 +10,7 @@ from ..architectures import rotary_dim
 from ..encoding_data import TrainedT5Table
 from ..encoding_plots import write_bias_plot, write_frequency_plot
 from ..eval.models import trained_context
-from ..files import refuse_dangling_link
+from ..files import nearest_existing
 from ..patching.attention import T5_TABLE
 from ..patching.loading import read_checkpoint_tensors
 from ..saved import base_config, saved_patch
@@ -105,8 +105,7 @@ def plot_command(args: argparse.Namespace) -> int:
     geometry.update({key: getattr(args, key) for key in DEFAULTS if getattr(args, key) is not None})
     specs = args.specs or list(DEFAULT_SPECS[args.kind])
     output = args.output or Path("hf-posenc-results") / "plot"
-    refuse_dangling_link(output)
-    existing = next(path for path in (output, *output.absolute().parents) if path.exists())
+    existing = nearest_existing(output)
     if not existing.is_dir():
         raise ValueError(f"`output` {output} names the folder for the plot and its CSV, and {existing} is a file.")
     rope = {key: geometry[key] for key in ("head_dim", "base", "trained_context")}

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..files import refuse_dangling_link, remove_temporaries
+from ..files import nearest_existing, remove_temporaries
 from ..report_files import RUN_DETAILS, RUN_FIELDS, fields_problem, read_report
 
 _CHECK_PREFIX = ".hf-posenc-check-"  # the folders check_output makes and removes
@@ -29,8 +29,7 @@ def check_output(folder: Path, files: Sequence[str]) -> None:
     """Raise ``ValueError`` unless results named ``files`` (the report first) can be written to ``folder``: a
     writable folder, or one that can be created, that holds none of ``files`` without the report. A
     temporary folder is made and removed to check (permissions alone mislead root)."""
-    refuse_dangling_link(folder)
-    existing = next(path for path in (folder, *folder.parents) if path.exists())
+    existing = nearest_existing(folder)
     if not existing.is_dir():
         raise ValueError(f"Cannot write results to {folder}: {existing} is a file. Choose another `output`.")
     try:

@@ -108,13 +108,13 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
     native = False  # transformers has a rope type for it (rope_parameters) and builds the patched model from it
     if rope_parameters is not None:
         for form in _native_forms(rope_parameters):
-            candidate = updated_config(config, rope_config_updates(method, resolved, config, form))
+            updates = rope_config_updates(method, resolved, config, form)
+            candidate = updated_config(config, updates)
             problem = _native_problem(candidate, type(modules[0]), ours, lengths)
             problem = problem or _attention_problem(model, candidate)
             if problem is None:
                 rope_parameters, native = form, True
                 break
-        updates = rope_config_updates(method, resolved, config, rope_parameters)
     if not native:
         own = own_rope_parameters(method, resolved, config)
         if rope_parameters is not None:
@@ -131,7 +131,7 @@ def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) 
     refuse_unsavable_config(updated_config(config, updates), method)
     info = PatchInfo(method.name, params_to_dict(resolved), native, rope_parameters["rope_type"])
     if native:  # transformers' function on this patch's config (a copy: a combination marks the live one)
-        source = dataclasses.replace(source, transformers_rotary=(updated_config(config, updates), type(modules[0])))
+        source = dataclasses.replace(source, transformers_rotary=(candidate, type(modules[0])))
     # What the patched modules report as rope_type: transformers' dynamic decorator skips both kinds,
     # and its weight init rebuilds them exactly (a native static type, or ours from the config record).
     rope_type = info.rope_type if native and not method.dynamic else OWN_ROPE_TYPE

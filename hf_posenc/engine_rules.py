@@ -13,8 +13,8 @@ BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}  # YaRN's defaults, fixed where an
 # Config classes (transformers 4.x and 5) with a top-level ``original_max_position_embeddings`` default, which their
 # loading copies into the rope dict over the file's value: model_type -> default.
 CLASS_ORIGINAL = {"phi3": 4096, "phi4_multimodal": 4096}
-# llama.cpp's DeepSeek-V2 graph (src/models/deepseek2.cpp, conversion/deepseek.py), used for these model types.
-# Families whose attention reads YaRN's mscale pair besides the rotation (every engine's DeepSeek-V2 code).
+# Families whose attention reads YaRN's mscale pair besides the rotation: every engine's DeepSeek-V2 code (llama.cpp's
+# src/models/deepseek2.cpp and conversion/deepseek.py, vLLM's and SGLang's models/deepseek_v2.py).
 DEEPSEEK_V2_FAMILY = ("deepseek_v2", "deepseek_v3")
 
 

@@ -8,7 +8,9 @@ softmax over them:
 * ``sdpa``: one ``scaled_dot_product_attention`` call per block on the segments laid side by side: queries
   ``[q_0 | q_1 | ...]`` along the head dimension, segment ``g``'s keys holding ``k_g`` in slice ``g`` of the
   head dimension and zeros elsewhere (so their dot product is ``q_g . k_g``), a boolean mask keeping each pair
-  in its segment's copy. The fused kernel never materialises the float32 logits.
+  in its segment's copy. The fused kernel never materialises the float32 logits. A prefill without padding
+  (and without a gradient to carry) takes the tiles of :mod:`~hf_posenc.attention.extension_tiles` instead:
+  a few causal or full fused calls per segment, merged by log-sum-exp.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import extension_tiles
 from .extension import (
     ExtensionState,
     PositionMask,
@@ -92,18 +95,15 @@ Kernel = Callable[[list[SegmentBlock], float, torch.Tensor], torch.Tensor]
 
 def _by_blocks(
     kernel: Kernel,
-    module: nn.Module,
+    state: ExtensionState,
+    mask: PositionMask,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: PositionMask,
     scaling: float,
-    dropout: float,
-    kwargs: dict[str, Any],
 ) -> torch.Tensor:
     """``kernel(parts, scaling, value)`` on each query block's segments, ``(B, rows, H, D)``; rows with no key at
     all (padding before any token) get zeros."""
-    state, mask, query = prepared(module, query, attention_mask, dropout, kwargs)
     outputs = [
         kernel(parts, scaling, value) if parts else _no_keys(query, rows, value)
         for rows, parts in _blocks(state, mask, query, key, value)
@@ -122,7 +122,8 @@ def extension_blocked_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Query blocks of :data:`BLOCK` rows; each segment's float32 logits only over the keys it reaches there."""
-    return _by_blocks(_float32_logits, module, query, key, value, attention_mask, scaling, dropout, kwargs), None
+    state, mask, query = prepared(module, query, attention_mask, dropout, kwargs)
+    return _by_blocks(_float32_logits, state, mask, query, key, value, scaling), None
 
 
 def extension_sdpa_attention(
@@ -135,9 +136,13 @@ def extension_sdpa_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Query blocks of :data:`BLOCK` rows; per block one SDPA call on the segments side by side (module
-    docstring), in the model's dtype. A query with no key (padding before any token) gets 0."""
-    return _by_blocks(_fused_call, module, query, key, value, attention_mask, scaling, dropout, kwargs), None
+    """A prefill without padding as tiles (:mod:`~hf_posenc.attention.extension_tiles`, where it applies); any
+    other call in query blocks of :data:`BLOCK` rows, per block one SDPA call on the segments side by side
+    (module docstring). In the model's dtype; a query with no key (padding before any token) gets 0."""
+    state, mask, query = prepared(module, query, attention_mask, dropout, kwargs)
+    if extension_tiles.applies(mask, query, key, value):
+        return extension_tiles.tiled_attention(state, mask, query, key, value, scaling), None
+    return _by_blocks(_fused_call, state, mask, query, key, value, scaling), None
 
 
 def _float32_logits(parts: list[SegmentBlock], scaling: float, value: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 
 from ..registry import Method, register
 from ._common import positive_int
-from .remap import RemapParams
+from .remap import RemapParams, Tiles
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +107,21 @@ class DCAParams(RemapParams):
         if segment == 1:
             return (first // s - 1) * s, last // s * s - 1
         return 0, (last // s - 1) * s - 1
+
+    def tiles(self, segment: int, length: int) -> list[Tiles]:
+        """In chunks of ``s`` queries: intra-chunk, the causal square of each chunk; successive-chunk, each chunk
+        against the whole chunk before it; inter-chunk, each chunk against every key before the chunk before it
+        (one tile per chunk: their key ranges differ). A last partial chunk takes its rows of each."""
+        s = self.chunk_length
+        chunks, rest = divmod(length, s)
+        starts = range(0, length, s)
+        if segment == 0:
+            tiles = [Tiles("lower", 0, 0, s, s, chunks)] if chunks else []
+            return tiles + ([Tiles("lower", chunks * s, chunks * s, rest, rest)] if rest else [])
+        if segment == 1:
+            tiles = [Tiles("full", s, 0, s, s, chunks - 1)] if chunks > 1 else []
+            return tiles + ([Tiles("full", chunks * s, (chunks - 1) * s, rest, s)] if rest and chunks else [])
+        return [Tiles("full", start, 0, min(s, length - start), start - s) for start in starts[2:]]
 
 
 register(

@@ -18,6 +18,30 @@ import torch
 from ._common import RopeParams
 
 BACKENDS = ("auto", "eager", "blocked", "sdpa", "flex")
+TILE_SHAPES = ("full", "lower", "upper")
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """``count`` equal rectangles of (query, key) index pairs in a prefill of tokens ``0 .. n-1``: rectangle ``t``
+    holds query rows ``query_start + t * rows + a`` and key columns ``key_start + t * rows + b`` for
+    ``0 <= a < rows``, ``0 <= b < cols``, and of those the pairs its ``shape`` keeps: ``"full"`` all of them,
+    ``"lower"`` ``b <= a`` (a causal square), ``"upper"`` ``b > a`` (a square's strict upper triangle). The shapes
+    fused attention kernels run directly, or (``upper``) with rows and columns reversed. Only a single full tile
+    may be other than square."""
+
+    shape: str
+    query_start: int
+    key_start: int
+    rows: int
+    cols: int
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.shape not in TILE_SHAPES or min(self.rows, self.cols, self.count) < 1:
+            raise ValueError(f"Not a tiling: {self}.")
+        if (self.shape != "full" or self.count > 1) and self.rows != self.cols:
+            raise ValueError(f"A {self.shape} tile, or one of several, is square: {self}.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,8 +49,9 @@ class RemapParams(RopeParams):
     """Args:
     backend (`str`, defaults to ``"auto"``): ``"eager"`` (the reference: every segment's ``n x n`` logits in
         float32, one softmax), ``"blocked"`` (query blocks, each against the key range its segments reach:
-        memory linear in the length), ``"sdpa"`` (the same blocks, each one ``scaled_dot_product_attention`` call
-        on the segments side by side), ``"flex"`` (``flex_attention`` with block masks, memory linear: per
+        memory linear in the length), ``"sdpa"`` (a prefill without padding as :meth:`tiles`, a few fused causal or
+        full attention calls per segment merged by log-sum-exp; any other call in the same blocks, each one
+        ``scaled_dot_product_attention`` call on the segments side by side), ``"flex"`` (``flex_attention`` with block masks, memory linear: per
         segment merged by log-sum-exp on CUDA, segments side by side in one call on a CPU), or ``"auto"``: flex on
         CUDA, sdpa elsewhere, decided when patching (a model moved to CUDA afterwards keeps sdpa).
     original_max_position_embeddings (`int`, *optional*): the trained context ``L``; ``patch`` reads it from
@@ -73,6 +98,12 @@ class RemapParams(RopeParams):
     def key_span(self, segment: int, first: int, last: int) -> tuple[int, int]:
         """``(lo, hi)``: every key position that queries at ``first .. last`` can see in ``segment`` lies in
         ``lo .. hi`` (inclusive; empty when ``lo > hi``). Lets the query-block backends skip the rest."""
+        raise NotImplementedError
+
+    def tiles(self, segment: int, length: int) -> list[Tiles]:
+        """The pairs of ``segment`` in a prefill of ``length`` tokens (positions ``0 .. length-1``) as
+        :class:`Tiles`, disjoint and covering exactly the pairs ``j <= i`` with ``segment_of(i, j) == segment``.
+        Lets the ``sdpa`` backend run each segment as a few fused causal or full attention calls."""
         raise NotImplementedError
 
 

@@ -20,7 +20,7 @@ import torch
 
 from ..registry import Method, register
 from ._common import positive_int
-from .remap import RemapParams
+from .remap import RemapParams, Tiles
 
 DEFAULT_GROUP_SIZE = 8
 
@@ -108,6 +108,27 @@ class SelfExtendParams(RemapParams):
         if segment == 0:
             return first - self.window + 1, last
         return 0, last - self.window
+
+    def tiles(self, segment: int, length: int) -> list[Tiles]:
+        """Grouped: the causal square of queries ``W ..`` against keys ``.. n-1-W`` (``j <= i - W``). Neighbour, in
+        blocks of ``W`` queries: the causal square on the block's own keys, and on the block before it the keys
+        ``j > i - W``, the strict upper triangle of that square (rows past the last whole block: their square, and
+        the earlier keys of that block before, all of them)."""
+        w = self.window
+        if segment == 1:
+            return [Tiles("lower", w, 0, length - w, length - w)] if length > w else []
+        blocks, rest = divmod(length, w)
+        tiles = [Tiles("lower", 0, 0, w, w, blocks)] if blocks else []
+        if blocks > 1 and w > 1:
+            tiles.append(Tiles("upper", w, 0, w, w, blocks - 1))
+        if rest:
+            start = blocks * w
+            tiles.append(Tiles("lower", start, start, rest, rest))
+            if blocks and rest > 1:
+                tiles.append(Tiles("upper", start, start - w, rest, rest))
+            if blocks:
+                tiles.append(Tiles("full", start, start - w + rest, rest, w - rest))
+        return tiles
 
 
 register(

@@ -17,6 +17,7 @@ import torch
 from conftest import make_tiny
 
 import hf_posenc
+from hf_posenc.attention import extension_tiles
 from hf_posenc.methods.remap import remap_distance
 from hf_posenc.registry import get_method
 
@@ -85,12 +86,16 @@ def test_reference_without_a_method_is_the_transformers_forward(family):
     torch.testing.assert_close(actual, ref.reference_logits(model, ids), **TOLERANCE)
 
 
-@pytest.mark.parametrize("backend", ["eager", "blocked", "sdpa"])
+@pytest.mark.parametrize("backend", ["eager", "blocked", "sdpa", "sdpa-blocks"])
 @pytest.mark.parametrize("case", REMAP_CASES)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_remaps_equal_the_reference(family, case, backend):
+def test_remaps_equal_the_reference(monkeypatch, family, case, backend):
     """Self-Extend and DCA, alone and with log-n (and YaRN): every segment's logits, merged under one softmax, are
-    the papers' positions rotated directly; on the CPU backends, in float64."""
+    the papers' positions rotated directly; on the CPU backends, in float64. ``sdpa`` runs this prefill as tiles;
+    ``sdpa-blocks`` is the same backend with the tiles off, as it runs with padding, a cache or a gradient."""
+    if backend == "sdpa-blocks":
+        monkeypatch.setattr(extension_tiles, "applies", lambda *args: False)
+        backend = "sdpa"
     actual = patched_logits(family, case, backend=backend)
     torch.testing.assert_close(actual, expected(family, case), **TOLERANCE)
 

@@ -1,0 +1,132 @@
+"""The remaps' prefill as tiles: each segment a few causal or full attention calls of a fused kernel, merged by
+log-sum-exp. What the ``sdpa`` backend runs on a prefill without padding, where it applies (:func:`applies`).
+
+A segment's pairs in a prefill of positions ``0 .. n-1`` are a handful of rectangles
+(:meth:`~hf_posenc.methods.remap.RemapParams.tiles`): Self-Extend's grouped pairs one causal square shifted by
+``W``, its neighbour band causal squares and strict upper triangles, DCA's chunks causal squares and full
+rectangles. A kernel that computes causal attention skips the upper half of a square; a strict upper triangle
+is a causal square with rows and columns reversed, less its diagonal. Equal tiles go in one call, stacked along
+the batch. Each call returns its output and the log-sum-exp of its logits; a running merge, in float32, weights
+them into one softmax over all of a query's keys. Memory is linear in ``n``, and no call computes a pair twice.
+
+The kernels are PyTorch's own (those ``scaled_dot_product_attention`` dispatches to) called for their
+log-sum-exp: flash attention on a CPU; on CUDA flash attention in half precision, memory-efficient attention
+otherwise. Their log-sum-exp carries no gradient, so a call that needs one takes the query blocks instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..methods.remap import Tiles
+from .extension import ExtensionState, PositionMask, segment_states
+
+
+def applies(mask: PositionMask, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether this call is a prefill the tiles serve: every row at positions ``0 .. n-1`` for queries and keys
+    alike (no padding, nothing cached before), on a CPU or CUDA, with no gradient to carry, and heads the
+    kernels take (values as wide as queries; on CUDA a multiple of 8 up to 256)."""
+    if mask.key_valid is not None or query.shape[2] != key.shape[2] or query.device.type not in ("cpu", "cuda"):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        return False
+    dim = query.shape[-1]
+    if value.shape[-1] != dim or (query.is_cuda and (dim % 8 or dim > 256)):
+        return False
+    return bool(mask.key_positions[:, 0].eq(0).all())  # without padding a row's positions run on from the first
+
+
+def cpu_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
+    """PyTorch's flash attention on a CPU: ``(B, H, n, D)`` output and ``(B, H, n)`` float32 log-sum-exp
+    (``causal``: key ``b`` of a square seen by queries ``a >= b``)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, causal, scale=scale)
+
+
+def cuda_flash_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
+    """:func:`cpu_kernel` on CUDA in half precision: flash attention."""
+    output, lse = torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, 0.0, causal, scale=scale)[:2]
+    return output, lse
+
+
+def cuda_efficient_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
+    """:func:`cpu_kernel` on CUDA in other dtypes: memory-efficient attention (its log-sum-exp padded to a multiple
+    of 32 rows there)."""
+    output, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, None, True, 0.0, causal, scale=scale
+    )[:2]
+    return output, lse[..., : query.shape[2]]
+
+
+def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
+    if not query.is_cuda:
+        return cpu_kernel(query, key, value, causal, scale)
+    half = query.dtype in (torch.float16, torch.bfloat16)
+    return (cuda_flash_kernel if half else cuda_efficient_kernel)(query, key, value, causal, scale)
+
+
+def _stacked(states: torch.Tensor, start: int, size: int, count: int) -> torch.Tensor:
+    """``count`` consecutive blocks of ``size`` positions from ``start`` of ``(B, H, n, D)`` states, stacked along
+    the batch: ``(count * B, H, size, D)`` (one block: a view)."""
+    if count == 1:
+        return states[:, :, start : start + size]
+    batch, heads, _, dim = states.shape
+    blocks = states[:, :, start : start + count * size].reshape(batch, heads, count, size, dim)
+    return blocks.permute(2, 0, 1, 3, 4).reshape(count * batch, heads, size, dim)
+
+
+def _unstacked(states: torch.Tensor, batch: int) -> torch.Tensor:
+    """:func:`_stacked`'s inverse: ``(count * B, H, rows, ...)`` -> ``(B, H, count, rows, ...)``."""
+    return states.reshape(-1, batch, *states.shape[1:]).movedim(0, 2)
+
+
+def _tile(tile: Tiles, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float):
+    """One :class:`Tiles` call: ``(B, H, count, rows_out, D)`` output and ``(B, H, count, rows_out)`` log-sum-exp
+    for the first ``rows_out`` rows of each tile (all of them; an upper triangle's last row holds no pair)."""
+    batch = query.shape[0]
+    q = _stacked(query, tile.query_start, tile.rows, tile.count)
+    k, v = (_stacked(states, tile.key_start, tile.cols, tile.count) for states in (key, value))
+    if tile.shape == "upper":  # b > a reversed is b' < a': the causal square of rows 1.. against columns ..-2
+        q, k, v = q.flip(2)[:, :, 1:], k.flip(2)[:, :, :-1], v.flip(2)[:, :, :-1]
+        output, lse = _attend(q, k, v, True, scale)
+        output, lse = output.flip(2), lse.flip(2)
+    else:
+        output, lse = _attend(q, k, v, tile.shape == "lower", scale)
+    return _unstacked(output, batch), _unstacked(lse, batch)
+
+
+def _merge(total: torch.Tensor, total_lse: torch.Tensor, output: torch.Tensor, lse: torch.Tensor) -> None:
+    """Fold one call's ``output`` and ``lse`` into the running float32 ``total`` and ``total_lse`` (views of the
+    rows it covers), in place: both become the softmax over the keys of both."""
+    lse = lse.float()
+    merged = torch.logaddexp(total_lse, lse)
+    total.mul_(torch.exp(total_lse - merged)[..., None]).add_(output.float() * torch.exp(lse - merged)[..., None])
+    total_lse.copy_(merged)
+
+
+def _rows(states: torch.Tensor, tile: Tiles, rows: int) -> torch.Tensor:
+    """The view of ``(B, H, n, ...)`` states ``(B, H, count, rows, ...)`` at the first ``rows`` rows of each tile."""
+    span = states[:, :, tile.query_start : tile.query_start + tile.count * tile.rows]
+    return span.unflatten(2, (tile.count, tile.rows))[:, :, :, :rows]
+
+
+def tiled_attention(
+    state: ExtensionState, mask: PositionMask, query: torch.Tensor, key: torch.Tensor, value: Any, scaling: float
+) -> torch.Tensor:
+    """Self-Extend / DCA on a prefill (:func:`applies`) as tiles: ``(B, n, H, D)`` in the values' dtype."""
+    batch, heads, length, _ = query.shape
+    repeat = heads // key.shape[1]  # the kernels want as many key heads as query heads
+    value = value.repeat_interleave(repeat, 1) if repeat > 1 else value
+    keys: dict[int, torch.Tensor] = {}  # each turn of the keys repeated once (by key_source: segments share one)
+    total = query.new_zeros(batch, heads, length, value.shape[-1], dtype=torch.float32)
+    total_lse = query.new_full((batch, heads, length), -torch.inf, dtype=torch.float32)
+    for segment, (seg_query, seg_key) in enumerate(segment_states(state, mask, query, key, query.dtype)):
+        source = state.remap.key_source(segment)
+        if source not in keys:
+            keys[source] = seg_key.repeat_interleave(repeat, 1) if repeat > 1 else seg_key
+        for tile in state.remap.tiles(segment, length):
+            output, lse = _tile(tile, seg_query, keys[source], value, scaling)
+            rows = output.shape[3]
+            _merge(_rows(total, tile, rows), _rows(total_lse, tile, rows), output, lse)
+    return total.to(value.dtype).transpose(1, 2).contiguous()

@@ -2,11 +2,11 @@
 # Issue 16's GPU runs through the device tool, results and logs under $OUT. Stages, in the order given:
 #   bash scripts/gpu_run.sh tests alibi     # python -m pytest -m gpu; scripts/bench_alibi.py
 #   bash scripts/gpu_run.sh eval rope extension   # bench_eval.py, bench_rope_overhead.py, bench_extension.py
-#   bash scripts/gpu_run.sh extension-sdpa        # bench_extension.py --backend sdpa (the remaps' query-block SDPA)
-# (all five took about 14 minutes on an H100: two calls of the tool's 10-minute limit). A task lent a GPU now has
-# 15 minutes of device time, start-up included: one call. Run the stages not measured since the last changes first,
-# `bash scripts/gpu_run.sh tests extension alibi` (timeout_s 590: each stage has its own timeout below), and leave
-# `eval rope extension-sdpa` to the next task lent one. The machine's
+#   bash scripts/gpu_run.sh extension-sdpa        # bench_extension.py --backend sdpa (the remaps' prefill as tiles)
+# (the first five took about 14 minutes on an H100: two calls of the tool's 10-minute limit). A task lent a GPU now
+# has 15 minutes of device time, start-up included: one call. Run the stages not measured since the last changes
+# first, `bash scripts/gpu_run.sh tests extension-sdpa extension alibi` (timeout_s 590: each stage has its own
+# timeout below), and leave `eval rope` to the next task lent one. The machine's
 # transformers is older than the project's floor: newer pure-Python wheels travel in .whl/ (see the device
 # README); the project itself runs from the working tree.
 set -u -o pipefail
@@ -33,7 +33,7 @@ for stage in "$@"; do
         timeout 200 python3 scripts/bench_extension.py --device cuda --dtype bfloat16 --lengths 32k,128k \
             --repeats 10 --output "$OUT/extension_h100.json" --profile "$OUT/extension_profile"
         ;;
-    extension-sdpa)  # the remaps' query-block SDPA backend on CUDA (not measured there yet)
+    extension-sdpa)  # the remaps' sdpa backend on CUDA, a prefill as tiles of flash attention (not measured there yet)
         timeout 200 python3 scripts/bench_extension.py --device cuda --dtype bfloat16 --lengths 32k,128k \
             --backend sdpa --output "$OUT/extension_sdpa_h100.json"
         ;;

@@ -49,11 +49,12 @@ class RemapParams(RopeParams):
     """Args:
     backend (`str`, defaults to ``"auto"``): ``"eager"`` (the reference: every segment's ``n x n`` logits in
         float32, one softmax), ``"blocked"`` (query blocks, each against the key range its segments reach:
-        memory linear in the length), ``"sdpa"`` (a prefill without padding as :meth:`tiles`, a few fused causal or
-        full attention calls per segment merged by log-sum-exp; any other call in the same blocks, each one
-        ``scaled_dot_product_attention`` call on the segments side by side), ``"flex"`` (``flex_attention`` with block masks, memory linear: per
-        segment merged by log-sum-exp on CUDA, segments side by side in one call on a CPU), or ``"auto"``: flex on
-        CUDA, sdpa elsewhere, decided when patching (a model moved to CUDA afterwards keeps sdpa).
+        memory linear in the length), ``"sdpa"`` (a prefill without padding as :meth:`tiles`, a few fused causal
+        or full attention calls per segment merged by log-sum-exp; any other call in the same query blocks, each
+        one ``scaled_dot_product_attention`` call on the segments side by side), ``"flex"`` (``flex_attention``
+        with block masks, memory linear: per segment merged by log-sum-exp on CUDA, segments side by side in one
+        call on a CPU), or ``"auto"``: flex on CUDA, sdpa elsewhere, decided when patching (a model moved to CUDA
+        afterwards keeps sdpa).
     original_max_position_embeddings (`int`, *optional*): the trained context ``L``; ``patch`` reads it from
         the config when omitted.
     """

@@ -16,8 +16,6 @@ otherwise. Their log-sum-exp carries no gradient, so a call that needs one takes
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from ..methods.remap import Tiles
@@ -112,7 +110,12 @@ def _rows(states: torch.Tensor, tile: Tiles, rows: int) -> torch.Tensor:
 
 
 def tiled_attention(
-    state: ExtensionState, mask: PositionMask, query: torch.Tensor, key: torch.Tensor, value: Any, scaling: float
+    state: ExtensionState,
+    mask: PositionMask,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float,
 ) -> torch.Tensor:
     """Self-Extend / DCA on a prefill (:func:`applies`) as tiles: ``(B, n, H, D)`` in the values' dtype."""
     batch, heads, length, _ = query.shape

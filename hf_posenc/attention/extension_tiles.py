@@ -10,8 +10,9 @@ the batch. Each call returns its output and the log-sum-exp of its logits; a run
 them into one softmax over all of a query's keys. Memory is linear in ``n``, and no call computes a pair twice.
 
 The kernels are PyTorch's own (those ``scaled_dot_product_attention`` dispatches to) called for their
-log-sum-exp: flash attention on a CPU; on CUDA flash attention in half precision, memory-efficient attention
-otherwise. Their log-sum-exp carries no gradient, so a call that needs one takes the query blocks instead.
+log-sum-exp: flash attention on a CPU; on CUDA flash attention in half precision (Ampere or later),
+memory-efficient attention otherwise. Their log-sum-exp carries no gradient, so a call that needs one takes the
+query blocks instead.
 """
 
 from __future__ import annotations
@@ -19,21 +20,33 @@ from __future__ import annotations
 import torch
 
 from ..methods.remap import Tiles
-from .extension import ExtensionState, PositionMask, segment_states
+from .extension import ExtensionState, PositionMask, segment_keys, segment_queries
 
 
 def applies(mask: PositionMask, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-    """Whether this call is a prefill the tiles serve: every row at positions ``0 .. n-1`` for queries and keys
-    alike (no padding, nothing cached before), on a CPU or CUDA, with no gradient to carry, and heads the
-    kernels take (values as wide as queries; on CUDA a multiple of 8 up to 256)."""
-    if mask.key_valid is not None or query.shape[2] != key.shape[2] or query.device.type not in ("cpu", "cuda"):
+    """Whether this call is a prefill the tiles serve: queries at positions ``0 .. n-1`` in every row (no padding,
+    nothing cached before) and the first ``n`` keys theirs (a static cache's later slots are never seen), no
+    gradient to carry, and a kernel that takes the inputs (:func:`_kernel_takes`)."""
+    length = query.shape[2]
+    if mask.query_valid is not None or length > key.shape[2] or not _kernel_takes(query, value):
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
         return False
+    starts = torch.stack((mask.query_positions[:, 0], mask.key_positions[:, 0]))
+    first_keys = starts.new_ones((), dtype=torch.bool) if mask.key_valid is None else mask.key_valid[:, :length].all()
+    return bool(starts.eq(0).all() & first_keys)  # without padding a row's positions run on from the first
+
+
+def _kernel_takes(query: torch.Tensor, value: torch.Tensor) -> bool:
+    """Values as wide as the queries; on CUDA half precision or float32 and a head dimension that is a multiple
+    of 8 up to 256 (flash and memory-efficient attention); CPUs take any."""
     dim = query.shape[-1]
-    if value.shape[-1] != dim or (query.is_cuda and (dim % 8 or dim > 256)):
+    if value.shape[-1] != dim or query.device.type not in ("cpu", "cuda"):
         return False
-    return bool(mask.key_positions[:, 0].eq(0).all())  # without padding a row's positions run on from the first
+    return not query.is_cuda or (query.dtype in CUDA_DTYPES and dim % 8 == 0 and dim <= 256)
+
+
+CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def cpu_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
@@ -43,14 +56,14 @@ def cpu_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, caus
 
 
 def cuda_flash_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
-    """:func:`cpu_kernel` on CUDA in half precision: flash attention."""
+    """:func:`cpu_kernel` on CUDA in half precision (Ampere or later): flash attention."""
     output, lse = torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, 0.0, causal, scale=scale)[:2]
     return output, lse
 
 
 def cuda_efficient_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
-    """:func:`cpu_kernel` on CUDA in other dtypes: memory-efficient attention (its log-sum-exp padded to a multiple
-    of 32 rows there)."""
+    """:func:`cpu_kernel` on CUDA in float32, or half precision before Ampere: memory-efficient attention (its
+    log-sum-exp padded to a multiple of 32 rows there)."""
     output, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
         query, key, value, None, True, 0.0, causal, scale=scale
     )[:2]
@@ -58,10 +71,13 @@ def cuda_efficient_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.T
 
 
 def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
+    """:func:`cpu_kernel` on a CPU; on CUDA flash attention in half precision on Ampere or later, memory-efficient
+    attention otherwise (float32, or an older GPU)."""
     if not query.is_cuda:
         return cpu_kernel(query, key, value, causal, scale)
     half = query.dtype in (torch.float16, torch.bfloat16)
-    return (cuda_flash_kernel if half else cuda_efficient_kernel)(query, key, value, causal, scale)
+    flash = half and torch.cuda.get_device_capability(query.device) >= (8, 0)
+    return (cuda_flash_kernel if flash else cuda_efficient_kernel)(query, key, value, causal, scale)
 
 
 def _stacked(states: torch.Tensor, start: int, size: int, count: int) -> torch.Tensor:
@@ -95,11 +111,13 @@ def _tile(tile: Tiles, query: torch.Tensor, key: torch.Tensor, value: torch.Tens
 
 
 def _merge(total: torch.Tensor, total_lse: torch.Tensor, output: torch.Tensor, lse: torch.Tensor) -> None:
-    """Fold one call's ``output`` and ``lse`` into the running float32 ``total`` and ``total_lse`` (views of the
-    rows it covers), in place: both become the softmax over the keys of both."""
-    lse = lse.float()
+    """Fold one call's ``output`` and ``lse`` into the running ``total`` and ``total_lse`` (float32, float64 for a
+    float64 model; views of the rows it covers), in place: both become the softmax over the keys of both."""
+    lse = lse.to(total.dtype)
     merged = torch.logaddexp(total_lse, lse)
-    total.mul_(torch.exp(total_lse - merged)[..., None]).add_(output.float() * torch.exp(lse - merged)[..., None])
+    total.mul_(torch.exp(total_lse - merged)[..., None]).add_(
+        output.to(total.dtype) * torch.exp(lse - merged)[..., None]
+    )
     total_lse.copy_(merged)
 
 
@@ -107,6 +125,10 @@ def _rows(states: torch.Tensor, tile: Tiles, rows: int) -> torch.Tensor:
     """The view of ``(B, H, n, ...)`` states ``(B, H, count, rows, ...)`` at the first ``rows`` rows of each tile."""
     span = states[:, :, tile.query_start : tile.query_start + tile.count * tile.rows]
     return span.unflatten(2, (tile.count, tile.rows))[:, :, :, :rows]
+
+
+def _repeated(states: torch.Tensor, repeat: int) -> torch.Tensor:
+    return states.repeat_interleave(repeat, 1) if repeat > 1 else states
 
 
 def tiled_attention(
@@ -117,18 +139,25 @@ def tiled_attention(
     value: torch.Tensor,
     scaling: float,
 ) -> torch.Tensor:
-    """Self-Extend / DCA on a prefill (:func:`applies`) as tiles: ``(B, n, H, D)`` in the values' dtype."""
+    """Self-Extend / DCA on a prefill (:func:`applies`) as tiles: ``(B, n, H, D)`` in the values' dtype. Segments
+    without a pair here (DCA's far chunks in an input shorter than a chunk) turn nothing."""
     batch, heads, length, _ = query.shape
     repeat = heads // key.shape[1]  # the kernels want as many key heads as query heads
-    value = value.repeat_interleave(repeat, 1) if repeat > 1 else value
-    keys: dict[int, torch.Tensor] = {}  # each turn of the keys repeated once (by key_source: segments share one)
-    total = query.new_zeros(batch, heads, length, value.shape[-1], dtype=torch.float32)
-    total_lse = query.new_full((batch, heads, length), -torch.inf, dtype=torch.float32)
-    for segment, (seg_query, seg_key) in enumerate(segment_states(state, mask, query, key, query.dtype)):
+    value = _repeated(value[:, :, :length], repeat)
+    keys: dict[int, torch.Tensor] = {}  # each turn of the keys, repeated (by key_source: segments share one)
+    merged = torch.promote_types(value.dtype, torch.float32)
+    total = query.new_zeros(batch, heads, length, value.shape[-1], dtype=merged)
+    total_lse = query.new_full((batch, heads, length), -torch.inf, dtype=merged)
+    for segment in range(len(state.remap.SEGMENTS)):
+        tiles = state.remap.tiles(segment, length)
+        if not tiles:
+            continue
         source = state.remap.key_source(segment)
         if source not in keys:
-            keys[source] = seg_key.repeat_interleave(repeat, 1) if repeat > 1 else seg_key
-        for tile in state.remap.tiles(segment, length):
+            turned = segment_keys(state, mask, source, key, query.dtype)[:, :, :length]
+            keys[source] = _repeated(turned, repeat)
+        seg_query = segment_queries(state, mask, segment, query, dtype=query.dtype)
+        for tile in tiles:
             output, lse = _tile(tile, seg_query, keys[source], value, scaling)
             rows = output.shape[3]
             _merge(_rows(total, tile, rows), _rows(total_lse, tile, rows), output, lse)

@@ -112,8 +112,9 @@ class SelfExtendParams(RemapParams):
     def tiles(self, segment: int, length: int) -> list[Tiles]:
         """Grouped: the causal square of queries ``W ..`` against keys ``.. n-1-W`` (``j <= i - W``). Neighbour, in
         blocks of ``W`` queries: the causal square on the block's own keys, and on the block before it the keys
-        ``j > i - W``, the strict upper triangle of that square (rows past the last whole block: their square, and
-        the earlier keys of that block before, all of them)."""
+        ``j > i - W``, the strict upper triangle of that square. The ``r < W`` rows past the last whole block take
+        their own causal square, and of the block before the strict upper triangle of its first ``r`` keys and
+        all of its last ``W - r``."""
         w = self.window
         if segment == 1:
             return [Tiles("lower", w, 0, length - w, length - w)] if length > w else []

@@ -7,6 +7,7 @@ gradient is the eager reference's."""
 from __future__ import annotations
 
 import inspect
+from types import SimpleNamespace
 
 import extension_reference as ref
 import pytest
@@ -14,11 +15,11 @@ import torch
 from conftest import make_tiny
 from helpers import gpu
 from test_extension_flex import CASES, DIM, _inputs, _module
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 
 import hf_posenc
 from hf_posenc.attention import extension_tiles
-from hf_posenc.attention.extension import extension_eager_attention
+from hf_posenc.attention.extension import extension_eager_attention, extension_mask, scaled_queries
 from hf_posenc.attention.extension_blocks import extension_sdpa_attention
 from hf_posenc.registry import get_method
 
@@ -69,17 +70,129 @@ def test_tiled_attention_equals_the_eager_reference(method, length, temperature)
 
 
 def test_the_cuda_kernels_return_the_output_and_a_log_sum_exp_per_query():
-    """The CUDA calls' arguments and results, on the meta device (no GPU here): flash in bfloat16, memory-efficient
-    attention in float32 (its log-sum-exp cut to the queries), both ``(B, H, n, D)`` and ``(B, H, n)``."""
-    for kernel, dtype in [
+    """The CUDA calls' results on the meta device (no GPU here): flash in bfloat16, memory-efficient attention in
+    float32 (its log-sum-exp cut to the queries), both ``(B, H, n, D)`` and ``(B, H, n)``."""
+    kernels = [
         (extension_tiles.cuda_flash_kernel, torch.bfloat16),
         (extension_tiles.cuda_efficient_kernel, torch.float32),
-    ]:
+    ]
+    for kernel, dtype in kernels:
         for causal, (rows, cols) in [(True, (40, 40)), (False, (40, 72))]:
             query = torch.empty(3, 4, rows, 64, device="meta", dtype=dtype)
             key = torch.empty(3, 4, cols, 64, device="meta", dtype=dtype)
             output, lse = kernel(query, key, key, causal, 0.125)
             assert output.shape == (3, 4, rows, 64) and lse.shape == (3, 4, rows)
+
+
+def _by_schema(op, padded_lse: bool):
+    """A CPU stand-in for a CUDA attention op: its arguments bound to their names by the op's own schema, then
+    attention computed from those names (``is_causal``, ``scale``, ``compute_log_sumexp``), its log-sum-exp padded
+    to 32 rows as memory-efficient attention's is; the outputs in the schema's order."""
+    names = [argument.name for argument in op.default._schema.arguments]
+    outputs = len(op.default._schema.returns)
+
+    def run(*args, **kwargs):
+        bound = {argument.name: argument.default_value for argument in op.default._schema.arguments}
+        bound.update(zip(names, args, strict=False))
+        bound.update(kwargs)
+        assert bound["dropout_p"] == 0.0 and bound.get("attn_bias") is None and not bound.get("return_debug_mask")
+        query, key, value = bound["query"], bound["key"], bound["value"]
+        scores = query @ key.transpose(-1, -2) * bound["scale"]
+        if bound["is_causal"]:
+            scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), -torch.inf)
+        lse = torch.logsumexp(scores, -1)
+        if padded_lse:
+            assert bound["compute_log_sumexp"]
+            lse = torch.cat((lse, lse.new_full((*lse.shape[:-1], -lse.shape[-1] % 32), 7.0)), -1)
+        return (torch.softmax(scores, -1) @ value, lse, *[None] * (outputs - 2))
+
+    return run
+
+
+@pytest.mark.parametrize("kernel", ["cuda_flash_kernel", "cuda_efficient_kernel"])
+@pytest.mark.parametrize("method", sorted(CASES))
+def test_the_cuda_kernels_pass_their_arguments_by_the_ops_schemas(monkeypatch, method, kernel):
+    """Each CUDA kernel's call read as the op's schema reads it (a stand-in computing what those arguments ask
+    for, on the CPU) gives the tiled attention the eager reference's output: which flag is causal, the scale,
+    the log-sum-exp asked for and cut to the queries."""
+    for name, padded in [
+        ("_scaled_dot_product_flash_attention", False),
+        ("_scaled_dot_product_efficient_attention", True),
+    ]:
+        monkeypatch.setattr(torch.ops.aten, name, _by_schema(getattr(torch.ops.aten, name), padded))
+    monkeypatch.setattr(extension_tiles, "cpu_kernel", getattr(extension_tiles, kernel))
+    query, key, value, mask, _ = _inputs(False, q_length=50, kv_length=50)
+    module = _module(method, True)
+    expected = extension_eager_attention(module, query, key, value, mask, DIM**-0.5)[0]
+    output = extension_tiles.tiled_attention(
+        module.hf_posenc_extension,
+        mask,
+        scaled_queries(module.hf_posenc_extension, query, mask.query_positions),
+        key,
+        value,
+        DIM**-0.5,
+    )
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+
+
+def _cuda_like(dtype: torch.dtype, dim: int = 64) -> SimpleNamespace:
+    return SimpleNamespace(shape=(1, 4, 8, dim), dtype=dtype, is_cuda=True, device=torch.device("cuda", 0))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "dim", "takes"),
+    [
+        (torch.bfloat16, 128, True),
+        (torch.float16, 256, True),
+        (torch.float32, 72, True),
+        (torch.float64, 64, False),  # neither CUDA kernel takes float64
+        (torch.bfloat16, 264, False),
+        (torch.bfloat16, 60, False),
+    ],
+)
+def test_on_cuda_the_tiles_take_what_flash_or_memory_efficient_attention_takes(dtype, dim, takes):
+    assert extension_tiles._kernel_takes(_cuda_like(dtype, dim), _cuda_like(dtype, dim)) is takes
+
+
+@pytest.mark.parametrize(
+    ("dtype", "capability", "kernel"),
+    [
+        (torch.bfloat16, (9, 0), "cuda_flash_kernel"),
+        (torch.float16, (8, 0), "cuda_flash_kernel"),
+        (torch.float16, (7, 5), "cuda_efficient_kernel"),  # a T4: flash attention needs Ampere
+        (torch.float32, (9, 0), "cuda_efficient_kernel"),
+    ],
+)
+def test_on_cuda_flash_attention_runs_in_half_precision_on_ampere_or_later(monkeypatch, dtype, capability, kernel):
+    called = []
+    for name in ("cuda_flash_kernel", "cuda_efficient_kernel"):
+        monkeypatch.setattr(extension_tiles, name, lambda *args, name=name: called.append(name))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
+    extension_tiles._attend(_cuda_like(dtype), None, None, True, 0.125)
+    assert called == [kernel]
+
+
+def test_a_float64_prefill_keeps_float64_precision(monkeypatch):
+    """The merge runs in the model's float64: the tiles equal the query blocks (one float64 SDPA call per block)
+    to float64 rounding, not float32's (the eager reference's logits are float32)."""
+    query, key, value, mask, _ = _inputs(False, q_length=83, kv_length=83)
+    query, key, value = (tensor.double() for tensor in (query, key, value))
+    module = _module("self-extend", True)
+    output = extension_sdpa_attention(module, query, key, value, mask, DIM**-0.5)[0]
+    monkeypatch.setattr(extension_tiles, "applies", lambda *args: False)
+    expected = extension_sdpa_attention(module, query, key, value, mask, DIM**-0.5)[0]
+    torch.testing.assert_close(output, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_queries_past_the_first_position_take_the_query_blocks():
+    """Queries at 30 .. 69 over 40 keys (what no cache of transformers 5.24 passes, but a mask may say): not a
+    prefill from position 0, so no tiles, and the backend still equals the reference."""
+    query, key, value, _, _ = _inputs(False, q_length=40, kv_length=40)
+    mask = extension_mask(batch_size=2, q_length=40, kv_length=40, q_offset=30)
+    assert not extension_tiles.applies(mask, query, key, value)
+    module = _module("self-extend", False)
+    expected = extension_eager_attention(module, query, key, value, mask, DIM**-0.5)[0]
+    torch.testing.assert_close(extension_sdpa_attention(module, query, key, value, mask, DIM**-0.5)[0], expected)
 
 
 def _tiled_calls(monkeypatch) -> list:
@@ -115,6 +228,28 @@ def test_the_sdpa_backend_takes_the_tiles_on_a_prefill_only(monkeypatch):
     torch.testing.assert_close(padded["sdpa"][1], padded["eager"][1], rtol=1e-5, atol=1e-5)
     models["sdpa"](ids).logits.sum().backward()
     assert len(calls) == layers
+
+
+@pytest.mark.parametrize("method", ["self-extend", "dca"])
+def test_a_static_cache_prefill_takes_the_tiles(monkeypatch, method):
+    """A static cache hands attention all its slots (100 here) for a 40-token prompt: the prompt's keys are its
+    first 40, the later slots lie past every query, so the prefill takes the tiles; the next step does not. Both
+    equal the eager backend."""
+    calls = _tiled_calls(monkeypatch)
+    params = {"group_size": 2, "window": 8} if method == "self-extend" else {"chunk_size": 24, "local_size": 4}
+    models = {
+        backend: hf_posenc.patch(make_tiny("llama"), method, **params, backend=backend) for backend in ("sdpa", "eager")
+    }
+    cache_name = "cache" if "cache" in inspect.signature(models["sdpa"].forward).parameters else "past_key_values"
+    caches = {name: StaticCache(model.config, max_cache_len=100) for name, model in models.items()}
+    ids = torch.randint(1, 97, (1, 41), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        prompt = {name: model(ids[:, :40], **{cache_name: caches[name]}).logits for name, model in models.items()}
+        assert len(calls) == models["sdpa"].config.num_hidden_layers
+        step = {name: model(ids[:, 40:], **{cache_name: caches[name]}).logits for name, model in models.items()}
+    assert len(calls) == models["sdpa"].config.num_hidden_layers
+    torch.testing.assert_close(prompt["sdpa"], prompt["eager"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(step["sdpa"], step["eager"], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("method", sorted(CASES))

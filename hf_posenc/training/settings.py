@@ -66,18 +66,27 @@ class TrainSettings:
 
     def __post_init__(self) -> None:
         for name in ("length", "steps", "batch_size", "gradient_accumulation_steps", "save_steps"):
-            if not getattr(self, name) >= 1:
+            if not _whole(getattr(self, name)) or getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be a positive integer, not {getattr(self, name)!r}.")
-        if not self.warmup_steps >= 0:
-            raise ValueError(f"`warmup_steps` must be 0 or more, not {self.warmup_steps!r}.")
+        if not _whole(self.warmup_steps) or self.warmup_steps < 0:
+            raise ValueError(f"`warmup_steps` must be a whole number, 0 or more, not {self.warmup_steps!r}.")
+        for name in ("gradient_checkpointing", "bf16", "resume"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (name == "bf16" and value is None):
+                raise ValueError(f"`{name}` must be True or False, not {value!r}.")
         for name in ("learning_rate", "position_learning_rate"):
             value = getattr(self, name)
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"`{name}` must be a positive number, not {value!r}.")
         if self.trainable not in TRAINABLE:
             raise ValueError(f"Unknown `trainable` {self.trainable!r}; choose one of {', '.join(TRAINABLE)}.")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+        if not _whole(self.seed) or not 0 <= self.seed < 2**32:
             raise ValueError(f"`seed` must be a whole number from 0 to 2**32 - 1 (numpy's range), not {self.seed!r}.")
+
+
+def _whole(value: object) -> bool:
+    """An ``int`` that is not a ``bool`` (``True`` would read as one step)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def training_arguments(model: PreTrainedModel, output_dir: Path, settings: TrainSettings) -> TrainingArguments:

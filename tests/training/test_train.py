@@ -4,6 +4,7 @@ trains, saving and reloading, resuming a killed run, GGUF-loaded models, and the
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,6 +30,28 @@ DATA = pack_windows([[3 + (i * i) % 11 for i in range(700)]], LENGTH, eos_id=2, 
 
 def _settings(**changes) -> TrainSettings:
     return TrainSettings(**{"length": LENGTH, "steps": 12, "learning_rate": 1e-3, "save_steps": 5, **changes})
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"steps": 3.5}, "`steps` must be a positive integer, not 3.5."),
+        ({"steps": True}, "`steps` must be a positive integer, not True."),  # not one step
+        ({"batch_size": 1.5}, "`batch_size` must be a positive integer, not 1.5."),
+        ({"gradient_accumulation_steps": 2.0}, "`gradient_accumulation_steps` must be a positive integer, not 2.0."),
+        ({"warmup_steps": 0.5}, "`warmup_steps` must be a whole number, 0 or more, not 0.5."),
+        ({"bf16": "no"}, "`bf16` must be True or False, not 'no'."),  # a truthy string would turn autocast on
+        ({"resume": 1}, "`resume` must be True or False, not 1."),
+        ({"gradient_checkpointing": "yes"}, "`gradient_checkpointing` must be True or False, not 'yes'."),
+        ({"seed": True}, "`seed` must be a whole number from 0 to 2**32 - 1"),
+    ],
+)
+def test_settings_of_the_wrong_type_are_refused_before_a_run_starts(change, said):
+    """The API's TrainSettings, as the CLI's parser: a float or a bool where a count goes, or a string where a switch
+    goes, is refused when the settings are made. Before, the run wrote train_run.json and then failed in the Trainer
+    (the folder then refused both a retry and a resume), or ran with the value read otherwise."""
+    with pytest.raises(ValueError, match=re.escape(said)):
+        _settings(**change)
 
 
 def _snapshot(folder) -> dict[str, bytes]:
@@ -363,7 +386,7 @@ def test_streaming_reads_the_same_windows(tiny_dir, tmp_path):
         ),
         (["--length", "1"], "error: --length 1 leaves no token to predict in a window; use a --length of 2 or more"),
         (["--method", "no-such-method"], "error: Unknown method 'no-such-method'"),
-        (["--warmup-steps", "-1"], "error: --warmup-steps must be 0 or more, not -1."),
+        (["--warmup-steps", "-1"], "error: --warmup-steps must be a whole number, 0 or more, not -1."),
         (["--gguf-file", "missing.gguf"], "--gguf-file 'missing.gguf' is not a file in the folder"),  # as eval
         (["--model", "./no/such/folder"], "'./no/such/folder': no such file or folder (a path, not a Hub id)"),
         (["--dtype", "bfloat16", "--bf16"], "--bf16 autocast trains float32 weights; the model is in torch.bfloat16"),

@@ -31,6 +31,17 @@ def nearest_existing(folder: Path, name: str = "output") -> Path:
     return next(path for path in (folder, *folder.absolute().parents) if path.exists())
 
 
+def same_place(one: str, other: str) -> bool:
+    """Whether two spellings of a local path (``texts/``, ``./texts``, absolute) name the same existing file or
+    folder; names of nothing here (a Hub id) are the same only as equal strings."""
+    if one == other:
+        return True
+    try:
+        return Path(one).exists() and Path(other).exists() and Path(one).resolve() == Path(other).resolve()
+    except OSError:  # a name too long for a path, say: not one
+        return False
+
+
 def _temporary(path: Path) -> Path:
     """Where :func:`atomic_write` writes ``path`` first: ``.name.<32 hex>.suffix`` beside it."""
     return path.with_name(f".{path.stem}.{uuid.uuid4().hex}{path.suffix}")

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..files import nearest_existing, remove_temporaries
+from ..files import nearest_existing, remove_temporaries, same_place
 from ..report_files import RUN_DETAILS, RUN_FIELDS, fields_problem, read_report
 
 _CHECK_PREFIX = ".hf-posenc-check-"  # the folders check_output makes and removes
@@ -86,12 +86,8 @@ def _alike(before: Any, now: Any, key: str = "") -> bool:
     and the weights are then compared by :func:`check_same_data` and :func:`check_same_model`); dicts key by key."""
     if isinstance(before, dict) and isinstance(now, dict):
         return before.keys() == now.keys() and all(_alike(before[name], now[name], name) for name in before)
-    if key in _PATHS and isinstance(before, str) and isinstance(now, str) and before and now and before != now:
-        try:
-            then, here = Path(before), Path(now)
-            return then.exists() and here.exists() and then.resolve() == here.resolve()
-        except OSError:  # a name too long for a path, say: not one
-            return False
+    if key in _PATHS and isinstance(before, str) and isinstance(now, str) and before and now:
+        return same_place(before, now)
     return before == now
 
 

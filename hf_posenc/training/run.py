@@ -31,7 +31,7 @@ from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArgu
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from .._version import __version__
-from ..files import atomic_write_text, json_text, refuse_dangling_link
+from ..files import atomic_write_text, json_text, refuse_dangling_link, same_place
 from ..patching import get_patch, learned_table_rows, unpatch
 from ..spec import MethodSpec
 from .packing import PackedWindows, pack_texts
@@ -263,22 +263,41 @@ def check_output(output_dir: Path, identity: dict[str, Any] | None, resume: bool
             "empty or new folder."
         )
     recorded = json.loads(run_file.read_text(encoding="utf-8"))
-    if identity is not None and recorded != identity:
+    differences = [] if identity is None else _differences(recorded, identity)
+    if differences:
         raise ValueError(
-            f"`resume`: the run in `output_dir` {output_dir} had other arguments ({_differences(recorded, identity)}); "
+            f"`resume`: the run in `output_dir` {output_dir} had other arguments ({'; '.join(differences)}); "
             "repeat them, or choose an empty or new folder."
         )
 
 
-def _differences(recorded: dict[str, Any], identity: dict[str, Any]) -> str:
-    """```name`: <there> there, <here> here`` for each differing argument, settings one by one."""
-    there, here = recorded.get("settings") or {}, identity["settings"]
-    pairs = [(name, recorded.get(name), identity[name]) for name in ("model", "method")]
-    pairs += [(name, there.get(name), value) for name, value in here.items()]
-    said = [f"`{name}`: {old!r} there, {new!r} here" for name, old, new in pairs if old != new]
+def _differences(recorded: dict[str, Any], identity: dict[str, Any]) -> list[str]:
+    """```name`: <there> there, <here> here`` for each differing argument, settings one by one. The model compares
+    as a place (``tiny/model`` and its absolute path are one), the method as what it computes (an alias, or a
+    default written out, is the same method)."""
+    if recorded.get("format") != identity["format"] or not isinstance(recorded.get("settings"), dict):
+        return [f"{RUN_FILE} is of another format"]
+    there, here = recorded["settings"], identity["settings"]
+    pairs = []
+    if not (isinstance(recorded.get("model"), str) and same_place(recorded["model"], identity["model"])):
+        pairs.append(("model", recorded.get("model"), identity["model"]))
+    if not _same_method(recorded.get("method"), identity["method"]):
+        pairs.append(("method", recorded.get("method"), identity["method"]))
+    pairs += [(name, there.get(name), value) for name, value in here.items() if there.get(name) != value]
+    said = [f"`{name}`: {old!r} there, {new!r} here" for name, old, new in pairs]
     if recorded.get("data_sha256") != identity["data_sha256"]:
         said.append("the tokens of `texts` differ")
-    return "; ".join(said) or f"{RUN_FILE} is of another format"
+    return said
+
+
+def _same_method(recorded: Any, now: str) -> bool:
+    """Whether a recorded method specification computes what ``now`` does (:meth:`MethodSpec.identity`)."""
+    if recorded == now:
+        return True
+    try:
+        return MethodSpec.parse(str(recorded)).identity() == MethodSpec.parse(now).identity()
+    except ValueError:
+        return False
 
 
 def _summary(

@@ -443,6 +443,25 @@ def test_patch_refuses_a_backend_without_dropout_for_a_model_training_with_it(me
     assert hf_posenc.get_patch(model).method == method
 
 
+def test_a_resume_may_spell_the_model_folder_and_the_method_otherwise(tiny_dir, tmp_path, capsys, monkeypatch):
+    """The model folder relative instead of absolute, the method by its alias with a default written out: the same
+    run, resumed (finished, so nothing more trains), not one of "other arguments". Another method is refused
+    (the record says the spelling of the last start)."""
+    out = tmp_path / "out"
+    argv = _train_args(tiny_dir, out)
+    argv[argv.index("--method") + 1] = "t5-bias"
+    assert main(argv) == 0
+    before = json.loads((out / "train_summary.json").read_text())["losses"]
+    monkeypatch.chdir(tiny_dir)
+    argv[argv.index("--model") + 1] = "model"
+    argv[argv.index("--method") + 1] = "t5:num_buckets=32"
+    assert main([*argv, "--resume"]) == 0
+    assert json.loads((out / "train_summary.json").read_text())["losses"] == before
+    argv[argv.index("--method") + 1] = "t5:num_buckets=16"
+    assert main([*argv, "--resume"]) == 2
+    assert "(--method: 't5:num_buckets=32' there, 't5:num_buckets=16' here)" in _one_line_error(capsys)
+
+
 def test_an_output_of_another_run_or_other_files_is_refused(tiny_dir, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(_train_args(tiny_dir, out, "--save-steps", "3")) == 0

@@ -24,7 +24,8 @@ TRAIN_EPILOG = """\
 The model is patched with --method and trained on windows of --length tokens: the documents are
 concatenated with the tokenizer's EOS between them, each window starts with BOS when the tokenizer
 adds one itself, and the tail shorter than a window is dropped (counted in train_summary.json).
---trainable position trains only what the patch adds (t5-bias's table) and the normalisation weights.
+--trainable position trains only the position parameters (t5-bias's table; GPT-2's table as pi interpolates it)
+and the normalisation weights.
 
 --output receives train_run.json (what the run is), the Trainer's checkpoints checkpoint-N every
 --save-steps, and at the end the patched model, its tokenizer and train_summary.json. The model's
@@ -101,8 +102,8 @@ def _add_training_arguments(group) -> None:
     group.add_argument(
         "--position-learning-rate",
         type=float,
-        help="peak learning rate of what the patch adds, the T5 table (default: --learning-rate; its values are "
-        "tens of units: try 1e-2)",
+        help="peak learning rate of the position parameters, the T5 table or GPT-2's table pi interpolates "
+        "(default: --learning-rate; the T5 table's values are tens of units: try 1e-2)",
     )
     group.add_argument(
         "--batch-size", type=_positive_int, default=defaults["batch_size"], help="windows per device (default: 1)"
@@ -118,7 +119,8 @@ def _add_training_arguments(group) -> None:
         "--trainable",
         choices=TRAINABLE,
         default=defaults["trainable"],
-        help="all, or position: the parameters the patch adds and the norms (default: all)",
+        help="all, or position: the position parameters (what the patch adds, or GPT-2's table pi interpolates) and "
+        "the norms (default: all)",
     )
     group.add_argument(
         "--save-steps", type=_positive_int, default=defaults["save_steps"], help="checkpoint every N (default: 500)"

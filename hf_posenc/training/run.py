@@ -122,8 +122,9 @@ def train(
         _check_backward(model, spec, args.device)
         if settings.position_learning_rate is not None and not added:
             raise ValueError(
-                f"`position_learning_rate` sets the learning rate of the parameters the patch adds, and `method` "
-                f"{spec.text!r} adds none (t5-bias adds its table); leave it out."
+                f"`position_learning_rate` sets the learning rate of the position parameters the patch adds or "
+                f"interpolates, and `method` {spec.text!r} has none (t5-bias adds its table, pi interpolates GPT-2's); "
+                "leave it out."
             )
         trainable = select_trainable(model, settings.trainable, added, unused_parameters(model))
     except ValueError:

@@ -30,13 +30,14 @@ class TrainSettings:
         length (`int`): tokens per training window, BOS included (the context to train at).
         steps (`int`): optimizer steps.
         learning_rate (`float`, defaults to 1e-4): peak learning rate (AdamW, linear decay to 0).
-        position_learning_rate (`float`, *optional*): peak learning rate of the parameters the patch adds (the T5
-            table, whose values are tens of units: at 1e-4 fifty steps move them by 1e-3); None: ``learning_rate``.
+        position_learning_rate (`float`, *optional*): peak learning rate of the position parameters as patched: the
+            T5 table (whose values are tens of units: at 1e-4 fifty steps move them by 1e-3), or GPT-2's table as
+            ``pi`` interpolates it. None: ``learning_rate``.
         batch_size (`int`, defaults to 1): windows per device per forward.
         gradient_accumulation_steps (`int`, defaults to 1): forwards per optimizer step.
         warmup_steps (`int`, defaults to 0): steps of linear warm-up to ``learning_rate``.
-        trainable (`str`, defaults to ``"all"``): ``"all"``, or ``"position"``: only the parameters the patch
-            adds and the normalisation weights (:mod:`hf_posenc.training.trainable`).
+        trainable (`str`, defaults to ``"all"``): ``"all"``, or ``"position"``: only the position parameters as
+            patched and the normalisation weights (:mod:`hf_posenc.training.trainable`).
         save_steps (`int`, defaults to 500): a checkpoint (model, optimizer, scheduler, RNG) every N steps; the
             last two are kept.
         seed (`int`, defaults to 0): seed of the data order and of the Trainer.

@@ -2,9 +2,9 @@
 a model loaded from a GGUF file made trainable (:func:`release_gguf`).
 
 A method that replaces the position encoding (``alibi``, ``nope``, ``t5-bias``) changes what every layer sees;
-``trainable="position"`` lets the model adapt only through the parameters the patch added (``t5-bias``'s
-bucket table) and its normalisation weights (the cheapest place to rescale activations), and keeps every
-other weight bit for bit.
+``trainable="position"`` lets the model adapt only through the position parameters as patched (what the patch
+added, ``t5-bias``'s bucket table; or GPT-2's table as ``pi`` interpolated it) and its normalisation weights
+(the cheapest place to rescale activations), and keeps every other weight bit for bit.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ TRAINABLE = ("all", "position")
 
 
 def apply_method(model: nn.Module, spec: MethodSpec) -> frozenset[str]:
-    """Patch ``model`` with ``spec`` (nothing for ``none``) and return the names of the parameters the patch added.
+    """Patch ``model`` with ``spec`` (nothing for ``none``) and return the names of its position parameters as
+    patched: those the patch added (``t5-bias``'s table), or the learned table it interpolated (``pi`` on GPT-2).
 
     Raises:
         ValueError: ``model`` is patched already (pass the base model: the method is applied here, so that
@@ -41,7 +42,11 @@ def apply_method(model: nn.Module, spec: MethodSpec) -> frozenset[str]:
         return frozenset()
     patch(model, spec.name, **spec.params)
     restore_saved_tensors(model)  # training on from a saved model of the same method: its trained T5 table
-    return frozenset(added_tensors(model)).intersection(dict(model.named_parameters()))
+    added = set(added_tensors(model)).intersection(dict(model.named_parameters()))
+    if get_method(spec.method).role != "replace" and positions_of(model).kind == "learned":
+        table = position_table(model).weight  # GPT-2's table, interpolated by pi: the position encoding as patched
+        added |= {name for name, parameter in model.named_parameters() if parameter is table}
+    return frozenset(added)
 
 
 def is_norm(model: nn.Module, name: str) -> bool:
@@ -73,7 +78,7 @@ def select_trainable(
         model (`torch.nn.Module`): the (patched) model.
         trainable (`str`): ``"all"``, or ``"position"``: the parameters named in ``added`` and every
             normalisation weight (:func:`is_norm`); all others get ``requires_grad=False``.
-        added (`Collection[str]`): names of the parameters the patch added (:func:`apply_method`).
+        added (`Collection[str]`): names of the position parameters as patched (:func:`apply_method`).
         unused (`Collection[str]`): names of parameters that never train (:func:`unused_parameters`).
 
     Raises:

@@ -133,6 +133,26 @@ def test_position_trains_only_the_added_parameters_and_the_norms(tmp_path, famil
         assert not torch.equal(after[name], initial.get_parameter(name)), name
 
 
+def test_position_trains_gpt2s_table_as_pi_interpolated_it(tmp_path):
+    """pi on GPT-2 adds no parameter: its position encoding is the learned table, resampled. ``trainable`` position
+    trains that table (from the interpolated values) and the norms, every other weight bit for bit, and the
+    position learning rate applies to it. Before, the table stayed frozen and the rate was refused."""
+    model = make_tiny("gpt2")
+    before = {name: value.clone() for name, value in model.named_parameters()}
+    trained = {name for name in before if "norm" in name or ".ln_" in name} | {"transformer.wpe.weight"}
+    settings = _settings(steps=3, trainable="position", position_learning_rate=1e-2, save_steps=100)
+    result = train(model, None, DATA, tmp_path / "out", settings, "pi:factor=2")
+    after = dict(model.named_parameters())
+    assert set(after) == set(before)
+    assert result.trainable_parameters == sum(after[name].numel() for name in trained)
+    for name, value in before.items():
+        if name != "transformer.wpe.weight":
+            assert torch.equal(after[name], value) == (name not in trained), name
+    interpolated = hf_posenc.patch(make_tiny("gpt2"), "pi", factor=2).transformer.wpe.weight
+    moved = (after["transformer.wpe.weight"] - interpolated).abs().max().item()
+    assert 5e-3 < moved <= 3.1e-2  # three steps of about the position learning rate
+
+
 def test_the_position_learning_rate_moves_the_t5_table_and_nothing_else(tmp_path):
     """Adam moves each value by about the learning rate a step: the table by position_learning_rate, the rest by
     learning_rate; the same run without it moves the table as little as the rest."""
@@ -396,7 +416,7 @@ def test_streaming_reads_the_same_windows(tiny_dir, tmp_path):
         (["--method", "self-extend:backend=flex"], "the flex backend has no backward on a CPU"),
         (
             ["--position-learning-rate", "1e-2"],
-            "--position-learning-rate sets the learning rate of the parameters the patch adds, and --method 'alibi' adds none",
+            "--position-learning-rate sets the learning rate of the position parameters the patch adds or interpolates, and --method 'alibi' has none",
         ),
     ],
 )

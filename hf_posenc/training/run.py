@@ -127,6 +127,7 @@ def train(
                 "leave it out."
             )
         trainable = select_trainable(model, settings.trainable, added, unused_parameters(model))
+        _warn_of_coarse_position_parameters(model, added)
     except ValueError:
         if not spec.unpatched:
             unpatch(model)
@@ -156,6 +157,23 @@ def train(
     if args.should_save:
         _write_json(output_dir / SUMMARY_FILE, _summary(model, spec, settings, data, result, args, sources))
     return result
+
+
+def _warn_of_coarse_position_parameters(model: PreTrainedModel, added: frozenset[str]) -> None:
+    """A warning where the position parameters train in half precision: an update below about 1/256 (bfloat16) of
+    an entry rounds away, so the T5 table's entries, tens of units, stay where they are at usual learning rates."""
+    coarse = [
+        name for name, parameter in model.named_parameters() if name in added and parameter.dtype != torch.float32
+    ]
+    if coarse:
+        dtype = model.get_parameter(coarse[0]).dtype
+        logger.warning(
+            "The position parameters (%s) train in %s: an update much smaller than an entry rounds away (in bfloat16, "
+            "below about 1/256 of it), so large entries barely move. Load the model in float32 (with `bf16` for "
+            "autocast) to train them.",
+            ", ".join(coarse),
+            dtype,
+        )
 
 
 def _check_backward(model: PreTrainedModel, spec: MethodSpec, device: torch.device) -> None:

@@ -153,6 +153,21 @@ def test_position_trains_gpt2s_table_as_pi_interpolated_it(tmp_path):
     assert 5e-3 < moved <= 3.1e-2  # three steps of about the position learning rate
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_t5_table_in_half_precision_is_warned_of(tmp_path, caplog, dtype):
+    """A bfloat16 model makes a bfloat16 T5 table, whose entries of 4 and more a step of 1e-2 leaves unchanged: the
+    run says so (a float32 one says nothing)."""
+    settings = _settings(steps=1, trainable="position", position_learning_rate=1e-2, save_steps=100)
+    with caplog.at_level("WARNING", logger="hf_posenc.training.run"):
+        train(make_tiny("llama").to(dtype), None, DATA, tmp_path / "out", settings, "t5-bias")
+    warned = [
+        r.getMessage() for r in caplog.records if "position parameters (model.position_bias.weight)" in r.getMessage()
+    ]
+    assert len(warned) == (dtype == torch.bfloat16)
+    if warned:
+        assert "train in torch.bfloat16" in warned[0] and "Load the model in float32" in warned[0]
+
+
 def test_the_position_learning_rate_moves_the_t5_table_and_nothing_else(tmp_path):
     """Adam moves each value by about the learning rate a step: the table by position_learning_rate, the rest by
     learning_rate; the same run without it moves the table as little as the rest."""

@@ -90,10 +90,8 @@ class Method:
         names = self.param_names
         unknown = sorted(set(kwargs) - set(names))
         if unknown:
-            raise TypeError(
-                f"Unknown parameter(s) {', '.join(map(repr, unknown))} for method {self.name!r}. "
-                f"Valid parameters: {', '.join(names)}."
-            )
+            valid = f"Valid parameters: {', '.join(names)}." if names else f"{self.name!r} takes no parameters."
+            raise TypeError(f"Unknown parameter(s) {', '.join(map(repr, unknown))} for method {self.name!r}. {valid}")
         try:
             return self.params(**kwargs)
         except TypeError as error:  # a required parameter is missing

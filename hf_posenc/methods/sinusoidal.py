@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..registry import Method, register
-from ._common import positive_int, positive_number
+from ._common import positive_int, positive_number, real_number
 
 SINUSOID_BASE = 10000.0
 SINUSOID_RMS = math.sqrt(0.5)  # each (sin, cos) pair has mean square 1/2, so the table's RMS is 1/sqrt(2)
@@ -60,7 +60,7 @@ class SinusoidalParams:
         gives the table the root-mean-square of the learned table it replaces (``rms(wpe) * sqrt(2)``), so the
         embeddings keep the magnitude the model was trained with; the paper uses 1 with token embeddings
         scaled by ``sqrt(d)``, which GPT-2's are not.
-    base (`float`, defaults to 10000): the wavelength base.
+    base (`float`, defaults to 10000): the wavelength base, above 1.
     """
 
     scale: float | None = None
@@ -69,7 +69,13 @@ class SinusoidalParams:
     def __post_init__(self) -> None:
         if self.scale is not None:
             object.__setattr__(self, "scale", positive_number("scale", self.scale))
-        object.__setattr__(self, "base", positive_number("base", self.base))
+        base = real_number("base", self.base)
+        if base <= 1.0:
+            raise ValueError(
+                f"base must be > 1 so that the wavelengths base^(2i/d) grow across the table (1 gives every pair "
+                f"the same one), got {base!r}."
+            )
+        object.__setattr__(self, "base", base)
 
 
 register(

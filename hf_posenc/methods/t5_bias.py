@@ -19,6 +19,7 @@ from ._common import positive_int
 from .alibi import alibi_slopes
 
 INITS = ("alibi", "zeros")
+LONGEST_DISTANCE = 2**22
 BACKENDS = ("auto", "eager", "sdpa", "flex")
 
 
@@ -51,6 +52,11 @@ def check_bucketing(num_buckets: int, max_distance: int) -> tuple[int, int]:
     max_distance = positive_int("max_distance", max_distance)
     if num_buckets < 2:
         raise ValueError(f"num_buckets must be at least 2 (half exact, half log-spaced), got {num_buckets}.")
+    if max_distance > LONGEST_DISTANCE:
+        raise ValueError(
+            f"max_distance must be at most {LONGEST_DISTANCE} (2**22: the alibi init averages every distance up to "
+            f"it, and no input is that long), got {max_distance}."
+        )
     if max_distance < num_buckets:
         raise ValueError(
             f"max_distance must be at least num_buckets: the first num_buckets // 2 buckets hold one distance each "

@@ -53,15 +53,24 @@ def _plan_sinusoidal(model: nn.Module, method: Method, params: dict[str, Any]) -
     table = position_table(model)
     if table.embedding_dim % 2:
         raise ValueError(f"The sinusoidal table needs an even width; this model's is {table.embedding_dim}.")
-    scale = requested.scale
-    if scale is None:
-        rms = table.weight.detach().double().pow(2).mean().sqrt().item()
-        scale = rms / SINUSOID_RMS if math.isfinite(rms) and rms > 0 else 1.0
+    scale = _rms_scale(table) if requested.scale is None else requested.scale
     resolved = method.make_params(scale=scale, base=requested.base)
+    if resolved.scale > torch.finfo(table.weight.dtype).max:
+        most = torch.finfo(table.weight.dtype).max
+        raise ValueError(
+            f"scale={resolved.scale!r} makes the sinusoidal table overflow {table.weight.dtype} (at most {most:.4g}); "
+            f"the scale matching the learned table is {_rms_scale(table):.4g}."
+        )
     parent_name, _, attribute = _table_path(model, table)
     replace = functools.partial(_replace_table, attribute, resolved.scale, resolved.base)
     changes: list[tuple[nn.Module, ModuleChange]] = [(model.get_submodule(parent_name), replace)]
     return _replacement_plan(model, method, resolved, {"activation_function": replaced_marker(method)}, changes, None)
+
+
+def _rms_scale(table: nn.Embedding) -> float:
+    """The scale giving the sinusoidal table the root-mean-square of the learned ``table`` (1 where it has none)."""
+    rms = table.weight.detach().double().pow(2).mean().sqrt().item()
+    return rms / SINUSOID_RMS if math.isfinite(rms) and rms > 0 else 1.0
 
 
 def _table_path(model: nn.Module, table: nn.Module) -> tuple[str, str, str]:

@@ -123,7 +123,16 @@ def test_saved_model_loads_through_hf_posenc_and_plain_transformers_refuses_it(t
         ("gpt2", "sinusoidal", {"scale": 0}, ValueError, "scale must be > 0"),
         ("gpt2", "sinusoidal", {"scale": float("inf")}, ValueError, "scale must be finite"),
         ("gpt2", "sinusoidal", {"factor": 2}, TypeError, "Unknown parameter.*Valid parameters: scale, base"),
-        ("llama", "nope", {"factor": 2}, TypeError, "Unknown parameter.*'factor' for method 'nope'"),
+        ("gpt2", "sinusoidal", {"scale": 1e300}, ValueError, r"scale=1e\+300 makes the sinusoidal table overflow"),
+        ("gpt2", "sinusoidal", {"base": 1}, ValueError, "base must be > 1 so that the wavelengths"),
+        ("gpt2", "sinusoidal", {"base": 0.5}, ValueError, "base must be > 1"),
+        (
+            "llama",
+            "nope",
+            {"factor": 2},
+            TypeError,
+            r"Unknown parameter\(s\) 'factor' for method 'nope'. 'nope' takes no",
+        ),
     ],
 )
 def test_bad_input_is_refused_and_changes_nothing(family, method, params, error, match):

@@ -181,6 +181,7 @@ def test_the_trained_table_is_saved_and_loaded_and_plain_transformers_refuses(tm
     ("family", "params", "error", "match"),
     [
         ("llama", {"num_buckets": 32, "max_distance": 16}, ValueError, "max_distance must be at least num_buckets"),
+        ("llama", {"max_distance": 10**12}, ValueError, r"max_distance must be at most 4194304 \(2\*\*22"),
         ("gpt2", {"backend": "cudnn"}, ValueError, "Unknown t5-bias backend 'cudnn'. Available backends: auto"),
         ("gpt2", {"init": "random"}, ValueError, "Unknown t5-bias init 'random'. Available inits: alibi, zeros"),
         ("gpt2", {"slopes": [1.0]}, TypeError, "Unknown parameter.*'slopes'.*Valid parameters: num_buckets"),

@@ -114,14 +114,13 @@ class DCAParams(RemapParams):
         (one tile per chunk: their key ranges differ). A last partial chunk takes its rows of each."""
         s = self.chunk_length
         chunks, rest = divmod(length, s)
-        starts = range(0, length, s)
         if segment == 0:
             tiles = [Tiles("lower", 0, 0, s, s, chunks)] if chunks else []
             return tiles + ([Tiles("lower", chunks * s, chunks * s, rest, rest)] if rest else [])
         if segment == 1:
             tiles = [Tiles("full", s, 0, s, s, chunks - 1)] if chunks > 1 else []
             return tiles + ([Tiles("full", chunks * s, (chunks - 1) * s, rest, s)] if rest and chunks else [])
-        return [Tiles("full", start, 0, min(s, length - start), start - s) for start in starts[2:]]
+        return [Tiles("full", start, 0, min(s, length - start), start - s) for start in range(2 * s, length, s)]
 
 
 register(

@@ -41,7 +41,7 @@ class Tiles:
         if self.shape not in TILE_SHAPES or min(self.rows, self.cols, self.count) < 1:
             raise ValueError(f"Not a tiling: {self}.")
         if (self.shape != "full" or self.count > 1) and self.rows != self.cols:
-            raise ValueError(f"A {self.shape} tile, or one of several, is square: {self}.")
+            raise ValueError(f"A {self.shape} tile, and each of several, must be square: {self}.")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .hub_errors import redact_secrets
 from .record import PatchRecord
 from .registry import get_method
 from .report_files import fields_problem, read_report
@@ -28,7 +29,8 @@ PLOT_FILE = "ppl_vs_length.png"
 
 ARXIV_ID = re.compile(r"arXiv (\d{4}\.\d{4,5})")
 DATA_SUFFIXES = (".txt", ".json", ".jsonl", ".parquet", ".csv", ".arrow")
-PATH_KEYS = ("model", "name")  # the fields of a results record that may hold a local path
+# the fields of a results record that may hold a local path: eval's, and lm-eval's arguments (model_args, metadata)
+PATH_KEYS = ("model", "name", "include_path", "pretrained", "tokenizer", "use_cache", "output_path")
 
 
 @dataclass(frozen=True)
@@ -139,10 +141,15 @@ def _is_local_path(name: str) -> bool:
 
 
 def public_results(value: Any) -> Any:
-    """``value`` (a results record) with the local paths it names (a model or data folder: the ``model`` and
-    ``name`` fields) cut to their last part: what a pushed ``eval_results.json`` may say of the machine."""
+    """``value`` (a results record) with the local paths it names (:data:`PATH_KEYS`: a model, data or task folder)
+    cut to their last part, and any secret (a token in lm-eval's ``model_args``) redacted: what a pushed
+    ``eval_results.json`` or ``lm_eval.json`` may say of the machine."""
+    return _public_paths(redact_secrets(value))
+
+
+def _public_paths(value: Any) -> Any:
     if isinstance(value, list):
-        return [public_results(item) for item in value]
+        return [_public_paths(item) for item in value]
     if isinstance(value, dict):
         return {key: _public_field(key, item) for key, item in value.items()}
     return value
@@ -151,7 +158,7 @@ def public_results(value: Any) -> Any:
 def _public_field(key: str, item: Any) -> Any:
     if key in PATH_KEYS and isinstance(item, str):
         return _public_name(item)
-    return public_results(item)
+    return _public_paths(item)
 
 
 def _public_name(name: str) -> str:

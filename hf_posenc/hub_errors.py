@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx2
 from huggingface_hub import get_token
@@ -58,6 +58,29 @@ def redact(text: str, token: str | bool | None = None) -> str:
         if isinstance(secret, str) and secret:
             text = text.replace(secret, "***")
     return _HF_TOKEN.sub("***", _BEARER.sub(r"\1***", text))
+
+
+# keys naming a secret: token, hf_token, use_auth_token, api_key, ... (not tokens, tokenizer, max_new_tokens)
+SECRET_KEY = re.compile(r"(.*_)?(token|api_?key|password|passwd|secret|credentials?)", flags=re.IGNORECASE)
+
+
+def redact_secrets(value: Any) -> Any:
+    """``value`` (JSON-like: a results record, a run's arguments) with every entry whose key names a secret
+    (``token``, ``hf_token``, ``use_auth_token``, ``api_key``, ...) replaced by ``"***"``, and every string
+    :func:`redact`-ed: what a file written or pushed may hold."""
+    login = _login_token()  # read once, not per string
+
+    def clean(item: Any) -> Any:
+        if isinstance(item, dict):
+            return {key: "***" if SECRET_KEY.fullmatch(str(key)) else clean(entry) for key, entry in item.items()}
+        if isinstance(item, list | tuple):
+            return [clean(entry) for entry in item]
+        if isinstance(item, str):
+            item = item.replace(login, "***") if login else item
+            return _HF_TOKEN.sub("***", _BEARER.sub(r"\1***", item))
+        return item
+
+    return clean(value)
 
 
 def _login_token() -> str | None:

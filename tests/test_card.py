@@ -169,6 +169,31 @@ def test_pushed_results_name_no_local_path():
     }
 
 
+def test_pushed_lm_eval_results_name_no_local_path_and_no_secret():
+    """lm-eval's arguments: the task folder, the model folder lm-eval's metadata names and a tokenizer path cut to
+    their names; a token in model_args or metadata, or shaped like one anywhere, redacted. Token counts stay."""
+    record = {
+        "arguments": {
+            "include_path": "/home/alice/tasks",
+            "model_args": {
+                "token": "hf_SecretTokenValue1234567890",
+                "tokenizer": "/home/alice/tok",
+                "dtype": "float32",
+            },
+            "metadata": {"pretrained": "/home/alice/models/tiny", "HF_TOKEN": "x", "note": "by hf_AnotherSecret12345"},
+        },
+        "results": [{"method": "none", "tokens": 2047}],
+    }
+    assert public_results(record) == {
+        "arguments": {
+            "include_path": "tasks",
+            "model_args": {"token": "***", "tokenizer": "tok", "dtype": "float32"},
+            "metadata": {"pretrained": "tiny", "HF_TOKEN": "***", "note": "by ***"},
+        },
+        "results": [{"method": "none", "tokens": 2047}],
+    }
+
+
 def test_results_without_the_pushed_method_raise(tmp_path):
     results = write_results(tmp_path, {"yarn:factor=8": YARN_PPL, "none": BASE_PPL})
     with pytest.raises(ValueError, match=r"no rows of the pushed method .*'yarn:factor=8'"):

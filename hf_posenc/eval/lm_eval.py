@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..files import atomic_write_text, json_text
+from ..hub_errors import redact_secrets
 from ..patching import get_patch
 from ..saved import SavedPatch
 from ..spec import MethodSpec
@@ -182,7 +183,7 @@ def run_lm_eval(
     _warn_about_padding(subject.model, specs, batch_size)
     arguments = {"tasks": [task if isinstance(task, str) else task.get("task") for task in tasks]}
     arguments.update(batch_size=batch_size, model_args=model_args or {}, include_path=include_path, metadata=metadata)
-    report = _new_report(lm_eval, subject, length, {**arguments, **evaluate_kwargs})
+    report = _new_report(lm_eval, subject, length, redact_secrets({**arguments, **evaluate_kwargs}))
     hflm_args = {"max_length": length, "batch_size": batch_size, **(model_args or {})}
     settings = {"tasks": resolved_tasks, "task_manager": task_manager, "batch_size": batch_size, **evaluate_kwargs}
     for spec in specs:

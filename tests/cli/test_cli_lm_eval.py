@@ -70,6 +70,19 @@ def test_bad_input_is_one_line_and_exit_2(tiny_dir, tasks, tmp_path, capsys, ext
     assert not (tmp_path / "lm_eval.json").exists()
 
 
+def test_a_token_given_to_lm_eval_is_not_written(tiny_dir, tasks, tmp_path, one_thread):
+    """A token in --model_args (lm-eval hands model_args on to its model, and to from_pretrained) is redacted in
+    lm_eval.json, which a push uploads as it is."""
+    output = tmp_path / "out"
+    secret = "hf_SecretTokenValue1234567890"
+    argv = ["lm-eval", "--model", str(tiny_dir / "model"), "--include_path", tasks, "--tasks", "tiny_choice"]
+    argv += ["--limit", "2", "--model_args", f"token={secret}", "--output", str(output)]
+    assert main(argv) == 0
+    text = (output / "lm_eval.json").read_text()
+    assert secret not in text
+    assert json.loads(text)["arguments"]["model_args"] == {"token": "***"}
+
+
 def test_an_output_holding_a_run_is_named_by_its_flag(tiny_dir, tasks, tmp_path, capsys):
     (tmp_path / "lm_eval.json").write_text("{}")
     argv = ["lm-eval", "--model", str(tiny_dir / "model"), "--include_path", tasks, "--tasks", "tiny_choice"]

@@ -59,14 +59,18 @@ def remove_temporaries(path: Path) -> None:
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp)`` on a temporary file beside ``path``, then move it onto ``path`` (:func:`os.replace`).
-    A file replaced keeps its permissions (results someone restricted stay restricted)."""
+    A file replaced keeps its permissions (results someone restricted stay restricted, a read-only one stays
+    read-only); a folder that takes no file raises ``OSError`` naming ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(path)
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # mode 0666 & ~umask, as a new file gets
     try:
-        if path.exists():
-            shutil.copymode(path, tmp)
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # mode 0666 & ~umask, as a new file gets
+    except OSError as error:  # named by the file asked for, not the temporary one
+        raise OSError(error.errno, f"Cannot write {path} (in {path.parent}): {error.strerror}") from None
+    try:
         write(tmp)
+        if path.exists():  # after writing: a read-only file's mode would stop the write
+            shutil.copymode(path, tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

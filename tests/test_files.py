@@ -34,6 +34,30 @@ def test_written_files_get_the_usual_permissions(tmp_path, umask):
     assert (tmp_path / "results.json").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
+def test_a_read_only_file_is_replaced_and_stays_read_only(tmp_path):
+    """The temporary file is written before it takes the target's mode: a 0444 target made it unwritable first, so
+    any user but root got "Permission denied" naming the hidden temporary file (plot had written its PNG by then)."""
+    path = tmp_path / "frequencies.csv"
+    atomic_write_text(path, "old")
+    path.chmod(0o444)
+
+    def write(tmp):
+        assert tmp.stat().st_mode & 0o200, "the temporary file is read-only while it is written"
+        tmp.write_text("new")
+
+    atomic_write(path, write)
+    assert path.read_text() == "new" and path.stat().st_mode & 0o777 == 0o444
+
+
+def test_a_folder_that_takes_no_file_is_named_in_the_error(tmp_path, monkeypatch):
+    def refuse(*args):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "open", refuse)
+    with pytest.raises(OSError, match=rf"^\[Errno 13\] Cannot write {tmp_path / 'results.json'} \(in {tmp_path}\)"):
+        atomic_write_text(tmp_path / "results.json", "{}")
+
+
 def test_a_replaced_file_keeps_its_permissions(tmp_path):
     path = tmp_path / "results.json"
     atomic_write_text(path, "{}")

@@ -12,30 +12,27 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import CommitInfo, HfApi, ModelCard, hf_hub_download
-from huggingface_hub.errors import EntryNotFoundError
+from huggingface_hub import CommitInfo, HfApi, ModelCard
 from transformers import AutoConfig, PreTrainedModel
 
 from ._version import __version__
 from .card import PLOT_FILE, EvalTable, LmEvalTable, load_eval_table, load_lm_eval_table, public_results, render_card
 from .encoding_plots import FREQUENCY_PLOT, patch_plot_file, write_patch_plot
 from .files import json_text
-from .hub_errors import HubError, HubPushError, call_hub, refuse_missing_folder
+from .hub_errors import HubError, HubPushError, call_hub
+from .metadata import METADATA_FILE, METADATA_FORMAT, read_metadata
 from .patching import added_tensors, trained_tensors
 from .patching.loading import load_patched_model
 from .plots import plot_ppl_vs_length
 from .record import PatchRecord
 from .report_files import report_for_file
 
-METADATA_FILE = "hf_posenc.json"
-METADATA_FORMAT = 1
 RESULTS_FILE = "eval_results.json"
 LM_EVAL_FILE = "lm_eval.json"
 # Files a push writes that a later push to the same repo may not write again: removed in that push's commit
@@ -318,48 +315,6 @@ def from_pretrained(pretrained_model_name_or_path: str, **kwargs: Any) -> PreTra
         )
 
     return call_hub(load, HubError, f"Loading {name!r}", kwargs.get("token"))
-
-
-def read_metadata(
-    pretrained_model_name_or_path: str,
-    *,
-    revision: str | None = None,
-    token: str | None = None,
-    cache_dir: str | Path | None = None,
-    local_files_only: bool = False,
-) -> dict[str, Any] | None:
-    """The ``hf_posenc.json`` record of a repo or folder, or None when it has none (or, offline, when none
-    is cached: the regular loading path then reports what is missing). Raises :class:`HubError` when the Hub
-    refuses or fails."""
-    local = Path(pretrained_model_name_or_path)
-    if local.is_dir():
-        path = local / METADATA_FILE if (local / METADATA_FILE).is_file() else None
-    else:
-        refuse_missing_folder(pretrained_model_name_or_path)
-        action = f"Reading {METADATA_FILE} of {pretrained_model_name_or_path!r}"
-        hub_kwargs = dict(revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only)
-        path = call_hub(
-            lambda: _download_metadata(pretrained_model_name_or_path, **hub_kwargs), HubError, action, token
-        )
-    if path is None:
-        return None
-    metadata = json.loads(path.read_text(encoding="utf-8"))
-    if metadata.get("format") != METADATA_FORMAT:
-        raise ValueError(
-            f"{METADATA_FILE} of {pretrained_model_name_or_path!r} has format {metadata.get('format')!r}; this "
-            f"hf_posenc ({__version__}) reads format {METADATA_FORMAT}. Upgrade hf_posenc."
-        )
-    if not metadata["weights"] and not metadata.get("base_model"):
-        raise ValueError(f"{pretrained_model_name_or_path!r} holds no weights and names no base model to load.")
-    return metadata
-
-
-def _download_metadata(repo_id: str, **hub_kwargs: Any) -> Path | None:
-    """The downloaded ``hf_posenc.json`` of ``repo_id``, or None when it has none."""
-    try:
-        return Path(hf_hub_download(repo_id, METADATA_FILE, **hub_kwargs))
-    except EntryNotFoundError:  # remote 404, or offline without it in the cache
-        return None
 
 
 def _different_models(measured: str, base: str) -> bool:

@@ -25,8 +25,9 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
 
-from .hub import from_pretrained, read_metadata
+from .hub import from_pretrained
 from .hub_errors import HubError, call_hub, refuse_missing_folder
+from .metadata import read_metadata
 from .patching import added_tensors, get_patch, unpatch
 from .record import PatchRecord
 from .registry import get_method
@@ -91,7 +92,7 @@ def saved_patch(name: str, *, gguf_file: str | None = None, **hub_kwargs: Any) -
     metadata = read_metadata(name, **hub_kwargs)
     if metadata is None or metadata["weights"]:
         return SavedPatch(record)
-    return SavedPatch(record, metadata["base_model"], metadata["base_revision"])
+    return SavedPatch(record, metadata["base_model"], metadata.get("base_revision"))
 
 
 def read_config(name: str, **hub_kwargs: Any) -> PreTrainedConfig:

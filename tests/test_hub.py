@@ -20,6 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import hf_posenc
 from hf_posenc import hub
 from hf_posenc.hub_errors import refuse_missing_folder
+from hf_posenc.saved import saved_patch
 
 IDS = torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79] * 6])  # (1, 96) > L = 64
 
@@ -315,6 +316,30 @@ def test_local_folders_without_or_with_a_newer_record(tmp_path):
     (tmp_path / hub.METADATA_FILE).write_text(json.dumps({"format": 2, "weights": False, "base_model": "org/x"}))
     with pytest.raises(ValueError, match="Upgrade hf_posenc"):
         hf_posenc.hub.from_pretrained(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("not json", r"hf_posenc.json of '.*' is not a JSON file: Expecting value"),
+        ("[1]", r"hf_posenc.json of '.*' holds a JSON list, not an object"),
+        ('{"format": 1}', r"hf_posenc.json of '.*' is malformed: 'weights' is None, not true or false"),
+        ('{"format": 1, "weights": false}', r"'.*' holds no weights and names no base model to load"),
+        (
+            '{"format": 1, "weights": false, "base_model": "org/x", "base_revision": 7}',
+            r"hf_posenc.json of '.*' is malformed: 'base_revision' is 7, not a commit",
+        ),
+    ],
+)
+def test_a_malformed_record_is_refused_by_name(tmp_path, text, said):
+    """A hand-edited or foreign hf_posenc.json: one ValueError naming the file, not a KeyError or AttributeError
+    from deep inside, when loading, evaluating or checking the folder."""
+    hf_posenc.patch(make_tiny("llama"), "pi", factor=2, original_max_position_embeddings=64).save_pretrained(tmp_path)
+    (tmp_path / hub.METADATA_FILE).write_text(text)
+    with pytest.raises(ValueError, match=said):
+        hf_posenc.hub.from_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match=said):
+        saved_patch(str(tmp_path))
 
 
 def test_plain_saved_model_on_the_hub_loads_online_then_offline(fake_hub):

@@ -17,8 +17,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.utils import logging as transformers_logging
 
-from ..hub import read_metadata
 from ..hub_errors import HubError, call_hub, refuse_missing_folder
+from ..metadata import read_metadata
 from ..record import PatchRecord
 from ..registry import get_method
 from ..serving import ENGINES, REFERENCE_READS, Finding, engine_findings, rope_view

@@ -56,7 +56,7 @@ def ppl_figure(results: list[dict[str, Any]], *, trained_context: int | None, ti
         else:  # over decades: 1, 2 and 5 of each, not all nine
             ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2, 5)))
     ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("perplexity")
+    ax.set_ylabel("perplexity (log scale)" if values else "perplexity")
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)

@@ -23,6 +23,12 @@ def test_identical_curves_stay_visible():
     assert all(line.get_markerfacecolor() == "none" for line in lines)
 
 
+def test_the_perplexity_axis_says_it_is_logarithmic():
+    """Its ticks read like a linear axis (plain numbers): the label says the scale."""
+    ax = ppl_figure(ROWS, trained_context=8192, title="t").axes[0]
+    assert ax.get_yscale() == "log" and ax.get_ylabel() == "perplexity (log scale)"
+
+
 def test_perplexities_past_float_range_or_nan_are_named_at_the_top_not_dropped():
     rows = [
         {"method": method, "length": n, "ppl": ppl}

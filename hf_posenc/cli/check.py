@@ -141,6 +141,8 @@ def _positive(name: str, value: Any) -> None:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if value is not None and not (number and 0 < value < math.inf):  # NaN fails the comparison too
         raise ValueError(f"{name} is {value!r}, not a finite number > 0")
+    if name.endswith("partial_rotary_factor") and value is not None and value > 1:
+        raise ValueError(f"{name} is {value!r}, more than 1 (the fraction of each head that RoPE rotates)")
 
 
 def format_table(findings: list[Finding]) -> str:

@@ -139,6 +139,10 @@ _LLAMA = '{"model_type": "llama", "max_position_embeddings": 256, "rope_paramete
         ('{"max_position_embeddings": 0, "rope_theta": 1e4}', "max_position_embeddings is 0"),
         ('{"partial_rotary_factor": "xx", "head_dim": 16}', "partial_rotary_factor is 'xx', not a finite number > 0"),
         (
+            '{"partial_rotary_factor": 7, "head_dim": 16}',
+            "partial_rotary_factor is 7, more than 1 (the fraction of each",
+        ),
+        (
             '{"rope_parameters": {"rope_type": "default", "partial_rotary_factor": "half"}}',
             "partial_rotary_factor is 'half'",
         ),

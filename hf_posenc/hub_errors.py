@@ -54,7 +54,12 @@ def redact(text: str, token: str | bool | None = None) -> str:
         token (`str`, *optional*): the token the request was made with (``True``, transformers' "the saved
             login", or None: only the saved login's).
     """
-    for secret in (token, _login_token()):
+    return _redacted(text, (token, _login_token()))
+
+
+def _redacted(text: str, secrets: tuple[Any, ...]) -> str:
+    """``text`` with each of ``secrets`` (the non-empty strings among them) and the credential patterns replaced."""
+    for secret in secrets:
         if isinstance(secret, str) and secret:
             text = text.replace(secret, "***")
     return _HF_TOKEN.sub("***", _BEARER.sub(r"\1***", text))
@@ -75,10 +80,7 @@ def redact_secrets(value: Any) -> Any:
             return {key: "***" if SECRET_KEY.fullmatch(str(key)) else clean(entry) for key, entry in item.items()}
         if isinstance(item, list | tuple):
             return [clean(entry) for entry in item]
-        if isinstance(item, str):
-            item = item.replace(login, "***") if login else item
-            return _HF_TOKEN.sub("***", _BEARER.sub(r"\1***", item))
-        return item
+        return _redacted(item, (login,)) if isinstance(item, str) else item
 
     return clean(value)
 

@@ -88,6 +88,8 @@ def check_command(args: argparse.Namespace) -> int:
 
 
 _FRACTIONS = ("partial_rotary_factor", "attention_factor")  # read as numbers by every engine that reads them
+# the values with an upper bound besides > 0: name -> (bound, what the value is)
+_BOUNDED = {"partial_rotary_factor": (1, "the fraction of each head that RoPE rotates")}
 
 
 def _check_rope_values(config: dict[str, Any]) -> None:
@@ -102,7 +104,7 @@ def _check_rope_values(config: dict[str, Any]) -> None:
             if not isinstance(entry, dict):
                 raise TypeError(f"{key}.{layer_type} is a {type(entry).__name__}, not an object (one per layer type)")
             for name in ("factor", "rope_theta", "original_max_position_embeddings", *_FRACTIONS):
-                _positive(f"{key}.{name}", entry.get(name))
+                _positive(f"{key}.{name}", entry.get(name), *_BOUNDED.get(name, ()))
     for name in (
         "rope_theta",
         "max_position_embeddings",
@@ -111,7 +113,7 @@ def _check_rope_values(config: dict[str, Any]) -> None:
         "head_dim",
         *_FRACTIONS,
     ):
-        _positive(name, config.get(name))
+        _positive(name, config.get(name), *_BOUNDED.get(name, ()))
 
 
 class TransformersRefuses(ValueError):
@@ -137,12 +139,12 @@ def _check_transformers_reads(config: dict[str, Any]) -> None:
         transformers_logging.set_verbosity(verbosity)
 
 
-def _positive(name: str, value: Any) -> None:
+def _positive(name: str, value: Any, most: float = math.inf, what: str = "") -> None:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if value is not None and not (number and 0 < value < math.inf):  # NaN fails the comparison too
         raise ValueError(f"{name} is {value!r}, not a finite number > 0")
-    if name.endswith("partial_rotary_factor") and value is not None and value > 1:
-        raise ValueError(f"{name} is {value!r}, more than 1 (the fraction of each head that RoPE rotates)")
+    if value is not None and value > most:
+        raise ValueError(f"{name} is {value!r}, more than {most} ({what})")
 
 
 def format_table(findings: list[Finding]) -> str:

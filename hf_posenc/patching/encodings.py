@@ -55,8 +55,8 @@ def _plan_sinusoidal(model: nn.Module, method: Method, params: dict[str, Any]) -
         raise ValueError(f"The sinusoidal table needs an even width; this model's is {table.embedding_dim}.")
     scale = _rms_scale(table) if requested.scale is None else requested.scale
     resolved = method.make_params(scale=scale, base=requested.base)
-    if resolved.scale > torch.finfo(table.weight.dtype).max:
-        most = torch.finfo(table.weight.dtype).max
+    most = torch.finfo(table.weight.dtype).max
+    if resolved.scale > most:
         raise ValueError(
             f"scale={resolved.scale!r} makes the sinusoidal table overflow {table.weight.dtype} (at most {most:.4g}); "
             f"the scale matching the learned table is {_rms_scale(table):.4g}."

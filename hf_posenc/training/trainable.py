@@ -44,8 +44,7 @@ def apply_method(model: nn.Module, spec: MethodSpec) -> frozenset[str]:
     restore_saved_tensors(model)  # training on from a saved model of the same method: its trained T5 table
     added = set(added_tensors(model)).intersection(dict(model.named_parameters()))
     if get_method(spec.method).role != "replace" and positions_of(model).kind == "learned":
-        table = position_table(model).weight  # GPT-2's table, interpolated by pi: the position encoding as patched
-        added |= {name for name, parameter in model.named_parameters() if parameter is table}
+        added |= _table_parameter(model)  # GPT-2's table, interpolated by pi: the position encoding as patched
     return frozenset(added)
 
 
@@ -65,8 +64,13 @@ def unused_parameters(model: nn.Module) -> frozenset[str]:
     applied = get_patch(model)
     if applied is None or get_method(applied.method).role != "replace" or positions_of(model).kind != "learned":
         return frozenset()
-    table = position_table(model)
-    return frozenset(name for name, parameter in model.named_parameters() if parameter is table.weight)
+    return _table_parameter(model)
+
+
+def _table_parameter(model: nn.Module) -> frozenset[str]:
+    """The name of the learned position table's weight (GPT-2's ``transformer.wpe.weight``)."""
+    table = position_table(model).weight
+    return frozenset(name for name, parameter in model.named_parameters() if parameter is table)
 
 
 def select_trainable(

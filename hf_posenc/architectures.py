@@ -163,12 +163,14 @@ def rotary_dim(config: Any) -> int:
     return int(head_dim * config.rope_parameters.get("partial_rotary_factor", 1.0))
 
 
-def rope_modules(model: nn.Module, *, scaled_ok: bool = False) -> list[nn.Module]:
+def rope_modules(model: nn.Module, *, scaled_ok: bool = False, bases_differ_ok: bool = False) -> list[nn.Module]:
     """The rotary modules of a model with one set of RoPE parameters, or ``ValueError``.
 
     Args:
         scaled_ok (`bool`): accept a model whose RoPE is already scaled (``rope_type`` other than
             ``default``); otherwise only plain RoPE, the base a scaling method starts from.
+        bases_differ_ok (`bool`): accept rotary modules built with different frequencies (GraniteSWA's
+            per-layer bases), for a method that removes the rotation and so writes no frequencies.
     """
     named = rotary_modules(model)
     modules = [module for _, module in named]
@@ -192,7 +194,7 @@ def rope_modules(model: nn.Module, *, scaled_ok: bool = False) -> list[nn.Module
             )
     first_name, first = named[0] if named else ("", None)
     for name, module in named[1:]:  # GraniteSWA's layer_rope_theta: one rotary module per base
-        if not _rotate_alike(module, first):
+        if not bases_differ_ok and not _rotate_alike(module, first):
             raise ValueError(
                 f"{type(model).__name__}'s rotary modules hold different frequencies ({name} is not {first_name}: "
                 "per-layer RoPE bases); hf_posenc patches models with one set of RoPE parameters."

@@ -75,7 +75,7 @@ def positions_removed(
             f"learned positions); {type(model).__name__} (model_type {model_type!r}) is not one of them: its attention "
             "may add terms or not go through transformers' attention interface, so the result could be silently wrong."
         )
-    rotary = rope_modules(model, scaled_ok=True)  # no rotation is left: how it was scaled is moot
+    rotary = rope_modules(model, scaled_ok=True, bases_differ_ok=True)  # no rotation left: scale and base are moot
     updates = {"rope_parameters": {**model.config.rope_parameters, "rope_type": marker}}
     refuse_unsavable_config(updated_config(model.config, updates), method)  # Phi-3's class: default, longrope only
     return updates, [(module, no_rotation) for module in rotary], marker

@@ -4,6 +4,7 @@ class that accepts few rope types (Phi-3). Each patch is exact against plain tra
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from helpers import assert_refused
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posenc
+from hf_posenc.architectures import rotary_modules
 from hf_posenc.serving import engine_findings
 
 L = 64
@@ -78,6 +80,25 @@ def test_one_base_in_several_rotary_modules_is_patched_as_transformers_builds_it
         native = AutoModelForCausalLM.from_config(model.config)
         expected = native.model.rotary_emb.inv_freq
         assert all(torch.equal(module.inv_freq, expected) for module in model.model.rotary_embs)
+
+
+def test_nope_on_per_layer_rope_bases_removes_every_rotation(tmp_path):
+    """NoPE writes no frequencies, so GraniteSWA's per-layer bases are moot: the patched model is the one whose
+    every rotary module turns by zero; it saves, reloads through hf_posenc alone, and unpatches bit for bit."""
+    model = granite_swa([1e4, 5e5]).eval()
+    reference = copy.deepcopy(model)
+    for _, module in rotary_modules(reference):
+        module.inv_freq.zero_()
+    with torch.no_grad():
+        original, expected = model(ids()).logits, reference(ids()).logits
+        hf_posenc.patch(model, "nope")
+        assert torch.equal(model(ids()).logits, expected) and not torch.equal(expected, original)
+        model.save_pretrained(tmp_path)
+        assert torch.equal(hf_posenc.from_pretrained(tmp_path).eval()(ids()).logits, expected)
+        with pytest.raises(KeyError):
+            AutoModelForCausalLM.from_pretrained(tmp_path)
+        hf_posenc.unpatch(model)
+        assert torch.equal(model(ids()).logits, original)
 
 
 def tiny_deepseek_v3() -> torch.nn.Module:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from .encoding_data import (
     frequency_data,
 )
 from .files import atomic_write
-from .plots import line_style
+from .plots import compact_spec, line_style
 from .record import PatchRecord
 from .registry import get_method
 from .spec import format_method_spec
@@ -64,7 +63,7 @@ def frequency_figure(rows: list[dict[str, Any]], *, trained_context: int, title:
     for index, method in enumerate(dict.fromkeys(row["method"] for row in rows)):
         mine = [row for row in rows if row["method"] == method]
         attention = mine[0]["attention_factor"]
-        label = _legend(method) + ("" if attention == 1 else f" (attention ×{attention:.4g})")
+        label = compact_spec(method) + ("" if attention == 1 else f" (attention ×{attention:.4g})")
         if mine[0]["seq_len"] is not None:
             label += f" at l = {mine[0]['seq_len']} = {mine[0]['seq_len'] / trained_context:g} L"
         x, y = [row["wavelength_over_context"] for row in mine], [row["scale"] for row in mine]
@@ -95,7 +94,7 @@ def bias_figure(curves: list[BiasCurve], *, trained_context: int, title: str) ->
                 "markevery": marks,
                 "drawstyle": STEPS.get(kind, "default"),
             }
-            ax.plot(n, curve.values[1:], label=f"{_legend(curve.method)}: {curve.series}", **style)
+            ax.plot(n, curve.values[1:], label=f"{compact_spec(curve.method)}: {curve.series}", **style)
         if kind == "rope" and trained_context < len(curves[0].values):
             ax.axvline(trained_context, color="gray", linestyle="--", label=f"trained context L = {trained_context}")
         ax.set_xscale("log")
@@ -113,12 +112,6 @@ def _finish(fig: Any, axes: Sequence[Any], title: str, outside: bool = False) ->
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
-
-
-def _legend(label: str) -> str:
-    """``label`` with lists cut to their length and long decimals to 4 digits (LongRoPE's factors)."""
-    label = re.sub(r"\[[^\]]*\]", lambda match: f"[{len(match.group().split(','))} values]", label)
-    return re.sub(r"\d+\.\d{5,}", lambda match: f"{float(match.group()):.4g}", label)
 
 
 def write_frequency_plot(

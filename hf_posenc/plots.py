@@ -7,6 +7,9 @@ Figures are built outside pyplot's global state where possible and written atomi
 from __future__ import annotations
 
 import math
+import re
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +17,12 @@ from .files import atomic_write
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", "-.", ":")
+LABEL_WIDTH = 40  # characters of a method's legend label; a longer one is cut with "…"
 
 
 def plot_ppl_vs_length(path: Path, results: list[dict[str, Any]], *, trained_context: int | None, title: str) -> None:
-    """One line per method, perplexity on a log scale against length, the trained context (if known) marked."""
+    """One line per method, perplexity on a log scale against length, the trained context (if known) marked: the
+    length axis reaches it where it lies outside the lengths measured."""
     fig = ppl_figure(results, trained_context=trained_context, title=title)
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
 
@@ -29,20 +34,22 @@ def ppl_figure(results: list[dict[str, Any]], *, trained_context: int | None, ti
 
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
-    for index, method in enumerate(dict.fromkeys(r["method"] for r in results)):
+    labels = legend_labels(list(dict.fromkeys(r["method"] for r in results)))
+    for index, (method, label) in enumerate(labels.items()):
         points = sorted((r["length"], r["ppl"]) for r in results if r["method"] == method)
         finite = [(n, ppl) for n, ppl in points if math.isfinite(ppl)]
-        (line,) = ax.plot([n for n, _ in finite], [ppl for _, ppl in finite], label=method, **line_style(index))
+        (line,) = ax.plot([n for n, _ in finite], [ppl for _, ppl in finite], label=label, **line_style(index))
         for n, ppl in points:  # past float range, or NaN: named at the top edge in the method's colour
             if not math.isfinite(ppl):
-                label, where = "inf" if ppl > 0 else "NaN", (n, 0.98 - 0.05 * index)
+                mark, where = "inf" if ppl > 0 else "NaN", (n, 0.98 - 0.05 * index)
                 top = ("data", "axes fraction")
-                ax.annotate(label, where, xycoords=top, ha="center", va="top", color=line.get_color())
+                ax.annotate(mark, where, xycoords=top, ha="center", va="top", color=line.get_color())
     if trained_context is not None:
         ax.axvline(trained_context, color="gray", linestyle="--", label=f"trained context ({trained_context})")
     lengths = sorted({r["length"] for r in results})
+    shown = [*lengths, *([] if trained_context is None else [trained_context])]  # its line inside the axes
     ax.set_xscale("log", base=2)
-    ax.set_xlim(lengths[0] / 2**0.2, lengths[-1] * 2**0.2)  # room for inf / NaN labels; one length works too
+    ax.set_xlim(min(shown) / 2**0.2, max(shown) * 2**0.2)  # room for inf / NaN labels; one length works too
     ax.set_xticks(lengths, [length_label(n) for n in lengths])
     ax.minorticks_off()
     values = [r["ppl"] for r in results if math.isfinite(r["ppl"])]
@@ -62,6 +69,28 @@ def ppl_figure(results: list[dict[str, Any]], *, trained_context: int | None, ti
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def compact_spec(spec: str) -> str:
+    """``spec`` with lists cut to their length and long decimals to 4 digits (LongRoPE's factors)."""
+    spec = re.sub(r"\[[^\]]*\]", lambda match: f"[{len(match.group().split(','))} values]", spec)
+    return re.sub(r"\d+\.\d{5,}", lambda match: f"{float(match.group()):.4g}", spec)
+
+
+def legend_labels(specs: Sequence[str], width: int = LABEL_WIDTH) -> dict[str, str]:
+    """Each method spec's legend label: :func:`compact_spec`, cut to ``width`` characters (the last one ``…``);
+    specs whose labels would read alike are numbered in their order (``#1``, ``#2``, ...)."""
+    labels = {spec: _cut(compact_spec(spec), width) for spec in specs}
+    alike, seen = Counter(labels.values()), Counter()
+    for spec, label in labels.items():
+        if alike[label] > 1:
+            seen[label] += 1
+            labels[spec] = f"{label} #{seen[label]}"
+    return labels
+
+
+def _cut(label: str, width: int) -> str:
+    return label if len(label) <= width else label[: width - 1] + "…"
 
 
 def line_style(index: int) -> dict[str, Any]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from hf_posenc.plots import line_style, plot_ppl_vs_length, ppl_figure
 
 ROWS = [
@@ -74,3 +76,25 @@ def test_the_perplexity_axis_labels_enough_values_and_not_too_many():
 def test_line_styles_differ_for_many_methods():
     styles = [(style["marker"], style["linestyle"]) for style in map(line_style, range(32))]
     assert len(set(styles)) == 32
+
+
+def test_long_method_specs_get_short_distinct_legend_labels():
+    """Two LongRoPE specs with their factor lists run to hundreds of characters: the legend would cover the plot."""
+    longrope = "longrope:factor=4.0,long_factor=[{}],short_factor=[{}],original_max_position_embeddings=4096"
+    specs = [longrope.format(", ".join([f"{1 + i / 7}"] * 32), "1.0, " * 31 + "1.0") for i in range(2)]
+    rows = [{**row, "method": method} for method in ("none", *specs) for row in ROWS]
+    ax = ppl_figure(rows, trained_context=8192, title="t").axes[0]
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert labels[0] == "none" and labels[-1] == "trained context (8192)"
+    assert labels[1:3] == ["longrope:factor=4.0,long_factor=[32 val… #1", "longrope:factor=4.0,long_factor=[32 val… #2"]
+    assert [line.get_label() for line in ax.get_lines()[:3]] == labels[:3]
+
+
+@pytest.mark.parametrize("trained_context", [256, 65536])
+def test_a_trained_context_outside_the_lengths_is_drawn_inside_the_axes(trained_context):
+    """Left at the measured lengths, the axis would cut its line off: in the legend, nowhere on the plot."""
+    ax = ppl_figure(ROWS, trained_context=trained_context, title="t").axes[0]
+    (line,) = [line for line in ax.get_lines() if line.get_label().startswith("trained context")]
+    low, high = ax.get_xlim()
+    assert list(line.get_xdata()) == [trained_context, trained_context] and low < trained_context < high
+    assert low < 2048 < 16384 < high  # the lengths measured stay inside too

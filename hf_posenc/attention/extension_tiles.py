@@ -17,6 +17,9 @@ query blocks instead.
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 import torch
 
 from ..methods.remap import Tiles
@@ -39,14 +42,50 @@ def applies(mask: PositionMask, query: torch.Tensor, key: torch.Tensor, value: t
 
 def _kernel_takes(query: torch.Tensor, value: torch.Tensor) -> bool:
     """Values as wide as the queries; on CUDA half precision or float32 and a head dimension that is a multiple
-    of 8 up to 256 (flash and memory-efficient attention); CPUs take any."""
+    of 8 up to 256 (flash and memory-efficient attention); CPUs take any. And the kernel's op as this module calls
+    it (:func:`_op_as_called`)."""
     dim = query.shape[-1]
     if value.shape[-1] != dim or query.device.type not in ("cpu", "cuda"):
         return False
-    return not query.is_cuda or (query.dtype in CUDA_DTYPES and dim % 8 == 0 and dim <= 256)
+    if query.is_cuda and not (query.dtype in CUDA_DTYPES and dim % 8 == 0 and dim <= 256):
+        return False
+    return _op_as_called(OPS[_kernel(query)])
 
 
 CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# What each kernel passes by position and reads of what it returns, as PyTorch 2.6 to 2.14 name them. The ops are
+# private: a release that renames or reorders these makes the tiles step aside rather than call the op wrongly.
+_FLASH = (("query", "key", "value", "dropout_p", "is_causal"), ("output", "logsumexp"))
+CALLED = {
+    "_scaled_dot_product_flash_attention_for_cpu": _FLASH,
+    "_scaled_dot_product_flash_attention": _FLASH,
+    "_scaled_dot_product_efficient_attention": (
+        ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal"),
+        ("output", "log_sumexp"),
+    ),
+}
+
+
+@functools.cache
+def _op_as_called(name: str) -> bool:
+    """Whether ``torch.ops.aten.<name>`` exists with the leading arguments, a ``scale`` keyword and the first
+    outputs :data:`CALLED` says; if not, a warning (once) that the prefill takes the slower query blocks."""
+    try:
+        schema = getattr(torch.ops.aten, name).default._schema
+    except (AttributeError, RuntimeError):
+        schema = None
+    arguments = [argument.name for argument in schema.arguments] if schema else []
+    returns = [output.name for output in schema.returns] if schema else []
+    passed, read = CALLED[name]
+    if arguments[: len(passed)] == list(passed) and "scale" in arguments and returns[: len(read)] == list(read):
+        return True
+    warnings.warn(
+        f"PyTorch {torch.__version__}'s torch.ops.aten.{name} is not the op hf_posenc calls (arguments "
+        f"{arguments or 'none'}, outputs {returns or 'none'}): Self-Extend and DCA prefills run as query blocks, "
+        "slower but the same numbers.",
+        stacklevel=2,
+    )
+    return False
 
 
 def cpu_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
@@ -70,14 +109,26 @@ def cuda_efficient_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.T
     return output, lse[..., : query.shape[2]]
 
 
-def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
-    """:func:`cpu_kernel` on a CPU; on CUDA flash attention in half precision on Ampere or later, memory-efficient
-    attention otherwise (float32, or an older GPU)."""
+OPS = {  # each kernel's op
+    "cpu_kernel": "_scaled_dot_product_flash_attention_for_cpu",
+    "cuda_flash_kernel": "_scaled_dot_product_flash_attention",
+    "cuda_efficient_kernel": "_scaled_dot_product_efficient_attention",
+}
+
+
+def _kernel(query: torch.Tensor) -> str:
+    """The kernel for ``query``, by name: :func:`cpu_kernel` on a CPU; on CUDA flash attention in half precision
+    on Ampere or later, memory-efficient attention otherwise (float32, or an older GPU)."""
     if not query.is_cuda:
-        return cpu_kernel(query, key, value, causal, scale)
+        return "cpu_kernel"
     half = query.dtype in (torch.float16, torch.bfloat16)
     flash = half and torch.cuda.get_device_capability(query.device) >= (8, 0)
-    return (cuda_flash_kernel if flash else cuda_efficient_kernel)(query, key, value, causal, scale)
+    return "cuda_flash_kernel" if flash else "cuda_efficient_kernel"
+
+
+def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
+    """One call of :func:`_kernel`'s kernel (looked up by name when called)."""
+    return globals()[_kernel(query)](query, key, value, causal, scale)
 
 
 def _stacked(states: torch.Tensor, start: int, size: int, count: int) -> torch.Tensor:

@@ -150,8 +150,44 @@ def _cuda_like(dtype: torch.dtype, dim: int = 64) -> SimpleNamespace:
         (torch.bfloat16, 60, False),
     ],
 )
-def test_on_cuda_the_tiles_take_what_flash_or_memory_efficient_attention_takes(dtype, dim, takes):
+def test_on_cuda_the_tiles_take_what_flash_or_memory_efficient_attention_takes(monkeypatch, dtype, dim, takes):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
     assert extension_tiles._kernel_takes(_cuda_like(dtype, dim), _cuda_like(dtype, dim)) is takes
+
+
+@pytest.fixture
+def fresh_op_checks():
+    """Each op's check made anew in the test, and forgotten after it (it is cached)."""
+    extension_tiles._op_as_called.cache_clear()
+    yield
+    extension_tiles._op_as_called.cache_clear()
+
+
+def test_this_pytorch_has_each_op_as_the_kernels_call_it(fresh_op_checks):
+    """The private ops' arguments and outputs as :data:`~hf_posenc.attention.extension_tiles.CALLED` says (checked
+    on PyTorch 2.13 and 2.14's schemas), or the tiles would never run."""
+    assert all(extension_tiles._op_as_called(name) for name in extension_tiles.CALLED)
+    assert set(extension_tiles.OPS.values()) == set(extension_tiles.CALLED)
+
+
+@pytest.mark.parametrize(
+    "called",
+    [
+        (("query", "key", "value", "is_causal", "dropout_p"), ("output", "logsumexp")),  # reordered arguments
+        (("query", "key", "value", "dropout_p", "is_causal"), ("logsumexp", "output")),  # reordered outputs
+    ],
+)
+def test_an_op_another_pytorch_changed_makes_the_prefill_take_the_query_blocks(monkeypatch, fresh_op_checks, called):
+    """A PyTorch release whose private op takes or returns otherwise: a warning naming the op, no tiles, and the
+    backend still equals the reference."""
+    name = extension_tiles.OPS["cpu_kernel"]
+    monkeypatch.setitem(extension_tiles.CALLED, name, called)
+    query, key, value, mask, _ = _inputs(False, q_length=24, kv_length=24)
+    with pytest.warns(UserWarning, match=f"torch.ops.aten.{name} is not the op hf_posenc calls"):
+        assert not extension_tiles.applies(mask, query, key, value)
+    module = _module("dca", False)
+    expected = extension_eager_attention(module, query, key, value, mask, DIM**-0.5)[0]
+    torch.testing.assert_close(extension_sdpa_attention(module, query, key, value, mask, DIM**-0.5)[0], expected)
 
 
 @pytest.mark.parametrize(

@@ -185,7 +185,7 @@ def rope_view(config: dict[str, Any], reads: tuple[str, ...], theta_from_rope: b
     return View(_ALIASES.get(rope_type, rope_type), params, float(theta or 10000.0), source)
 
 
-def _rotary_dim(config: dict[str, Any], view: View) -> int | None:
+def config_rotary_dim(config: dict[str, Any], view: View) -> int | None:
     """``head_dim`` (else ``hidden_size / num_attention_heads``) times ``partial_rotary_factor``; None if unknown."""
     heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
     head_dim = config.get("head_dim") or (hidden // heads if heads and hidden else None)
@@ -253,7 +253,9 @@ def _verdict(engine: Engine, config: dict[str, Any], reference: View) -> tuple[s
         return "refused", f"rope type {view.rope_type!r} is unknown to it: refuses to build the model"
     if rule is None:
         return "ignored", f"rope type {view.rope_type!r} is unknown to it: plain RoPE (rope_theta {view.theta:g})"
-    return rule(Setting(config, view, int(config.get("max_position_embeddings") or 2048), _rotary_dim(config, view)))
+    return rule(
+        Setting(config, view, int(config.get("max_position_embeddings") or 2048), config_rotary_dim(config, view))
+    )
 
 
 def _misread(view: View, reference: View) -> tuple[str, str]:

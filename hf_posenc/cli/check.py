@@ -17,11 +17,13 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.utils import logging as transformers_logging
 
+from .._version import __version__
 from ..hub_errors import HubError, call_hub, refuse_missing_folder
 from ..metadata import read_metadata
+from ..patching.rope_types import OWN_ROPE_TYPES
 from ..record import PatchRecord
-from ..registry import get_method
-from ..serving import ENGINES, REFERENCE_READS, Finding, engine_findings, rope_view
+from ..registry import Method, get_method
+from ..serving import ENGINES, REFERENCE_READS, Finding, View, config_rotary_dim, engine_findings, rope_view
 
 CONFIG_FILE = "config.json"
 _REPO_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
@@ -30,7 +32,8 @@ EPILOG = f"""\
 For each engine, from what its source reads (hf_posenc/serving.py names the files and versions): ok (built as
 transformers 5 builds it), differs (built otherwise: the detail gives both values), refused (the engine raises),
 ignored (built without the method: plain RoPE). A 'config' line flags keys other readers take otherwise
-(rope_scaling against rope_parameters, the top-level rope_theta). Engines: {", ".join(e.name for e in ENGINES)}.
+(rope_scaling against rope_parameters, the top-level rope_theta); a 'record' line, an hf_posenc record that says
+another method than the config's RoPE keys. Engines: {", ".join(e.name for e in ENGINES)}.
 
 Exit status: 0 when every engine builds it as transformers does, 1 when one does not, 2 when the config cannot be
 read (no such file, folder without config.json, Hub failure, not a JSON object).
@@ -64,13 +67,15 @@ def check_command(args: argparse.Namespace) -> int:
     try:
         _check_rope_values(config)
         _check_transformers_reads(config)
-        findings = engine_findings(config, added_tensors=added)
+        findings = [*record_findings(config, record), *engine_findings(config, added_tensors=added)]
     except (TypeError, ValueError, KeyError, ArithmeticError) as error:  # a RoPE value of the wrong type, say
         detail = str(error) if isinstance(error, TransformersRefuses) else f"{type(error).__name__}: {error}"
         raise ValueError(f"{args.config}: its RoPE keys are malformed ({detail}).") from None
     status = 0 if all(finding.severity == "ok" for finding in findings) else 1
+    unknown = None if record is None else _unknown_method(record)
     if args.json:
         method = None if record is None else {"method": record.method, "native": record.native}
+        method = method and {**method, "version": record.version, "known": unknown is None}
         report = {
             "config": args.config,
             "revision": args.revision,
@@ -82,9 +87,72 @@ def check_command(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return status
     own_type = "" if record is None or record.native else " (hf_posenc's own rope type: load it with hf_posenc)"
-    print(f"{args.config}: hf_posenc record: {'none' if record is None else record.method}{own_type}")
+    note = f" ({unknown})" if unknown else own_type
+    print(f"{args.config}: hf_posenc record: {'none' if record is None else record.method}{note}")
     print(format_table(findings))
     return status
+
+
+def _unknown_method(record: PatchRecord) -> str | None:
+    """What to say of a record whose method this hf_posenc does not know (a newer version's, a typo); None when it
+    knows it."""
+    try:
+        get_method(record.method)
+    except ValueError as error:
+        written = f"hf_posenc {record.version}" if record.version else "an hf_posenc that wrote no version"
+        return f"unknown to this hf_posenc {__version__}; the record was written by {written}. {error}"
+    return None
+
+
+def record_findings(config: dict[str, Any], record: PatchRecord | None) -> list[Finding]:
+    """A ``record`` finding where the config's RoPE keys (as transformers 5 reads them) say another method than its
+    hf_posenc record; none where they agree, the record's method is unknown here, or the config has no RoPE keys."""
+    view = rope_view(config, REFERENCE_READS)
+    if record is None or _unknown_method(record) or view.source == "none" and "rope_theta" not in config:
+        return []
+    method = get_method(record.method)
+    gap = _native_gap(config, record, method, view) if record.native else _own_gap(record, view)
+    if gap is None:
+        return []
+    readers = "hf_posenc's loading and the card go by the record, transformers and the engines by the config"
+    return [Finding("record", "differs", f"the hf_posenc record says {record.method}; {gap}: {readers}")]
+
+
+def _native_gap(config: dict[str, Any], record: PatchRecord, method: Method, view: View) -> str | None:
+    """Where the config departs from the record's method in transformers' vocabulary: another rope type, or a
+    value of that form the config's dict holds too (``rope_theta`` aside: static NTK's depends on the base)."""
+    dim = config_rotary_dim(config, view)
+    if method.transformers_rope is None or dim is None:
+        return None
+    try:
+        form = method.transformers_rope(method.make_params(**record.params), dim, view.theta)
+    except (TypeError, ValueError) as error:
+        return f"its parameters do not build it ({error})"
+    if form is None:
+        return None
+    if view.rope_type != form["rope_type"]:
+        return f"{view.source} says rope type {view.rope_type!r}, where {record.method}'s is {form['rope_type']!r}"
+    shared = (form.keys() & view.params.keys()) - {"rope_theta"}
+    differ = sorted(key for key in shared if not _alike(form[key], view.params[key]))
+    values = (f"{key} {view.params[key]!r} where the record has {form[key]!r}" for key in differ)
+    return f"{view.source} has {', '.join(values)}" if differ else None
+
+
+def _own_gap(record: PatchRecord, view: View) -> str | None:
+    """A record of hf_posenc's own rope types whose config says a rope type of transformers', or names another
+    method."""
+    if view.rope_type not in OWN_ROPE_TYPES:
+        return f"{view.source} says rope type {view.rope_type!r}, where the record says hf_posenc's own rope type"
+    named = view.params.get("method", record.method)
+    return None if named == record.method else f"{view.source} names method {named!r}"
+
+
+def _alike(a: Any, b: Any) -> bool:
+    """Equal, numbers to float rounding (lists item by item)."""
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_alike(x, y) for x, y in zip(a, b, strict=True))
+    numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b))
+    return math.isclose(a, b, rel_tol=1e-9) if numbers else a == b
 
 
 _FRACTIONS = ("partial_rotary_factor", "attention_factor")  # read as numbers by every engine that reads them

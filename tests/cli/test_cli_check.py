@@ -50,7 +50,8 @@ def test_json_output_is_the_findings(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     config = json.loads((folder / "config.json").read_text())
     assert report["findings"] == [vars(finding) for finding in engine_findings(config)]
-    assert report["hf_posenc"] == {"method": "dynamic-yarn", "native": False} and report["exit_status"] == 1
+    expected = {"method": "dynamic-yarn", "native": False, "version": hf_posenc.__version__, "known": True}
+    assert report["hf_posenc"] == expected and report["exit_status"] == 1
     assert set(report["engines"]) == {engine.name for engine in ENGINES}
 
 
@@ -178,3 +179,61 @@ def test_llama_cpp_refuses_the_weights_of_a_t5_bias_model_and_ignores_its_config
     assert llama_cpp(tmp_path / "saved").startswith("llama.cpp | refused | its converter has no GGUF name for the")
     assert llama_cpp(tmp_path / "saved" / "config.json").startswith("llama.cpp | refused |")
     assert llama_cpp(tmp_path / "config-only").startswith("llama.cpp | ignored | rope type 'hf_posenc_t5_bias'")
+
+
+def edit_config(folder, edit):
+    """``folder``'s config.json changed by ``edit(config)``."""
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_record_of_a_method_this_version_does_not_know_says_so(tmp_path, capsys):
+    """A newer hf_posenc's method (or a typo): the engines are judged on the config as ever, and the record's line
+    says that this version cannot load it, what it knows and which version wrote the record."""
+    folder = edit_config(save(tmp_path / "new", "yarn", factor=4), lambda c: c["hf_posenc"].update(
+        method="yarn-2", version="9.0.0"))  # fmt: skip
+    assert main(["check", str(folder)]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith(f"{folder}: hf_posenc record: yarn-2 (unknown to this hf_posenc {hf_posenc.__version__}; ")
+    assert "the record was written by hf_posenc 9.0.0. Unknown method 'yarn-2'. Available methods: alibi, " in line
+    assert main(["check", str(folder), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["hf_posenc"] == {
+        "method": "yarn-2", "native": True, "version": "9.0.0", "known": False
+    }  # fmt: skip
+
+
+def _rope(**values):
+    """An edit setting ``values`` in the config's rope dicts (both, as transformers 5 saves them)."""
+    return lambda config: [config[key].update(values) for key in ("rope_scaling", "rope_parameters") if config.get(key)]
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "edit", "gap"),
+    [
+        (
+            "yarn",
+            {"factor": 4},
+            _rope(rope_type="linear", type="linear"),
+            "says rope type 'linear', where yarn's is 'yarn'",
+        ),
+        ("yarn", {"factor": 4}, _rope(factor=8.0), "has factor 8.0 where the record has 4.0"),
+        ("ntk", {"factor": 4}, _rope(rope_type="dynamic", type="dynamic", factor=4.0), "where ntk's is 'default'"),
+        (
+            "dynamic-yarn",
+            {},
+            _rope(rope_type="linear", type="linear", factor=4.0),
+            "where the record says hf_posenc's own",
+        ),
+        ("dynamic-yarn", {}, _rope(method="dynamic-ntk"), "names method 'dynamic-ntk'"),
+    ],
+    ids=["yarn-linear", "yarn-factor", "ntk-dynamic", "own-linear", "own-other-method"],
+)
+def test_a_record_the_config_contradicts_is_flagged(tmp_path, capsys, method, params, edit, gap):
+    """hf_posenc loads (and the card describes) the record's method, transformers and every engine the config's:
+    a config edited after the patch, or a record copied from another model, serve another model than recorded."""
+    folder = edit_config(save(tmp_path / "m", method, **params), edit)
+    assert main(["check", str(folder)]) == 1
+    record = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("record "))
+    assert record.startswith(f"record    | differs | the hf_posenc record says {method}; ") and gap in record

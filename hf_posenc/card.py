@@ -208,11 +208,18 @@ def _same_value(a: Any, b: Any) -> bool:
 
 def _check_resolved_params(rows: list[dict[str, Any]], spec: str, record: PatchRecord, path: Path) -> None:
     """The rows of ``spec`` were measured with the patch's resolved parameters (the attention backend aside:
-    it does not change the numbers)."""
+    it does not change the numbers). A row that records none (a hand-made or older file: ``params`` missing, null,
+    or empty for a method that has some) shows no such thing, and is refused too."""
+    has_params = any(key != "backend" for key in record.params)
     for row in rows:
         if row["method"] != spec:
             continue
-        measured = row.get("params") or {}
+        measured = row.get("params")
+        if measured is None or (has_params and not measured):
+            raise ValueError(
+                f"{path} records no parameters for its {spec!r} rows: nothing shows they were measured with this "
+                "patch's resolved parameters (its trained context, say). Evaluate this one, or leave the results out."
+            )
         differ = sorted(
             key
             for key in measured.keys() & record.params.keys()

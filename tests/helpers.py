@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import hf_posenc
+from hf_posenc.spec import parse_method_spec
 
 
 def gpu(test):
@@ -140,7 +141,8 @@ def write_results(
     folder, rows, *, model: str = "org/tiny-base", params: dict | None = None, dataset: str = "pg19", **details
 ):
     """An eval results.json as the eval engineer writes it; ``params``: the resolved parameters of every
-    non-``none`` row; ``details``: more top-level fields (``dataset_details``, ``model_details``...)."""
+    non-``none`` row (default: those its spec names); ``details``: more top-level fields (``dataset_details``,
+    ``model_details``...)."""
     data = {
         "protocol": "sliding-window",
         "model": model,
@@ -151,7 +153,7 @@ def write_results(
         "results": [
             {
                 "method": method,
-                "params": {} if method == "none" or params is None else params,
+                "params": {} if method == "none" else parse_method_spec(method)[1] if params is None else params,
                 "length": length,
                 "ppl": ppl,
                 "nll": 1.0,

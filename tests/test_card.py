@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -84,6 +85,22 @@ def test_results_measured_with_other_resolved_parameters_are_refused(tmp_path):
     write_results(tmp_path, {"yarn:factor=4": YARN_PPL}, params=other)
     with pytest.raises(ValueError, match="original_max_position_embeddings=8192 there, 64 here"):
         load_eval_table(own, record)
+
+
+@pytest.mark.parametrize("params", ["missing", None, {}])
+def test_rows_that_record_no_parameters_are_no_match(tmp_path, params):
+    """A hand-made or older results file whose rows of the method record no resolved parameters: nothing shows they
+    were measured with this patch's (trained context 64, not 8192, say), so they are refused, not taken as matching;
+    the base's rows (``none``: no parameters) need none."""
+    record = PatchRecord.from_config(yarn_model().config)
+    path = write_results(tmp_path, {"yarn:factor=4": YARN_PPL, "none": BASE_PPL})
+    data = json.loads(path.read_text())
+    for row in data["results"]:
+        if row["method"] != "none":
+            row.pop("params") if params == "missing" else row.update(params=params)
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"records no parameters for its 'yarn:factor=4' rows"):
+        load_eval_table(path, record)
 
 
 DEEP = "[" * 100_000 + "]" * 100_000  # nested past the JSON parser's recursion limit

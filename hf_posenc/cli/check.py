@@ -11,7 +11,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import hf_hub_download
+import httpx2
+from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, is_offline_mode
+from huggingface_hub.errors import LocalEntryNotFoundError
 from transformers import AutoConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -265,10 +267,38 @@ def read_config(source: str, revision: str | None = None) -> dict[str, Any]:
 
 
 def _download(repo_id: str, revision: str | None) -> Path:
-    """The Hub repo's ``config.json``, downloaded; a failure of the Hub is an OSError here (exit 2: the config could
-    not be read), with its redacted message (the CLI prints it on one line, as every message)."""
+    """The Hub repo's ``config.json``, downloaded (or the cached copy where the Hub cannot be reached); a failure of
+    the Hub is an OSError here (exit 2: the config could not be read), with its redacted message (the CLI prints it
+    on one line, as every message)."""
     action = f"Reading {CONFIG_FILE} of {repo_id!r}" + (f" at {revision!r}" if revision else "")
+    unreachable = _hub_unreachable(repo_id, revision)
+    if unreachable:
+        return _cached(repo_id, revision, f"{action} failed: the Hub cannot be reached ({unreachable})")
     try:
         return Path(call_hub(lambda: hf_hub_download(repo_id, CONFIG_FILE, revision=revision), HubError, action, None))
     except HubError as error:
         raise OSError(str(error)) from None
+
+
+def _hub_unreachable(repo_id: str, revision: str | None) -> str | None:
+    """Why no connection to the Hub can be made (offline mode; no network, DNS or route: one HEAD request without
+    retries), or None. Not found, huggingface_hub retries a download 5 times (~25 s) before it fails; any answer,
+    or a timeout, is None here, and the download handles it as ever, its retries included."""
+    if is_offline_mode():
+        return "HF_HUB_OFFLINE is set"
+    try:
+        get_hf_file_metadata(hf_hub_url(repo_id, CONFIG_FILE, revision=revision))
+    except httpx2.ConnectError as error:
+        return f"{type(error).__name__}: {error}"
+    except httpx2.HTTPError:  # an answer (not found, a server error) or a timeout: for the download to handle
+        pass
+    return None
+
+
+def _cached(repo_id: str, revision: str | None, failure: str) -> Path:
+    """The cached ``config.json`` of the repo at ``revision``, as huggingface_hub falls back to it offline; an OSError
+    saying ``failure`` when there is none."""
+    try:
+        return Path(hf_hub_download(repo_id, CONFIG_FILE, revision=revision, local_files_only=True))
+    except LocalEntryNotFoundError:
+        raise OSError(f"{failure}, and no copy of it is in the cache.") from None

@@ -237,3 +237,47 @@ def test_a_record_the_config_contradicts_is_flagged(tmp_path, capsys, method, pa
     assert main(["check", str(folder)]) == 1
     record = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("record "))
     assert record.startswith(f"record    | differs | the hf_posenc record says {method}; ") and gap in record
+
+
+CLOSED = "http://127.0.0.1:1"  # nothing listens there: every connection is refused at once
+
+
+@pytest.fixture
+def retries(monkeypatch) -> list[float]:
+    """The waits of huggingface_hub's retries (recorded, not slept)."""
+    from types import SimpleNamespace
+
+    from huggingface_hub.utils import _http
+
+    waits: list[float] = []
+    monkeypatch.setattr(_http, "time", SimpleNamespace(sleep=waits.append))
+    return waits
+
+
+def test_a_hub_that_cannot_be_reached_fails_at_once_or_reads_the_cache(
+    fake_hub, tmp_path, capsys, retries, monkeypatch
+):
+    """No network (here: a refused connection) and a repo not in the cache, a mistyped name say: huggingface_hub
+    retried 5 times (1 + 2 + 4 + 8 + 8 s) before failing. A repo read before is read from the cache, as ever."""
+    from huggingface_hub import constants
+
+    HfApi(token=TOKEN).create_repo("me/cached")
+    HfApi(token=TOKEN).upload_folder(repo_id="me/cached", folder_path=save(tmp_path / "yarn", "yarn", factor=4))
+    assert main(["check", "me/cached"]) == 0
+    capsys.readouterr()
+    template = constants.HUGGINGFACE_CO_URL_TEMPLATE.replace(fake_hub.endpoint, CLOSED)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    assert main(["check", "me/cahced"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hf-posenc check: error: Reading config.json of 'me/cahced' failed: the Hub cannot be ")
+    assert "reached (ConnectError: " in err and err.endswith("and no copy of it is in the cache.\n")
+    assert main(["check", "me/cached"]) == 0 and retries == []
+    assert capsys.readouterr().out.startswith("me/cached: hf_posenc record: yarn\n")
+
+
+def test_offline_mode_says_so(fake_hub, capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert main(["check", "me/never-read"]) == 2
+    assert "failed: the Hub cannot be reached (HF_HUB_OFFLINE is set), and no copy" in capsys.readouterr().err

@@ -18,6 +18,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .hub_errors import redact_secrets
+from .markdown import markdown_code, markdown_text
 from .record import PatchRecord
 from .registry import get_method
 from .report_files import fields_problem, read_report
@@ -385,4 +386,6 @@ def render_card(
         encoding_plot=encoding_plot,
         lm_eval_table=lm_eval_table,
         engines=engine_findings(config.to_dict(), added_tensors=added_tensors),
+        md=markdown_text,  # names from results files: literal text, whatever markdown they hold
+        code=markdown_code,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 from conftest import make_tiny
@@ -15,6 +16,7 @@ import hf_posenc
 from hf_posenc.card import load_eval_table, load_lm_eval_table, public_results, render_card
 from hf_posenc.hub import _different_models
 from hf_posenc.record import PatchRecord
+from hf_posenc.spec import NONE_METHOD as NONE
 
 
 def yarn_model():
@@ -101,6 +103,43 @@ def test_rows_that_record_no_parameters_are_no_match(tmp_path, params):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"records no parameters for its 'yarn:factor=4' rows"):
         load_eval_table(path, record)
+
+
+def _cells(line: str) -> list[str]:
+    """The cells of a markdown table row: split at each ``|`` not escaped."""
+    return re.split(r"(?<!\\)\|", line)[1:-1]
+
+
+def test_names_from_results_files_are_literal_text_in_the_card(tmp_path):
+    """A task, metric, dataset or version string holding ``|``, a newline or backticks (a hand-made or foreign file)
+    keeps the card's tables whole, one row per task and metric with its cells, and its inline code closed."""
+    model = yarn_model()
+    record = PatchRecord.from_config(model.config)
+    task, metric = "a|b\nc", "acc`x`|y"
+    runs = [(NONE, {}, 0.5), ("yarn:factor=4", dict(record.params), 0.25)]
+    lm_eval = {
+        "model": "org/tiny",
+        "lm_eval_version": "0.4\n## Injected",
+        "max_length": 64,
+        "runs": [{"method": m, "params": p, "results": {task: {f"{metric},none": v}}} for m, p, v in runs],
+    }
+    (tmp_path / "lm_eval.json").write_text(json.dumps(lm_eval))
+    dataset = "org/pg`19|\n\nx"
+    results = write_results(
+        tmp_path, {"yarn:factor=4": YARN_PPL, "none": BASE_PPL}, dataset=dataset, dataset_details={"local": False}
+    )
+    card = render_card(
+        model.config, repo_id="me/x", base_model="org/tiny", base_revision=None, config_only=True,
+        eval_table=load_eval_table(results, record), lm_eval_table=load_lm_eval_table(tmp_path / "lm_eval.json", record),
+    )  # fmt: skip
+    text = ModelCard(str(card)).text
+    scores = [line for line in text.split("## lm-evaluation-harness")[1].splitlines() if line.startswith("|")]
+    assert [len(_cells(line)) for line in scores] == [4, 4, 4]
+    assert _cells(scores[2]) == [r" a\|b c ", r" acc\`x\`\|y ", " 0.5000 ", " 0.2500 "]
+    perplexity = [line for line in text.split("## Evaluation")[1].split("##")[0].splitlines() if line.startswith("|")]
+    assert [len(_cells(line)) for line in perplexity] == [3] * (2 + len(YARN_PPL | BASE_PPL))
+    assert "token-weighted mean) on ``org/pg`19|  x``; lower is better" in text
+    assert "lm-evaluation-harness) 0.4 ## Injected (" in text  # in its sentence, not a heading of its own
 
 
 DEEP = "[" * 100_000 + "]" * 100_000  # nested past the JSON parser's recursion limit

@@ -8,8 +8,8 @@ softmax over them:
 * ``sdpa``: one ``scaled_dot_product_attention`` call per block on the segments laid side by side: queries
   ``[q_0 | q_1 | ...]`` along the head dimension, segment ``g``'s keys holding ``k_g`` in slice ``g`` of the
   head dimension and zeros elsewhere (so their dot product is ``q_g . k_g``), a boolean mask keeping each pair
-  in its segment's copy. The fused kernel never materialises the float32 logits. A prefill without padding
-  (and without a gradient to carry) takes the tiles of :mod:`~hf_posenc.attention.extension_tiles` instead:
+  in its segment's copy. The fused kernel never materialises the float32 logits. A prefill, left-padded or
+  not (and without a gradient to carry), takes the tiles of :mod:`~hf_posenc.attention.extension_tiles` instead:
   a few causal or full fused calls per segment, merged by log-sum-exp.
 """
 
@@ -136,12 +136,13 @@ def extension_sdpa_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """A prefill without padding as tiles (:mod:`~hf_posenc.attention.extension_tiles`, where it applies); any
-    other call in query blocks of :data:`BLOCK` rows, per block one SDPA call on the segments side by side
+    """A prefill, left-padded or not, as tiles (:mod:`~hf_posenc.attention.extension_tiles`, where it applies);
+    any other call in query blocks of :data:`BLOCK` rows, per block one SDPA call on the segments side by side
     (module docstring). In the model's dtype; a query with no key (padding before any token) gets 0."""
     state, mask, query = prepared(module, query, attention_mask, dropout, kwargs)
-    if extension_tiles.applies(mask, query, key, value):
-        return extension_tiles.tiled_attention(state, mask, query, key, value, scaling), None
+    starts = extension_tiles.tile_starts(mask, query, key, value)
+    if starts is not None:
+        return extension_tiles.tiled_attention(state, mask, query, key, value, scaling, starts), None
     return _by_blocks(_fused_call, state, mask, query, key, value, scaling), None
 
 

@@ -1,5 +1,5 @@
 """The remaps' prefill as tiles: each segment a few causal or full attention calls of a fused kernel, merged by
-log-sum-exp. What the ``sdpa`` backend runs on a prefill without padding, where it applies (:func:`applies`).
+log-sum-exp. What the ``sdpa`` backend runs on a prefill, left-padded or not, where it applies (:func:`applies`).
 
 A segment's pairs in a prefill of positions ``0 .. n-1`` are a handful of rectangles
 (:meth:`~hf_posenc.methods.remap.RemapParams.tiles`): Self-Extend's grouped pairs one causal square shifted by
@@ -8,6 +8,7 @@ rectangles. A kernel that computes causal attention skips the upper half of a sq
 is a causal square with rows and columns reversed, less its diagonal. Equal tiles go in one call, stacked along
 the batch. Each call returns its output and the log-sum-exp of its logits; a running merge, in float32, weights
 them into one softmax over all of a query's keys. Memory is linear in ``n``, and no call computes a pair twice.
+In a left-padded batch the rows padded alike are one prefill of their tokens.
 
 The kernels are PyTorch's own (those ``scaled_dot_product_attention`` dispatches to) called for their
 log-sum-exp: flash attention on a CPU; on CUDA flash attention in half precision (Ampere or later),
@@ -26,18 +27,36 @@ from ..methods.remap import Tiles
 from .extension import ExtensionState, PositionMask, segment_keys, segment_queries
 
 
-def applies(mask: PositionMask, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-    """Whether this call is a prefill the tiles serve: queries at positions ``0 .. n-1`` in every row (no padding,
-    nothing cached before) and the first ``n`` keys theirs (a static cache's later slots are never seen), no
-    gradient to carry, and a kernel that takes the inputs (:func:`_kernel_takes`)."""
+def tile_starts(mask: PositionMask, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> list[int] | None:
+    """Where each row's tokens start if this call is a prefill the tiles serve (:func:`prefill_starts`), with no
+    gradient to carry and a kernel that takes the inputs (:func:`_kernel_takes`); else ``None``."""
     length = query.shape[2]
-    if mask.query_valid is not None or length > key.shape[2] or not _kernel_takes(query, value):
-        return False
+    if length > key.shape[2] or not _kernel_takes(query, value):
+        return None
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        return False
-    starts = torch.stack((mask.query_positions[:, 0], mask.key_positions[:, 0]))
-    first_keys = starts.new_ones((), dtype=torch.bool) if mask.key_valid is None else mask.key_valid[:, :length].all()
-    return bool(starts.eq(0).all() & first_keys)  # without padding a row's positions run on from the first
+        return None
+    return prefill_starts(mask, length)
+
+
+def applies(mask: PositionMask, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether the tiles serve this call (:func:`tile_starts`)."""
+    return tile_starts(mask, query, key, value) is not None
+
+
+def prefill_starts(mask: PositionMask, length: int) -> list[int] | None:
+    """Where each row's tokens start in a prefill of ``length`` queries the tiles serve, else ``None``: every row
+    padded on the left at most, its tokens at positions ``0, 1, ...`` from there (nothing cached before), and the
+    first ``length`` keys the queries' own (a static cache's later slots are never seen)."""
+    queries, keys = mask.query_positions, mask.key_positions[:, :length]
+    valid = mask.query_valid if mask.query_valid is not None else torch.ones_like(queries, dtype=torch.bool)
+    key_valid = mask.key_valid[:, :length] if mask.key_valid is not None else torch.ones_like(valid)
+    starts = length - valid.sum(1)  # (B,): with left padding a row's tokens are the last ones
+    first = queries.gather(1, starts.clamp(max=length - 1)[:, None])[:, 0]
+    left_padded = valid[:, 1:].ge(valid[:, :-1]).all()
+    own = queries.eq(keys).all() & key_valid.eq(valid).all()
+    if not bool(left_padded & own & (first.eq(0) | starts.eq(length)).all()):
+        return None
+    return starts.tolist()
 
 
 def _kernel_takes(query: torch.Tensor, value: torch.Tensor) -> bool:
@@ -189,27 +208,60 @@ def tiled_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     scaling: float,
+    starts: list[int] | None = None,
 ) -> torch.Tensor:
-    """Self-Extend / DCA on a prefill (:func:`applies`) as tiles: ``(B, n, H, D)`` in the values' dtype. Segments
-    without a pair here (DCA's far chunks in an input shorter than a chunk) turn nothing."""
+    """Self-Extend / DCA on a prefill (:func:`applies`) as tiles: ``(B, n, H, D)`` in the values' dtype. Rows with
+    the same left padding (``starts``, from :func:`tile_starts`; none: no padding) are one prefill of their
+    tokens; a padding query gets 0. Segments without a pair here (DCA's far chunks in an input shorter than a
+    chunk) turn nothing."""
     batch, heads, length, _ = query.shape
     repeat = heads // key.shape[1]  # the kernels want as many key heads as query heads
     value = _repeated(value[:, :, :length], repeat)
+    groups = _rows_by_start(starts or [0] * batch, length, query.device)
     keys: dict[int, torch.Tensor] = {}  # each turn of the keys, repeated (by key_source: segments share one)
     merged = torch.promote_types(value.dtype, torch.float32)
-    total = query.new_zeros(batch, heads, length, value.shape[-1], dtype=merged)
-    total_lse = query.new_full((batch, heads, length), -torch.inf, dtype=merged)
+    totals = {
+        start: (
+            query.new_zeros(len(rows), heads, length - start, value.shape[-1], dtype=merged),
+            query.new_full((len(rows), heads, length - start), -torch.inf, dtype=merged),
+        )
+        for start, rows in groups.items()
+    }
     for segment in range(len(state.remap.SEGMENTS)):
-        tiles = state.remap.tiles(segment, length)
-        if not tiles:
+        tiles = {start: state.remap.tiles(segment, length - start) for start in groups}
+        if not any(tiles.values()):
             continue
         source = state.remap.key_source(segment)
         if source not in keys:
             turned = segment_keys(state, mask, source, key, query.dtype)[:, :, :length]
             keys[source] = _repeated(turned, repeat)
         seg_query = segment_queries(state, mask, segment, query, dtype=query.dtype)
-        for tile in tiles:
-            output, lse = _tile(tile, seg_query, keys[source], value, scaling)
-            rows = output.shape[3]
-            _merge(_rows(total, tile, rows), _rows(total_lse, tile, rows), output, lse)
-    return total.to(value.dtype).transpose(1, 2).contiguous()
+        for start, rows in groups.items():
+            q, k, v = (_group(states, rows, start, batch) for states in (seg_query, keys[source], value))
+            total, total_lse = totals[start]
+            for tile in tiles[start]:
+                output, lse = _tile(tile, q, k, v, scaling)
+                rows_out = output.shape[3]
+                _merge(_rows(total, tile, rows_out), _rows(total_lse, tile, rows_out), output, lse)
+    if 0 in groups and len(groups[0]) == batch:  # no padding: one group of every row
+        return totals[0][0].to(value.dtype).transpose(1, 2).contiguous()
+    result = value.new_zeros(batch, length, heads, value.shape[-1])
+    for start, rows in groups.items():
+        result[rows, start:] = totals[start][0].to(value.dtype).transpose(1, 2)
+    return result
+
+
+def _rows_by_start(starts: list[int], length: int, device: torch.device) -> dict[int, torch.Tensor]:
+    """The rows (indices) whose tokens start at each position; rows of padding alone left out."""
+    groups: dict[int, list[int]] = {}
+    for row, start in enumerate(starts):
+        if start < length:
+            groups.setdefault(start, []).append(row)
+    return {start: torch.tensor(rows, device=device) for start, rows in groups.items()}
+
+
+def _group(states: torch.Tensor, rows: torch.Tensor, start: int, batch: int) -> torch.Tensor:
+    """``(B, H, n, D)`` states of ``rows`` from position ``start``: a view where the rows are every row."""
+    if len(rows) == batch:
+        return states[:, :, start:]
+    return states[rows, :, start:]

@@ -1,8 +1,8 @@
-"""The remaps' prefill as tiles (hf_posenc.attention.extension_tiles, what the sdpa backend runs on a prefill without
-padding): the tiles of each segment are exactly its pairs, as the papers place them (tests/extension_reference.py);
-the tiled attention equals the eager reference on whole and partial blocks and chunks; the sdpa backend takes the
-tiles only where they apply (a padded batch, a cached step and a gradient go through its query blocks), and its
-gradient is the eager reference's."""
+"""The remaps' prefill as tiles (hf_posenc.attention.extension_tiles, what the sdpa backend runs on a prefill with
+padding on the left at most): the tiles of each segment are exactly its pairs, as the papers place them
+(tests/extension_reference.py); the tiled attention equals the eager reference on whole and partial blocks and
+chunks, left-padded or not; the sdpa backend takes the tiles only where they apply (other padding, a cached step
+and a gradient go through its query blocks), and its gradient is the eager reference's."""
 
 from __future__ import annotations
 
@@ -215,9 +215,49 @@ def test_a_float64_prefill_keeps_float64_precision(monkeypatch):
     query, key, value = (tensor.double() for tensor in (query, key, value))
     module = _module("self-extend", True)
     output = extension_sdpa_attention(module, query, key, value, mask, DIM**-0.5)[0]
-    monkeypatch.setattr(extension_tiles, "applies", lambda *args: False)
+    monkeypatch.setattr(extension_tiles, "tile_starts", lambda *args: None)
     expected = extension_sdpa_attention(module, query, key, value, mask, DIM**-0.5)[0]
     torch.testing.assert_close(output, expected, rtol=1e-12, atol=1e-12)
+
+
+def _left_padded(paddings: list[int], length: int) -> tuple[torch.Tensor, ...]:
+    """q, k, v of one row per entry of ``paddings`` (that many padding tokens first; ``length``: a row of padding
+    alone), their mask, and the attention mask."""
+    generator = torch.Generator().manual_seed(len(paddings) * length)
+    query = torch.randn(len(paddings), 6, length, DIM, generator=generator)
+    key, value = (torch.randn(len(paddings), 2, length, DIM, generator=generator) for _ in range(2))
+    attention_mask = torch.ones(len(paddings), length, dtype=torch.long)
+    for row, padding in enumerate(paddings):
+        attention_mask[row, :padding] = 0
+    mask = extension_mask(batch_size=len(paddings), q_length=length, kv_length=length, attention_mask=attention_mask)
+    return query, key, value, mask, attention_mask
+
+
+@pytest.mark.parametrize("paddings", [[0, 5], [11, 3, 3, 0], [7, 50], [50, 50], [2, 2]])
+@pytest.mark.parametrize("method", sorted(CASES))
+def test_a_left_padded_prefill_takes_the_tiles_and_equals_the_eager_reference(method, paddings):
+    """Rows padded alike are one prefill of their tokens (row groups of one and of two, whole chunks and windows
+    of padding, a row of padding alone): every output, padding rows' zeros included, is the eager reference's."""
+    query, key, value, mask, _ = _left_padded(paddings, 50)
+    assert extension_tiles.tile_starts(mask, query, key, value) == paddings
+    module = _module(method, True)
+    expected = extension_eager_attention(module, query, key, value, mask, DIM**-0.5)[0]
+    output = extension_sdpa_attention(module, query, key, value, mask, DIM**-0.5)[0]
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("gaps", [[(45, 50)], [(10, 20)], [(1, 10)], [(0, 5), (30, 31)]])
+def test_padding_other_than_on_the_left_takes_the_query_blocks(gaps):
+    """Padding after a row's first token (on the right, or a gap) is no prefill of ``0 .. n-1`` from one start:
+    the query blocks serve it, equal to the reference."""
+    query, key, value, _, attention_mask = _left_padded([0, 0], 50)
+    for start, stop in gaps:
+        attention_mask[1, start:stop] = 0
+    mask = extension_mask(batch_size=2, q_length=50, kv_length=50, attention_mask=attention_mask)
+    assert extension_tiles.tile_starts(mask, query, key, value) is None
+    module = _module("self-extend", False)
+    expected = extension_eager_attention(module, query, key, value, mask, DIM**-0.5)[0]
+    torch.testing.assert_close(extension_sdpa_attention(module, query, key, value, mask, DIM**-0.5)[0], expected)
 
 
 def test_queries_past_the_first_position_take_the_query_blocks():
@@ -239,7 +279,7 @@ def _tiled_calls(monkeypatch) -> list:
 
 
 def test_the_sdpa_backend_takes_the_tiles_on_a_prefill_only(monkeypatch):
-    """A prefill runs tiles in every layer; a left-padded batch, a decoding step after it, and a forward that
+    """A prefill and a left-padded batch run tiles in every layer; a decoding step after it and a forward that
     carries a gradient run the query blocks. Each equals the eager backend."""
     calls = _tiled_calls(monkeypatch)
     models = {
@@ -258,12 +298,15 @@ def test_the_sdpa_backend_takes_the_tiles_on_a_prefill_only(monkeypatch):
         assert len(calls) == layers
         torch.testing.assert_close(logits["sdpa"], logits["eager"], rtol=1e-5, atol=1e-5)
         step = {name: model(ids[:, :1], **{cache_name: caches[name]}).logits for name, model in models.items()}
+        assert len(calls) == layers
         padded = {name: model(ids, attention_mask=padding).logits for name, model in models.items()}
-    assert len(calls) == layers
+        assert len(calls) == 2 * layers
+        alone = models["sdpa"](ids[:1, 5:]).logits
     torch.testing.assert_close(step["sdpa"], step["eager"], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(padded["sdpa"][1], padded["eager"][1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(padded["sdpa"][:, 5:], padded["eager"][:, 5:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(padded["sdpa"][:1, 5:], alone, rtol=1e-5, atol=1e-5)
     models["sdpa"](ids).logits.sum().backward()
-    assert len(calls) == layers
+    assert len(calls) == 3 * layers
 
 
 @pytest.mark.parametrize("method", ["self-extend", "dca"])

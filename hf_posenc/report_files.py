@@ -1,4 +1,5 @@
-"""Reading results files back (``results.json``, ``passkey.json``): one check of their shape, before use.
+"""Reading results files back (``results.json``, ``passkey.json``, ``lm_eval.json``): one check of their shape,
+before use.
 
 A run that resumes, and a model card that shows results, read a file someone may have edited, cut or
 replaced. Everything they read is checked here first, so a malformed file is a one-line ``ValueError``
@@ -52,6 +53,9 @@ PASSKEY_FILE = {"model": (str,), "trials": (list,), "accuracy": (list,)}
 PASSKEY_FILE_OPTIONAL = {"prompt_hashes": (dict,)}
 PASSKEY_TRIAL = {"method": (str,), "length": (int,), "depth": _NUMBER, "correct": (bool,)}
 PASSKEY_CELL = {"method": (str,), "length": (int,), "depth": _NUMBER, "accuracy": _NUMBER, "trials": (int,)}
+LM_EVAL_FILE = {"model": (str,), "lm_eval_version": (str,), "max_length": (int,), "runs": (list,)}
+LM_EVAL_FILE_OPTIONAL = {"arguments": (dict,), "model_details": (dict,)}  # what a card reads of them, where present
+LM_EVAL_RUN = {"method": (str,), "params": (dict,), "results": (dict,)}
 
 
 def read_report(path: Path, *, kind: str, advice: str) -> dict[str, Any]:
@@ -59,11 +63,13 @@ def read_report(path: Path, *, kind: str, advice: str) -> dict[str, Any]:
 
     Args:
         path (`Path`): the file.
-        kind (`str`): ``"perplexity"`` (``hf-posenc eval``'s results.json) or ``"passkey"`` (passkey.json).
+        kind (`str`): ``"perplexity"`` (``hf-posenc eval``'s results.json), ``"passkey"`` (passkey.json) or
+            ``"lm-eval"`` (``hf-posenc lm-eval``'s lm_eval.json).
         advice (`str`): what the reader can do, ending the error message.
 
     Raises:
-        ValueError: not JSON, not an object, or a field missing or of the wrong type (named).
+        ValueError: not JSON, not an object, a field missing or of the wrong type (named), or rows that repeat
+            one another (a method at a length; an lm-eval method).
     """
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
@@ -75,7 +81,7 @@ def read_report(path: Path, *, kind: str, advice: str) -> dict[str, Any]:
         raise ValueError(f"{path} is not a results file (nested too deep to read); {advice}.") from None
     if not isinstance(report, dict):
         raise ValueError(f"{path} is not a results file (a JSON {type(report).__name__}, not an object); {advice}.")
-    problem = _perplexity_problem(report) if kind == "perplexity" else _passkey_problem(report)
+    problem = _PROBLEMS[kind](report)
     if problem:
         raise ValueError(f"{path} is malformed: {problem}; {advice}.")
     if kind == "perplexity":
@@ -157,6 +163,51 @@ def _passkey_problem(report: dict[str, Any]) -> str | None:
         or _rows_problem(report["trials"], PASSKEY_TRIAL, "trials")
         or _rows_problem(report["accuracy"], PASSKEY_CELL, "accuracy")
     )
+
+
+def _lm_eval_problem(report: dict[str, Any]) -> str | None:
+    problem = fields_problem(report, LM_EVAL_FILE, "the file") or fields_problem(
+        report, _present(LM_EVAL_FILE_OPTIONAL, report), "the file"
+    )
+    if problem:
+        return problem
+    runs = report["runs"]
+    problems = (_lm_eval_run_problem(run, f"runs[{i}]") for i, run in enumerate(runs))
+    return next((p for p in problems if p), None) or _method_repeats(runs) or _limit_problem(report)
+
+
+def _lm_eval_run_problem(run: Any, where: str) -> str | None:
+    """A run that is no object, lacks a field, or has a score that is no number (nor null)."""
+    if not isinstance(run, dict):
+        return f"{where} is {_json_name(run)}, not an object"
+    problem = fields_problem(run, LM_EVAL_RUN, where)
+    for task, scores in ({} if problem else run["results"]).items():
+        numbers = isinstance(scores, dict) and all(value is None or _is_number(value) for value in scores.values())
+        problem = problem or (None if numbers else f"{where} has scores of {task!r} that are not numbers or null")
+    return problem
+
+
+def _method_repeats(runs: list[dict[str, Any]]) -> str | None:
+    """A method run twice: which scores a card shows would be a guess."""
+    first: dict[str, int] = {}
+    for i, run in enumerate(runs):
+        j = first.setdefault(run["method"], i)
+        if j != i:
+            return f"runs[{i}] repeats runs[{j}], method {run['method']!r}"
+    return None
+
+
+def _limit_problem(report: dict[str, Any]) -> str | None:
+    """lm-eval's ``limit``, where the arguments give one: a count of examples, or a fraction of them below 1."""
+    limit = report.get("arguments", {}).get("limit")
+    if limit is None or _is_number(limit) and 0 < limit < math.inf:
+        return None
+    shown = repr(limit) if _is_number(limit) else _json_name(limit)
+    return f"'arguments' has {shown} as 'limit', not null or a number of examples above 0 (below 1: a fraction)"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, _NUMBER) and not isinstance(value, bool)
 
 
 def fields_problem(entry: dict[str, Any], fields: dict[str, tuple], where: str) -> str | None:
@@ -243,6 +294,7 @@ def _params_problem(rows: list[dict[str, Any]]) -> str | None:
     return None
 
 
+_PROBLEMS = {"perplexity": _perplexity_problem, "passkey": _passkey_problem, "lm-eval": _lm_eval_problem}
 _JSON_NAMES = {
     str: "a string",
     int: "an integer",

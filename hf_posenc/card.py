@@ -19,6 +19,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .hub_errors import redact_secrets
 from .markdown import markdown_code, markdown_text
+from .provenance import Measured, measured_of
 from .record import PatchRecord
 from .registry import get_method
 from .report_files import fields_problem, read_report
@@ -48,7 +49,7 @@ class EvalTable:
     rows: list[tuple[int, float | None, float | None]]  # (length, base ppl, method ppl)
     results: list[dict[str, Any]]  # the results.json rows of the method and of none, for the plot
     measured_on: str = ""  # the --model of the run: a saved patched model, or the same as ``model``
-    measured_model: str = ""  # where the weights came from, as a push compares it with its base: a local one's path
+    measured: Measured = Measured()  # what the file says of the weights, as a push compares them with its own
     saved_patch: str | None = None  # the method that --model was saved with (its patch undone for ``none``)
     report: dict[str, Any] = field(default_factory=dict, repr=False)  # the whole file as read (a push uploads it)
 
@@ -117,7 +118,7 @@ def load_eval_table(path: str | Path, record: PatchRecord) -> EvalTable:
         rows=rows,
         results=[row for row in data["results"] if row["method"] in (spec, NONE_METHOD)],
         measured_on=str(data["model"]),
-        measured_model=str(model.get("weights_from") or model.get("name") or data["model"]),
+        measured=measured_of(data),
         saved_patch=model.get("saved_patch"),
         report=data,
     )
@@ -256,7 +257,7 @@ class LmEvalTable:
     max_length: int
     limit: float | None  # lm-eval's --limit: at most that many examples per task (a fraction below 1)
     rows: list[tuple[str, str, float | None, float | None]]  # (task, metric, none's score, the method's)
-    measured_model: str = ""  # as EvalTable's
+    measured: Measured = Measured()  # as EvalTable's
     report: dict[str, Any] = field(default_factory=dict, repr=False)  # the whole file as read (a push uploads it)
 
 
@@ -291,7 +292,7 @@ def load_lm_eval_table(path: str | Path, record: PatchRecord) -> LmEvalTable:
             for key, value in values.items()
             if "_stderr," not in key
         ],
-        measured_model=str(model.get("weights_from") or model.get("name") or data["model"]),
+        measured=measured_of(data),
         report=data,
     )
 

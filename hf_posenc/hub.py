@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import CommitInfo, HfApi, ModelCard
+from huggingface_hub.errors import RevisionNotFoundError
 from transformers import AutoConfig, PreTrainedModel
 
 from ._version import __version__
@@ -30,6 +31,7 @@ from .metadata import METADATA_FILE, METADATA_FORMAT, read_metadata
 from .patching import added_tensors, trained_tensors
 from .patching.loading import load_patched_model
 from .plots import plot_ppl_vs_length
+from .provenance import Pushed, check_measured_on, is_hub_id
 from .record import PatchRecord
 from .report_files import report_for_file
 
@@ -82,6 +84,7 @@ def push_to_hub(
     revision: str | None = None,
     commit_message: str | None = None,
     token: str | None = None,
+    weights_fingerprint: str | None = None,
 ) -> CommitInfo:
     """Push a patched model to ``repo_id`` in one commit: config, model card, metadata (and weights).
 
@@ -108,21 +111,25 @@ def push_to_hub(
         revision (`str`, *optional*): branch to commit to (created from ``main`` if missing).
         commit_message (`str`, *optional*): defaults to ``"Add <method> patch of <base> (hf_posenc)"``.
         token (`str`, *optional*): Hub token; defaults to the saved login (``hf auth login``, ``HF_TOKEN``).
+        weights_fingerprint (`str`, *optional*): with ``with_weights``, the fingerprint of the model before the patch
+            (:func:`hf_posenc.eval.models.model_fingerprint`, as ``hf-posenc push`` takes it); eval results that
+            record one in the model's dtype must have it, whatever the commit they name.
 
     Returns:
         [`~huggingface_hub.CommitInfo`] of the commit.
 
     Raises:
-        ValueError: the model is not patched, the eval results do not fit, or a config-only push
-            cannot tell which Hub repo holds the base weights.
+        ValueError: the model is not patched, the eval results do not fit (other parameters; another model,
+            commit of the base or weights), or a config-only push cannot tell which Hub repo holds the base weights.
         HubPushError: the Hub refused or failed (auth, repo exists without ``exist_ok``, server error), also
             when reading the base model's commit and license.
     """
     api = HfApi(token=token)
     errors = (HubPushError, f"Pushing to {repo_id!r}")
     results = (eval_results, lm_eval_results)
+    weights = (with_weights, weights_fingerprint if with_weights else None)
     contents = _push_contents(
-        model, api, results, with_weights, base_model, base_revision, license, token, errors, encoding_plot
+        model, api, results, weights, base_model, base_revision, license, token, errors, encoding_plot
     )
 
     def commit() -> CommitInfo:
@@ -168,8 +175,9 @@ def build_card(
     api = HfApi(token=token)
     errors = (HubError, f"Rendering the card of {repo_id!r}")
     results = (eval_results, lm_eval_results)
+    weights = (with_weights, None)
     contents = _push_contents(
-        model, api, results, with_weights, base_model, base_revision, license, token, errors, encoding_plot
+        model, api, results, weights, base_model, base_revision, license, token, errors, encoding_plot
     )
     return _render(model, repo_id, contents)
 
@@ -190,7 +198,7 @@ def _push_contents(
     model: PreTrainedModel,
     api: HfApi,
     results: tuple[str | Path | None, str | Path | None],  # eval results.json, lm_eval.json
-    with_weights: bool,
+    weights: tuple[bool, str | None],  # with_weights, and their fingerprint before the patch if known
     base_model: str | None,
     base_revision: str | None,
     license: str | None,
@@ -198,18 +206,14 @@ def _push_contents(
     errors: tuple[type[HubError], str],
     encoding_plot: bool,
 ) -> _PushContents:
-    """Check the model and eval results, resolve the base model's commit and license, and name the encoding plot
+    """Check the model and eval results (:func:`~hf_posenc.provenance.check_measured_on`: measured on the weights
+    pushed), resolve the base model's commit and license, and name the encoding plot
     (:func:`~hf_posenc.encoding_plots.patch_plot_file`) when asked for one."""
     record = PatchRecord.from_config(model.config)
     eval_table = load_eval_table(results[0], record) if results[0] is not None else None
     lm_eval_table = load_lm_eval_table(results[1], record) if results[1] is not None else None
     base_id = base_model or model.name_or_path
-    for table in (eval_table, lm_eval_table):
-        if table and _different_models(table.measured_model or table.model, base_id):
-            raise ValueError(
-                f"The results {table.source} were measured on {table.model!r}, not on the base model {base_id!r}. "
-                f"Evaluate {base_id!r}, or leave the results out."
-            )
+    with_weights, fingerprint = weights
     if not with_weights and (record.baked or (trained := trained_tensors(model))):
         changed = (  # GPT-2 pi; a trained T5 table
             f"this model's weights (GPT-2's position table, resampled to {model.config.n_positions} rows)"
@@ -218,16 +222,19 @@ def _push_contents(
         )
         hint = "a config-only repo would not give that back. Push the weights too (`with_weights`)."
         raise ValueError(f"{record.spec!r} changed {changed}: {hint}")
-    if not with_weights and not _is_hub_id(base_id):
+    if not with_weights and not is_hub_id(base_id):
         raise ValueError(
             f"A config-only repo (pushed, or its card) needs the Hub id of the base model, and {base_id!r} is not one; "
             "pass it as `base_model` ('org/name': the repo the weights come from), or include them (`with_weights`)."
         )
     base = None
-    if _is_hub_id(base_id):
+    if is_hub_id(base_id):
         error_type, action = errors
         reading = f"{action} (reading the base model {base_id!r})"
         base = call_hub(lambda: _resolve_base(api, base_id, base_revision), error_type, reading, token)
+    dtype = str(model.dtype).removeprefix("torch.")
+    pushed = Pushed(base_id, base.revision if base else None, base_revision, fingerprint, dtype)
+    _check_results(api, (eval_table, lm_eval_table), pushed, errors, token)
     license_info = {"license": license} if license else (base.license_info if base else {})
     plot = patch_plot_file(record) if encoding_plot else None
     return _PushContents(record, eval_table, lm_eval_table, base_id, base, with_weights, license_info, plot)
@@ -317,22 +324,6 @@ def from_pretrained(pretrained_model_name_or_path: str, **kwargs: Any) -> PreTra
     return call_hub(load, HubError, f"Loading {name!r}", kwargs.get("token"))
 
 
-def _different_models(measured: str, base: str) -> bool:
-    """Whether results measured on ``measured`` are known to come from another model than ``base``: two Hub
-    ids that differ, or two local folders that are not the same folder. A Hub id against a local folder
-    (a downloaded copy?) or a folder no longer there cannot be told apart, and is let through."""
-    if _is_hub_id(measured) and _is_hub_id(base):
-        return measured != base
-    if Path(measured).is_dir() and Path(base).is_dir():
-        return not Path(measured).samefile(base)
-    return False
-
-
-def _is_hub_id(name: str | None) -> bool:
-    """``org/name`` or ``name`` that is not a local folder."""
-    return bool(name) and not Path(name).exists() and name.count("/") <= 1
-
-
 def _resolve_base(api: HfApi, repo_id: str, revision: str | None) -> BaseRef:
     """The base model's commit for ``revision`` and the license fields of its card."""
     info = api.model_info(repo_id, revision=revision)
@@ -342,6 +333,34 @@ def _resolve_base(api: HfApi, repo_id: str, revision: str | None) -> BaseRef:
     if link and "://" not in link:  # a file of the base repo (LICENSE): the new repo does not have it
         license_info["license_link"] = f"{api.endpoint}/{repo_id}/blob/{info.sha}/{link.removeprefix('./')}"
     return BaseRef(repo_id=repo_id, revision=info.sha, license_info=license_info)
+
+
+def _check_results(
+    api: HfApi,
+    tables: tuple[EvalTable | LmEvalTable | None, ...],
+    pushed: Pushed,
+    errors: tuple[type[HubError], str],
+    token: str | None,
+) -> None:
+    """Each of ``tables`` measured on the weights ``pushed`` (:func:`~hf_posenc.provenance.check_measured_on`), a
+    branch or tag of the base that one names read on the Hub."""
+    error_type, action = errors
+    reading = f"{action} (reading the base model {pushed.model!r})"
+
+    def commit_of(revision: str) -> str | None:
+        return call_hub(lambda: _commit_of(api, pushed.model, revision), error_type, reading, token)
+
+    for table in tables:
+        if table is not None:
+            check_measured_on(table.model, table.source, table.measured, pushed, commit_of)
+
+
+def _commit_of(api: HfApi, repo_id: str, revision: str) -> str | None:
+    """The commit ``revision`` (a branch or tag) of ``repo_id`` points at now; None when the Hub has no such one."""
+    try:
+        return api.model_info(repo_id, revision=revision).sha
+    except RevisionNotFoundError:
+        return None
 
 
 @contextlib.contextmanager

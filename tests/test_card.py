@@ -14,7 +14,7 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 
 import hf_posenc
 from hf_posenc.card import load_eval_table, load_lm_eval_table, public_results, render_card
-from hf_posenc.hub import _different_models
+from hf_posenc.provenance import different_models
 from hf_posenc.record import PatchRecord
 from hf_posenc.spec import NONE_METHOD as NONE
 
@@ -270,10 +270,10 @@ def test_unpatched_model_has_no_card():
 def test_results_of_another_model_are_told_apart_by_hub_id_or_folder(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir(), second.mkdir()
-    assert _different_models("org/model-a", "org/model-b") and not _different_models("org/model-a", "org/model-a")
-    assert _different_models(str(first), str(second))
-    assert not _different_models(str(first), str(tmp_path / "second" / ".." / "first"))  # one folder, two spellings
-    assert not _different_models("org/model-a", str(first))  # a Hub id against a folder: cannot tell
+    assert different_models("org/model-a", "org/model-b") and not different_models("org/model-a", "org/model-a")
+    assert different_models(str(first), str(second))
+    assert not different_models(str(first), str(tmp_path / "second" / ".." / "first"))  # one folder, two spellings
+    assert not different_models("org/model-a", str(first))  # a Hub id against a folder: cannot tell
 
 
 @pytest.mark.parametrize(("method", "params"), [("dynamic-ntk", {"factor": 4}), ("yarn", {"factor": 4}), ("alibi", {})])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import tempfile
 import traceback
 
@@ -19,6 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posenc
 from hf_posenc import hub
+from hf_posenc.eval.models import model_fingerprint
 from hf_posenc.hub_errors import refuse_missing_folder
 from hf_posenc.saved import saved_patch
 
@@ -132,6 +134,66 @@ def test_a_push_over_an_earlier_one_leaves_none_of_its_weights_or_results(fake_h
     pushed = ["README.md", "config.json", "frequencies.png", "hf_posenc.json"]  # pi's plot drawn anew
     assert sorted(fake_hub.files("me/tiny")) == sorted([*pushed, *by_hand])
     torch.testing.assert_close(logits(hf_posenc.hub.from_pretrained("me/tiny")), logits(model), rtol=0, atol=0)
+
+
+def measured_at(tmp_path, **model_details):
+    """Eval results of yarn:factor=4 on BASE_REPO whose model_details say ``model_details`` (revision, fingerprint)."""
+    details = {"name": BASE_REPO, "dtype": "float32", **model_details}
+    return write_results(tmp_path, {"yarn:factor=4": YARN_PPL, "none": BASE_PPL}, model_details=details)
+
+
+def test_results_of_another_commit_of_the_base_are_refused_and_nothing_is_pushed(fake_hub, tmp_path, caplog):
+    """A recorded commit is compared with the one pushed; a branch (``main`` too, when none was recorded) or tag with
+    the commit it points at now; the same name as the push's is the same commit; a revision the Hub no longer has
+    cannot be compared, and goes through with a warning."""
+    first, second = upload_base(), upload_base(seed=1)  # main moves on
+    HfApi(token=TOKEN).create_branch(BASE_REPO, branch="v1", revision=first)
+    model = load_base_patched(factor=4)
+    with pytest.raises(
+        ValueError, match=rf"revision {first} of 'org/tiny-base', and the weights pushed come from its "
+    ):
+        hub.push_to_hub(model, "me/x", eval_results=measured_at(tmp_path, revision=first))
+    assert "me/x" not in fake_hub.repos
+    refused = {  # recorded revision, base_revision of the push -> what the message says was measured
+        (first, None): first,
+        ("main", first): f"'main' (now commit {second})",
+        (None, first): f"'main' (now commit {second})",  # none recorded: eval loaded main
+        ("v1", None): f"'v1' (now commit {first})",
+        ("v1", "main"): f"'v1' (now commit {first})",
+    }
+    for (recorded, asked), said in refused.items():
+        results = measured_at(tmp_path, **({"revision": recorded} if recorded else {}))
+        with pytest.raises(ValueError, match=re.escape(f"measured on revision {said} of 'org/tiny-base'")):
+            hub.build_card(model, "me/x", eval_results=results, base_revision=asked)
+    accepted = [(second, None), (second.upper(), "main"), ("main", second), (None, "main"), ("v1", first), ("v1", "v1")]
+    for recorded, asked in accepted:
+        results = measured_at(tmp_path, **({"revision": recorded} if recorded else {}))
+        hub.build_card(model, "me/x", eval_results=results, base_revision=asked)
+    hub.build_card(model, "me/x", eval_results=measured_at(tmp_path, revision="deleted-branch"))
+    assert "revision 'deleted-branch' of 'org/tiny-base', which the Hub does not have" in caplog.text
+    saved = {"weights_from": BASE_REPO, "saved_patch": "yarn:factor=4", "revision": first}  # the saved repo's revision
+    hub.build_card(model, "me/x", eval_results=measured_at(tmp_path, **saved))
+
+
+def test_a_push_with_weights_compares_the_fingerprint_the_results_record(fake_hub, tmp_path):
+    """The same weights are the same model whatever the commit's name; other weights are refused, nothing pushed; a
+    fingerprint taken in another dtype cannot be compared, and the commit is."""
+    first = upload_base()
+    base = AutoModelForCausalLM.from_pretrained(BASE_REPO).eval()
+    fingerprint = model_fingerprint(base)
+    upload_base(seed=1)  # main moves on; the model pushed is still the first commit's
+    model = hf_posenc.patch(base, "yarn", factor=4, original_max_position_embeddings=64)
+    same = measured_at(tmp_path, revision=first, fingerprint=fingerprint)
+    hub.push_to_hub(model, "me/same", eval_results=same, with_weights=True, weights_fingerprint=fingerprint)
+    other = measured_at(tmp_path, revision=first, fingerprint="0" * 16)
+    with pytest.raises(
+        ValueError, match=rf"other weights .* 0000000000000000 there, {fingerprint} here \(both float32"
+    ):
+        hub.push_to_hub(model, "me/other", eval_results=other, with_weights=True, weights_fingerprint=fingerprint)
+    assert "me/other" not in fake_hub.repos
+    in_bf16 = measured_at(tmp_path, revision=first, fingerprint="0" * 16, dtype="bfloat16")
+    with pytest.raises(ValueError, match=f"measured on revision {first}"):
+        hub.push_to_hub(model, "me/other", eval_results=in_bf16, with_weights=True, weights_fingerprint=fingerprint)
 
 
 def test_a_license_file_of_the_base_is_linked_in_the_base_repo(fake_hub):

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from ..eval.models import model_fingerprint
 from ..files import atomic_write_text
 from ..hub import build_card, push_to_hub
 from ..patching import patch
@@ -86,7 +87,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_push(args: argparse.Namespace) -> int:
-    model, base_model, base_revision = _patched_model(args, with_weights=args.with_weights)
+    model, base_model, base_revision, fingerprint = _patched_model(args, with_weights=args.with_weights)
     tokenizer = (
         AutoTokenizer.from_pretrained(base_model, revision=base_revision, token=args.token)
         if args.with_weights
@@ -107,6 +108,7 @@ def run_push(args: argparse.Namespace) -> int:
         revision=args.revision,
         commit_message=args.commit_message,
         token=args.token,
+        weights_fingerprint=fingerprint,
     )
     print(commit.commit_url)
     return 0
@@ -120,7 +122,7 @@ def run_card(args: argparse.Namespace) -> int:
     inputs = [Path(path) for path in (args.results, args.lm_eval_results) if path is not None]
     if args.output is not None and any(args.output.resolve() == path.resolve() for path in inputs):
         raise ValueError(f"`output` {args.output} is a results file the card reads; name another file for the card.")
-    model, base_model, base_revision = _patched_model(args, with_weights=False)
+    model, base_model, base_revision, _ = _patched_model(args, with_weights=False)
     method = PatchRecord.from_config(model.config).method
     card = build_card(
         model,
@@ -140,22 +142,27 @@ def run_card(args: argparse.Namespace) -> int:
     return 0
 
 
-def _patched_model(args: argparse.Namespace, *, with_weights: bool) -> tuple[PreTrainedModel, str, str | None]:
+def _patched_model(
+    args: argparse.Namespace, *, with_weights: bool
+) -> tuple[PreTrainedModel, str, str | None, str | None]:
     """The base model of ``--model`` patched with ``--method`` (real weights, or on the meta device for
-    config-only), and the repo and revision its weights come from. A model saved or pushed patched is its
-    base with the saved patch undone (:mod:`hf_posenc.saved`): for a config-only push, the base repo it names."""
+    config-only), the repo and revision its weights come from, and with real weights their fingerprint before the
+    patch, as ``hf-posenc eval`` records it. A model saved or pushed patched is its base with the saved patch undone
+    (:mod:`hf_posenc.saved`): for a config-only push, the base repo it names."""
     spec = MethodSpec.parse(args.method)
     if spec.unpatched:
         raise ValueError("`method` 'none' is the unpatched model: there is no patch to push or describe.")
     hub_kwargs = {"revision": args.model_revision, "token": args.token}
     saved = saved_patch(args.model, **hub_kwargs)
+    fingerprint = None
     if with_weights:
         model = load_base_model(args.model, saved, **{k: v for k, v in hub_kwargs.items() if v is not None})
+        fingerprint = model_fingerprint(model)
     else:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(base_config(args.model, saved, **hub_kwargs))
     patch(model, spec.method, **spec.params)
     restore_saved_tensors(model)  # its saved method asked again: the trained T5 table, not the patch's start
     if saved is not None and saved.weights_from is not None:
-        return model, saved.weights_from, saved.weights_revision
-    return model, args.model, args.model_revision
+        return model, saved.weights_from, saved.weights_revision, fingerprint
+    return model, args.model, args.model_revision, fingerprint

@@ -179,3 +179,22 @@ def test_a_config_only_push_of_a_repo_holding_a_trained_t5_table_loads_that_tabl
     ids = torch.randint(0, 97, (1, 96), generator=torch.Generator().manual_seed(1))  # past the 64 positions
     with torch.no_grad():
         assert torch.equal(hf_posenc.from_pretrained("me/t5-config-only").eval()(ids).logits, model(ids).logits)
+
+
+def test_cli_push_with_weights_compares_the_fingerprint_eval_recorded(fake_hub, tiny_dir, tmp_path, capsys):
+    """``push --with-weights`` takes the fingerprint of the folder's weights as ``eval`` does: the results of that
+    eval go up with them; results of weights retrained since (another fingerprint) are refused, nothing pushed."""
+    folder, output = str(tiny_dir / "model"), tmp_path / "run"
+    evaluate = ["eval", "--model", folder, "--dataset", str(tiny_dir / "texts"), "--output", str(output)]
+    code, _, err = _in_process(capsys, *evaluate, "--method", "none", "--method", "yarn:factor=4", "--lengths", "32")
+    assert code == 0, err
+    push = ["push", "--model", folder, "--method", "yarn:factor=4", "--with-weights"]
+    code, _, err = _in_process(capsys, *push, "--results", str(output / "results.json"), "--repo", "me/same")
+    assert code == 0, err
+    assert "eval_results.json" in fake_hub.files("me/same")
+    report = json.loads((output / "results.json").read_text())
+    report["model_details"]["fingerprint"] = "0" * 16
+    (tmp_path / "retrained.json").write_text(json.dumps(report))
+    code, _, err = _in_process(capsys, *push, "--results", str(tmp_path / "retrained.json"), "--repo", "me/other")
+    assert code == 2 and "were measured on other weights than those pushed" in err, err
+    assert "me/other" not in fake_hub.repos

@@ -1,0 +1,122 @@
+"""Whether results were measured on the weights a push pushes, or names: the same model, the same commit of it,
+and where both sides know them, the same weights.
+
+A results file records the model it loaded (``model``; ``model_details``: ``name``, or ``weights_from`` for a
+config-only repo), the revision asked for (``model_details.revision``: a branch, tag or commit; none recorded: the
+default branch, ``main``) and, for ``hf-posenc eval``, a fingerprint of the weights as loaded
+(:func:`hf_posenc.eval.models.model_fingerprint`) in the dtype it records. A push knows the commit its base resolves
+to now. A recorded commit is compared with it; a branch or tag is read as the commit it points at now (the name the
+push resolved is that commit); a revision the Hub no longer has cannot be compared, and is let through with a
+warning. Where a push of the weights knows their fingerprint in the dtype of the results, the fingerprints are
+compared instead: the same weights are the same model, whatever the commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("hf_posenc")
+FULL_COMMIT = re.compile(r"[0-9a-fA-F]{40}")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a results file says of the weights it was measured on."""
+
+    model: str = ""  # where the weights came from, as a push compares it with its base: a local one's path
+    revision: str | None = None  # the branch, tag or commit of ``model`` loaded ("main": none given); None: not known
+    fingerprint: str | None = None  # of the weights as loaded, in ``dtype``
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """What a push says of the weights it pushes or names."""
+
+    model: str  # the base model: a Hub id or a folder
+    commit: str | None  # the base's commit on the Hub (None: not a Hub id)
+    revision: str | None  # what that commit was asked as (None: ``main``)
+    fingerprint: str | None = None  # of the weights pushed before the patch, in ``dtype`` (a push with its weights)
+    dtype: str | None = None
+
+
+def measured_of(report: dict[str, Any]) -> Measured:
+    """What ``report`` (an eval ``results.json`` or an ``lm_eval.json``) says of the weights it was measured on. The
+    revision of a saved config-only repo (``weights_from``) is that repo's, not the commit of the base its weights
+    come from: not known."""
+    details = report.get("model_details") if isinstance(report.get("model_details"), dict) else {}
+    weights_from, fingerprint = details.get("weights_from"), details.get("fingerprint")
+    return Measured(
+        model=str(weights_from or details.get("name") or report["model"]),
+        revision=None if weights_from or not details else str(details.get("revision") or "main"),
+        fingerprint=fingerprint if isinstance(fingerprint, str) else None,
+        dtype=str(details["dtype"]) if details.get("dtype") else None,
+    )
+
+
+def check_measured_on(
+    name: str, source: Path, measured: Measured, pushed: Pushed, commit_of: Callable[[str], str | None]
+) -> None:
+    """Raise ``ValueError`` when the results ``source`` (measured on ``name``, as a card says it) are known to come
+    from other weights than ``pushed``: another model, other weights by fingerprint, or another commit.
+
+    Args:
+        commit_of (`Callable`): the commit a branch or tag of the base points at now; None when the Hub has none.
+    """
+    if different_models(measured.model, pushed.model):
+        raise ValueError(
+            f"The results {source} were measured on {name!r}, not on the base model {pushed.model!r}. "
+            f"Evaluate {pushed.model!r}, or leave the results out."
+        )
+    comparable = pushed.fingerprint and measured.fingerprint and pushed.dtype == measured.dtype
+    if comparable and pushed.fingerprint != measured.fingerprint:
+        raise ValueError(
+            f"The results {source} were measured on other weights than those pushed: their fingerprint is "
+            f"{measured.fingerprint} there, {pushed.fingerprint} here (both {pushed.dtype}; another commit, or weights "
+            "retrained or replaced under the same name). Evaluate the weights pushed, or leave the results out."
+        )
+    if not comparable and pushed.commit and measured.revision and is_hub_id(measured.model):
+        _check_commit(source, measured.revision, pushed, commit_of)
+
+
+def _check_commit(source: Path, revision: str, pushed: Pushed, commit_of: Callable[[str], str | None]) -> None:
+    """Raise ``ValueError`` when ``revision`` of the base, as recorded in ``source``, is not the commit pushed."""
+    asked = pushed.revision or "main"
+    if revision == asked:
+        return
+    commit = revision.lower() if FULL_COMMIT.fullmatch(revision) else commit_of(revision)
+    if commit is None:
+        logger.warning(
+            "The results %s were measured on revision %r of %r, which the Hub does not have (any more): whether it "
+            "is the commit pushed, %s, cannot be told.",
+            source, revision, pushed.model, pushed.commit,
+        )  # fmt: skip
+        return
+    if commit != pushed.commit:
+        measured = revision if commit == revision.lower() else f"{revision!r} (now commit {commit})"
+        raise ValueError(
+            f"The results {source} were measured on revision {measured} of {pushed.model!r}, and the weights pushed "
+            f"come from its commit {pushed.commit} ({asked!r}). Evaluate that commit, push the revision measured "
+            f"(`base_revision` {revision!r}), or leave the results out."
+        )
+
+
+def different_models(measured: str, base: str) -> bool:
+    """Whether results measured on ``measured`` are known to come from another model than ``base``: two Hub
+    ids that differ, or two local folders that are not the same folder. A Hub id against a local folder
+    (a downloaded copy?) or a folder no longer there cannot be told apart, and is let through."""
+    if is_hub_id(measured) and is_hub_id(base):
+        return measured != base
+    if Path(measured).is_dir() and Path(base).is_dir():
+        return not Path(measured).samefile(base)
+    return False
+
+
+def is_hub_id(name: str | None) -> bool:
+    """``org/name`` or ``name`` that is not a local folder."""
+    return bool(name) and not Path(name).exists() and name.count("/") <= 1

@@ -18,6 +18,7 @@ from .files import atomic_write
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", "-.", ":")
 LABEL_WIDTH = 40  # characters of a method's legend label; a longer one is cut with "…"
+PANEL_CHARACTERS = 14  # characters of a 9-point title over a heatmap panel's column (1.1 inches)
 
 
 def plot_ppl_vs_length(path: Path, results: list[dict[str, Any]], *, trained_context: int | None, title: str) -> None:
@@ -107,18 +108,22 @@ def line_style(index: int) -> dict[str, Any]:
 
 def plot_passkey_heatmap(path: Path, grid: list[dict[str, Any]], *, title: str) -> None:
     """One panel per method: accuracy by length (columns) and depth (rows)."""
-    import matplotlib
+    fig = passkey_figure(grid, title=title)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def passkey_figure(grid: list[dict[str, Any]], *, title: str):
+    """The figure of :func:`plot_passkey_heatmap` (a `matplotlib.figure.Figure`, outside pyplot). Each panel's
+    title is the method's :func:`legend_labels` label, cut to about the panel's width."""
+    from matplotlib.figure import Figure
 
     methods = list(dict.fromkeys(cell["method"] for cell in grid))
     lengths = sorted({cell["length"] for cell in grid})
     depths = sorted({cell["depth"] for cell in grid})
     width = max(5.0, 1.5 + 1.1 * len(lengths) * len(methods))
-    fig, axes = plt.subplots(
-        1, len(methods), figsize=(width, 1.6 + 0.5 * len(depths)), squeeze=False, sharey=True, layout="constrained"
-    )
+    fig = Figure(figsize=(width, 1.6 + 0.5 * len(depths)), layout="constrained")
+    axes = fig.subplots(1, len(methods), squeeze=False, sharey=True)
+    titles = legend_labels(methods, width=min(LABEL_WIDTH, PANEL_CHARACTERS * len(lengths)))
     for ax, method in zip(axes[0], methods, strict=True):
         values = [[float("nan")] * len(lengths) for _ in depths]
         for cell in grid:
@@ -130,12 +135,11 @@ def plot_passkey_heatmap(path: Path, grid: list[dict[str, Any]], *, title: str) 
         ax.set_xticks(range(len(lengths)), [length_label(n) for n in lengths])
         ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
         ax.set_xlabel("length")
-        ax.set_title(method, fontsize=9)
+        ax.set_title(titles[method], fontsize=9)
     axes[0][0].set_ylabel("depth of the key")
     fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
     fig.suptitle(title, fontsize=9)
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
-    plt.close(fig)
+    return fig
 
 
 def length_label(n: int) -> str:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from hf_posenc.plots import line_style, plot_ppl_vs_length, ppl_figure
+from hf_posenc.plots import line_style, passkey_figure, plot_passkey_heatmap, plot_ppl_vs_length, ppl_figure
 
 ROWS = [
     {"method": "none", "length": 2048, "ppl": 25.054},
@@ -98,3 +98,20 @@ def test_a_trained_context_outside_the_lengths_is_drawn_inside_the_axes(trained_
     low, high = ax.get_xlim()
     assert list(line.get_xdata()) == [trained_context, trained_context] and low < trained_context < high
     assert low < 2048 < 16384 < high  # the lengths measured stay inside too
+
+
+def test_passkey_panels_are_titled_by_short_distinct_labels(tmp_path):
+    """A panel is 1.1 inches a length: a LongRoPE spec as its title ran across the panels beside it."""
+    longrope = "longrope:factor=4.0,long_factor=[{}],original_max_position_embeddings=4096"
+    methods = ["none", *(longrope.format(", ".join([f"{1 + i / 7}"] * 32)) for i in range(2))]
+    grid = [
+        {"method": method, "length": length, "depth": depth, "accuracy": 0.5}
+        for method in methods
+        for length in (2048, 4096)
+        for depth in (0.0, 0.5)
+    ]
+    fig = passkey_figure(grid, title="passkey")
+    titles = [ax.get_title() for ax in fig.axes[: len(methods)]]
+    assert titles == ["none", "longrope:factor=4.0,long_fa… #1", "longrope:factor=4.0,long_fa… #2"]
+    plot_passkey_heatmap(tmp_path / "passkey.png", grid, title="passkey")
+    assert (tmp_path / "passkey.png").read_bytes().startswith(b"\x89PNG")

@@ -340,6 +340,7 @@ def render_card(
     eval_table: EvalTable | None = None,
     encoding_plot: str | None = None,
     lm_eval_table: LmEvalTable | None = None,
+    revision: str | None = None,
 ) -> ModelCard:
     """Render the model card of a patched model.
 
@@ -356,6 +357,7 @@ def render_card(
         encoding_plot (`str`, *optional*): the repo's plot of the RoPE scaling's frequencies, to show
             (:func:`hf_posenc.encoding_plots.write_patch_plot`).
         lm_eval_table (`LmEvalTable`, *optional*): lm-evaluation-harness scores to show.
+        revision (`str`, *optional*): the branch of ``repo_id`` the card is for, which its snippets load (None: main).
     """
     record = PatchRecord.from_config(config)
     eval_results = eval_table.eval_results() if eval_table else []
@@ -375,6 +377,7 @@ def render_card(
         card_data,
         template_path=str(TEMPLATE_PATH),
         repo_id=repo_id,
+        revision=None if revision == "main" else revision,
         base_model=base_model,
         base_revision=base_revision,
         config_only=config_only,

@@ -24,8 +24,9 @@ from transformers import AutoConfig, PreTrainedModel
 
 from ._version import __version__
 from .card import PLOT_FILE, EvalTable, LmEvalTable, load_eval_table, load_lm_eval_table, public_results, render_card
-from .encoding_plots import FREQUENCY_PLOT, patch_plot_file, write_patch_plot
+from .encoding_plots import patch_plot_file, write_patch_plot
 from .files import json_text
+from .hub_commit import LM_EVAL_FILE, RESULTS_FILE, commit_folder
 from .hub_errors import HubError, HubPushError, call_hub
 from .metadata import METADATA_FILE, METADATA_FORMAT, read_metadata
 from .patching import added_tensors, trained_tensors
@@ -35,25 +36,6 @@ from .provenance import Pushed, check_measured_on, is_hub_id
 from .record import PatchRecord
 from .report_files import report_for_file
 
-RESULTS_FILE = "eval_results.json"
-LM_EVAL_FILE = "lm_eval.json"
-# Files a push writes that a later push to the same repo may not write again: removed in that push's commit
-# (unless it writes them), so a repo never mixes two pushes (a config-only push over earlier weights).
-# Names save_pretrained gives (huggingface_hub matches with fnmatch, whose * also matches "/": each pattern
-# starts with a name, so files in folders and other weights, adapter_model.safetensors say, never match).
-PUSH_ARTIFACTS = (
-    "model.safetensors",
-    "model-*-of-*.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model-*-of-*.bin",
-    "pytorch_model.bin.index.json",
-    "generation_config.json",
-    RESULTS_FILE,
-    LM_EVAL_FILE,
-    PLOT_FILE,
-    FREQUENCY_PLOT,
-)
 _LICENSE_FIELDS = ("license", "license_name", "license_link")
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
 
@@ -134,22 +116,15 @@ def push_to_hub(
 
     def commit() -> CommitInfo:
         with tempfile.TemporaryDirectory(prefix="hf_posenc_push_") as folder:
-            stage_repo(model, Path(folder), repo_id=repo_id, contents=contents, tokenizer=tokenizer)
+            stage_repo(model, Path(folder), repo_id=repo_id, revision=revision, contents=contents, tokenizer=tokenizer)
             api.create_repo(repo_id, private=private, exist_ok=exist_ok)
             if private and not api.repo_info(repo_id).private:
                 raise HubPushError(
                     f"Pushing to {repo_id!r} refused: the repo exists and is public, and `private` does not change "
                     "an existing repo's visibility. Make it private on the Hub first, or push without it."
                 )
-            if revision not in (None, "main"):
-                api.create_branch(repo_id, branch=revision, exist_ok=True)
-            return api.upload_folder(
-                repo_id=repo_id,
-                folder_path=folder,
-                revision=revision,
-                commit_message=commit_message or f"Add {contents.record.spec} patch of {contents.base_id} (hf_posenc)",
-                delete_patterns=list(PUSH_ARTIFACTS),
-            )
+            message = commit_message or f"Add {contents.record.spec} patch of {contents.base_id} (hf_posenc)"
+            return commit_folder(api, repo_id, Path(folder), revision=revision, message=message, token=token)
 
     return call_hub(commit, *errors, token)
 
@@ -166,8 +141,10 @@ def build_card(
     base_revision: str | None = None,
     license: str | None = None,
     token: str | None = None,
+    revision: str | None = None,
 ) -> ModelCard:
-    """The model card :func:`push_to_hub` would push with the same arguments, rendered without pushing.
+    """The model card :func:`push_to_hub` would push with the same arguments (``revision``: the branch pushed to),
+    rendered without pushing.
 
     Reads the base model's commit and license from the Hub when ``base_model`` is a Hub id, and raises
     :class:`HubError` when that fails.
@@ -179,7 +156,7 @@ def build_card(
     contents = _push_contents(
         model, api, results, weights, base_model, base_revision, license, token, errors, encoding_plot
     )
-    return _render(model, repo_id, contents)
+    return _render(model, repo_id, revision, contents)
 
 
 @dataclass(frozen=True)
@@ -241,9 +218,16 @@ def _push_contents(
 
 
 def stage_repo(
-    model: PreTrainedModel, folder: Path, *, repo_id: str, contents: _PushContents, tokenizer: Any = None
+    model: PreTrainedModel,
+    folder: Path,
+    *,
+    repo_id: str,
+    revision: str | None,
+    contents: _PushContents,
+    tokenizer: Any = None,
 ) -> None:
-    """Write every file of the repo into ``folder``: config (and weights), card, metadata, eval and lm-eval results."""
+    """Write every file of the repo into ``folder``: config (and weights), card (of the branch ``revision``),
+    metadata, eval and lm-eval results."""
     if contents.with_weights:
         with _config_restored(model):
             model.save_pretrained(folder)
@@ -276,13 +260,14 @@ def stage_repo(
         (folder / LM_EVAL_FILE).write_text(json_text(scores), encoding="utf-8")
     if contents.encoding_plot is not None:
         write_patch_plot(folder / contents.encoding_plot, model.config)
-    _render(model, repo_id, contents).save(folder / "README.md")
+    _render(model, repo_id, revision, contents).save(folder / "README.md")
 
 
-def _render(model: PreTrainedModel, repo_id: str, contents: _PushContents) -> ModelCard:
+def _render(model: PreTrainedModel, repo_id: str, revision: str | None, contents: _PushContents) -> ModelCard:
     return render_card(
         model.config,
         repo_id=repo_id,
+        revision=revision,
         base_model=contents.base.repo_id if contents.base else None,
         base_revision=contents.base.revision if contents.base else None,
         config_only=not contents.with_weights,

@@ -106,7 +106,8 @@ def call_hub(call: Callable[[], T], error_type: type[HubError], action: str, tok
     """``call()``, with a failure of the Hub raised as ``error_type("<action> failed: <the error>")``, redacted.
 
     A failure of the Hub is any error whose chain holds an ``httpx2.HTTPError`` (``HfHubHTTPError`` is one;
-    transformers wraps them in ``OSError``); other errors pass through unchanged.
+    transformers wraps them in ``OSError``); other errors pass through unchanged. The notes of the error
+    (``add_note``) end the message.
 
     Args:
         call (`Callable[[], T]`): the requests to make.
@@ -121,7 +122,8 @@ def call_hub(call: Callable[[], T], error_type: type[HubError], action: str, tok
         if not http_errors:
             raise
         status = getattr(getattr(http_errors[0], "response", None), "status_code", None)
-        message = redact(f"{action} failed: {type(error).__name__}: {error}", token)
+        notes = "".join(f"\n{note}" for note in getattr(error, "__notes__", ()))  # a branch left behind, say
+        message = redact(f"{action} failed: {type(error).__name__}: {error}{notes}", token)
         failure = error_type(message + _HINTS.get(status, ""), status_code=status)
     raise failure  # here, not in the except block: the original (and its token) is not the __context__
 

@@ -1,6 +1,6 @@
 """A local stand-in for the Hugging Face Hub, just big enough for huggingface_hub's own client.
 
-It implements the routes that ``HfApi.create_repo``, ``create_branch``, ``upload_folder`` /
+It implements the routes that ``HfApi.create_repo``, ``create_branch``, ``delete_branch``, ``upload_folder`` /
 ``create_commit`` (with every file sent inline as a "regular" blob, and file deletions), ``list_repo_tree``,
 ``model_info`` and ``hf_hub_download`` call, checks the bearer token, and keeps every commit of every repo in memory.
 Failures are injected per route with :meth:`FakeHub.fail`. A 401 is deliberately careless: it echoes the request's
@@ -83,8 +83,9 @@ class FakeHub:
         self._server.server_close()
 
     def fail(self, route: str, status: int, repo_id: str | None = None) -> None:
-        """Answer every later request to ``route`` (e.g. ``"commit"``, ``"create"``, ``"info"``, ``"resolve"``),
-        or only those about ``repo_id``, with ``status``; a 401 echoes the Authorization header (an expired token)."""
+        """Answer every later request to ``route`` (e.g. ``"commit"``, ``"create"``, ``"delete-branch"``, ``"info"``,
+        ``"resolve"``), or only those about ``repo_id``, with ``status``; a 401 echoes the Authorization header (an
+        expired token)."""
         self._failures[route, repo_id] = status
 
     def files(self, repo_id: str, revision: str = "main") -> dict[str, bytes]:
@@ -118,6 +119,14 @@ class FakeHub:
         if start is None:
             return 404, {"error": "Invalid startingPoint"}, {"X-Error-Code": "RevisionNotFound"}
         repo.branches[branch] = start
+        return 200, {}, {}
+
+    def delete_branch(self, repo: Repo, branch: str) -> tuple[int, Any, dict[str, str]]:
+        if branch not in repo.branches:
+            return 404, {"error": "Invalid rev id"}, {"X-Error-Code": "RevisionNotFound"}
+        if branch == "main":
+            return 403, {"error": "Cannot delete the default branch"}, {}
+        del repo.branches[branch]
         return 200, {}, {}
 
     def preupload(self, repo: Repo, revision: str, body: dict[str, Any]) -> tuple[int, Any, dict[str, str]]:
@@ -199,7 +208,7 @@ API_REPO = re.compile(
     r"^/api/models/(?P<repo>[^/]+/[^/]+)(?:/(?P<verb>preupload|commit|revision|branch|tree)/(?P<rev>[^/]+).*)?$"
 )
 RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
-WRITE_ROUTES = ("create", "branch", "preupload", "commit")
+WRITE_ROUTES = ("create", "branch", "delete-branch", "preupload", "commit")
 
 
 def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
@@ -216,6 +225,9 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self._dispatch()
 
         def do_POST(self) -> None:
+            self._dispatch()
+
+        def do_DELETE(self) -> None:
             self._dispatch()
 
         def _dispatch(self, send_body: bool = True) -> None:
@@ -278,9 +290,11 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if resolve:
                 return "resolve", repo_id, lambda: hub.resolve_file(repo, revision, unquote(resolve["path"]))
             verb = api["verb"] if self.command == "POST" or api["verb"] == "tree" else "info"
+            verb = "delete-branch" if self.command == "DELETE" and api["verb"] == "branch" else verb
             handlers = {
                 "tree": lambda: hub.tree(repo, revision),
                 "branch": lambda: hub.create_branch(repo, revision, body),
+                "delete-branch": lambda: hub.delete_branch(repo, revision),
                 "preupload": lambda: hub.preupload(repo, revision, body),
                 "commit": lambda: hub.commit(repo_id, repo, revision, raw),
                 "info": lambda: hub.model_info(repo_id, repo, revision),

@@ -114,9 +114,43 @@ def test_push_to_a_branch_and_again_with_exist_ok(fake_hub):
     with pytest.raises(hub.HubPushError, match="exist_ok"):
         hub.push_to_hub(model, "me/tiny-yarn")
     hub.push_to_hub(model, "me/tiny-yarn", exist_ok=True)
-    assert fake_hub.files("me/tiny-yarn", "main") == fake_hub.files("me/tiny-yarn", "exp")
+    main, exp = fake_hub.files("me/tiny-yarn", "main"), fake_hub.files("me/tiny-yarn", "exp")
+    assert main.pop("README.md") != exp.pop("README.md") and main == exp  # each card loads its own branch
     loaded = hf_posenc.hub.from_pretrained("me/tiny-yarn", revision="exp")
     assert hf_posenc.get_patch(loaded).params["factor"] == 2.0
+
+
+def test_a_failed_push_deletes_the_branch_it_created_and_tells_when_it_cannot(fake_hub):
+    """A commit to a new ``revision`` creates the branch first: when the commit fails, the branch goes again (a branch
+    that was there stays); a branch that cannot be deleted is said in the error, which stays the commit's."""
+    upload_base()
+    model = load_base_patched(factor=2)
+    hub.push_to_hub(model, "me/tiny", revision="kept")
+    fake_hub.fail("commit", 500)
+    for branch in ("new", "kept"):
+        with pytest.raises(hub.HubPushError, match="Pushing to 'me/tiny' failed.*500") as raised:
+            hub.push_to_hub(model, "me/tiny", revision=branch, exist_ok=True)
+        assert "could not be deleted" not in str(raised.value)
+    assert sorted(fake_hub.repos["me/tiny"].branches) == ["kept", "main"]
+    fake_hub.fail("delete-branch", 401)  # echoes the token
+    with pytest.raises(hub.HubPushError) as raised:
+        hub.push_to_hub(model, "me/tiny", revision="new", exist_ok=True, token=TOKEN)
+    said = str(raised.value)
+    assert said.startswith("Pushing to 'me/tiny' failed") and raised.value.status_code == 500
+    assert "The branch 'new' this push created could not be deleted (" in said and "401" in said
+    assert_token_nowhere(raised.value, TOKEN)
+    assert "new" in fake_hub.repos["me/tiny"].branches
+
+
+def test_the_card_of_a_branch_loads_that_branch(fake_hub):
+    upload_base()
+    hub.push_to_hub(load_base_patched(factor=2), "me/tiny", revision="exp")
+    card = fake_hub.files("me/tiny", "exp")["README.md"].decode()
+    assert 'hf_posenc.from_pretrained("me/tiny", revision="exp")' in card
+    assert 'config=AutoConfig.from_pretrained("me/tiny", revision="exp"))' in card
+    assert "`hf-posenc check me/tiny --revision exp`" in card
+    hub.push_to_hub(load_base_patched(factor=2), "me/tiny", revision="main", exist_ok=True)
+    assert 'hf_posenc.from_pretrained("me/tiny")' in fake_hub.files("me/tiny", "main")["README.md"].decode()
 
 
 def test_a_push_over_an_earlier_one_leaves_none_of_its_weights_or_results(fake_hub, tmp_path):

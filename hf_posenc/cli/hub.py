@@ -66,6 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_model_arguments(card)
     card.add_argument("--repo", help="repo id named in the card's snippets, user/name (default: <model>-<method>)")
+    card.add_argument("--revision", help="branch of --repo the card is for, loaded in its snippets (as push's)")
     card.add_argument(
         "--output",
         type=Path,
@@ -134,6 +135,7 @@ def run_card(args: argparse.Namespace) -> int:
         base_revision=base_revision,
         license=args.license,
         token=args.token,
+        revision=args.revision,
     )
     if args.output is None:
         print(card)

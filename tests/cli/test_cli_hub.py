@@ -42,9 +42,12 @@ def test_cli_push_and_card(fake_hub, tmp_path):
     assert not any(r.path.endswith(".safetensors") for r in fake_hub.requests)  # config-only: no weights read
 
     card = tmp_path / "card.md"
-    done = run_cli("card", *method, "--repo", "me/cli-yarn", "--results", str(results), "--output", str(card))
+    done = run_cli(
+        "card", *method, "--repo", "me/cli-yarn", "--revision", "exp", "--results", str(results), "--output", str(card)
+    )
     assert done.returncode == 0, done.stderr
     assert card.read_bytes() == pushed["README.md"]  # the card renders exactly what push pushes
+    assert b'hf_posenc.from_pretrained("me/cli-yarn", revision="exp")' in pushed["README.md"]  # the branch's card
 
     wrong = "hf_WrongCliTokenThatMustNeverBePrinted7"
     failed = run_cli("push", *push, "--token", wrong)

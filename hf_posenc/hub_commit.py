@@ -19,11 +19,29 @@ from .hub_errors import redact
 
 RESULTS_FILE = "eval_results.json"
 LM_EVAL_FILE = "lm_eval.json"
+# The files a tokenizer's save_pretrained writes: its config, special tokens, chat templates, and the vocabulary files
+# of transformers' tokenizers of causal LMs (BPE, WordPiece, SentencePiece).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "additional_chat_templates/*.jinja",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 # Files a push writes that a later push to the same repo may not write again: removed in that push's commit
-# (unless it writes them), so a repo never mixes two pushes (a config-only push over earlier weights).
+# (unless it writes them), so a repo never mixes two pushes (a config-only push over earlier weights and tokenizer).
 # Names save_pretrained gives (huggingface_hub matches with fnmatch, whose * also matches "/": each pattern
-# starts with a name, so files in folders and other weights, adapter_model.safetensors say, never match).
+# starts with a name, so files in other folders and other weights, adapter_model.safetensors say, never match).
 PUSH_ARTIFACTS = (
+    *TOKENIZER_FILES,
     "model.safetensors",
     "model-*-of-*.safetensors",
     "model.safetensors.index.json",

@@ -8,6 +8,7 @@ import math
 import re
 import tempfile
 import traceback
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from helpers import BASE_PPL, YARN_PPL, write_results
 from hub_server import BASE_REPO, TOKEN, upload_base
 from huggingface_hub import HfApi, ModelCard, hf_hub_download
 from huggingface_hub.errors import HfHubHTTPError
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import hf_posenc
 from hf_posenc import hub
@@ -228,6 +229,22 @@ def test_a_push_with_weights_compares_the_fingerprint_the_results_record(fake_hu
     in_bf16 = measured_at(tmp_path, revision=first, fingerprint="0" * 16, dtype="bfloat16")
     with pytest.raises(ValueError, match=f"measured on revision {first}"):
         hub.push_to_hub(model, "me/other", eval_results=in_bf16, with_weights=True, weights_fingerprint=fingerprint)
+
+
+def test_a_config_only_push_over_a_full_one_leaves_none_of_its_tokenizer(fake_hub, tiny_dir, tmp_path):
+    """The tokenizer a full push saved (config, vocabulary, chat templates) would load from the config-only repo pushed
+    over it, whose card says to load the base's; a tokenizer of another kind (SentencePiece, BPE files) too."""
+    upload_base()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir / "model")
+    tokenizer.chat_template = {"default": "{{ messages }}", "tool_use": "{{ tools }}"}
+    saved = {Path(path).relative_to(tmp_path).as_posix() for path in tokenizer.save_pretrained(tmp_path)}
+    assert "additional_chat_templates/tool_use.jinja" in saved
+    hub.push_to_hub(load_base_patched(factor=4), "me/tiny", with_weights=True, tokenizer=tokenizer)
+    assert saved <= set(fake_hub.files("me/tiny"))
+    for path in ("tokenizer.model", "vocab.json", "merges.txt"):  # as another tokenizer's save_pretrained writes
+        HfApi(token=TOKEN).upload_file(path_or_fileobj=b"x", path_in_repo=path, repo_id="me/tiny")
+    hub.push_to_hub(load_base_patched(factor=4), "me/tiny", exist_ok=True)
+    assert sorted(fake_hub.files("me/tiny")) == ["README.md", "config.json", "frequencies.png", "hf_posenc.json"]
 
 
 def test_a_license_file_of_the_base_is_linked_in_the_base_repo(fake_hub):

@@ -19,22 +19,26 @@ from .hub_errors import redact
 
 RESULTS_FILE = "eval_results.json"
 LM_EVAL_FILE = "lm_eval.json"
-# The files a tokenizer's save_pretrained writes: its config, special tokens, chat templates, and the vocabulary files
-# of transformers' tokenizers of causal LMs (BPE, WordPiece, SentencePiece).
-TOKENIZER_FILES = (
-    "tokenizer.json",
+# What a tokenizer loads from, one of them at least: its config, or the vocabulary of transformers' tokenizers of
+# causal LMs (BPE, WordPiece, SentencePiece).
+TOKENIZER_SOURCES = (
     "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "additional_chat_templates/*.jinja",
+    "tokenizer.json",
     "vocab.json",
-    "merges.txt",
     "vocab.txt",
     "tokenizer.model",
     "spiece.model",
     "sentencepiece.bpe.model",
+)
+# The files a tokenizer's save_pretrained writes: those, and its special tokens, BPE merges and chat templates.
+TOKENIZER_FILES = (
+    *TOKENIZER_SOURCES,
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "additional_chat_templates/*.jinja",
 )
 # Files a push writes that a later push to the same repo may not write again: removed in that push's commit
 # (unless it writes them), so a repo never mixes two pushes (a config-only push over earlier weights and tokenizer).

@@ -10,14 +10,16 @@ import argparse
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..eval.models import model_fingerprint
 from ..files import atomic_write_text
 from ..hub import build_card, push_to_hub
+from ..hub_commit import TOKENIZER_SOURCES
+from ..hub_errors import HubError, call_hub
 from ..patching import patch
 from ..record import PatchRecord
-from ..saved import base_config, load_base_model, restore_saved_tensors, saved_patch
+from ..saved import SavedPatch, base_config, load_base_model, restore_saved_tensors, saved_patch
 from ..spec import MethodSpec
 
 # Library parameters whose flag has another name.
@@ -88,12 +90,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_push(args: argparse.Namespace) -> int:
-    model, base_model, base_revision, fingerprint = _patched_model(args, with_weights=args.with_weights)
-    tokenizer = (
-        AutoTokenizer.from_pretrained(base_model, revision=base_revision, token=args.token)
-        if args.with_weights
-        else None
-    )
+    spec, saved = _method_and_saved(args)
+    base_model, base_revision = _weights_source(args, saved)
+    tokenizer = _tokenizer(base_model, base_revision, args.token) if args.with_weights else None  # before the weights
+    model, fingerprint = _patched_model(args, spec, saved, with_weights=args.with_weights)
     commit = push_to_hub(
         model,
         args.repo,
@@ -123,7 +123,9 @@ def run_card(args: argparse.Namespace) -> int:
     inputs = [Path(path) for path in (args.results, args.lm_eval_results) if path is not None]
     if args.output is not None and any(args.output.resolve() == path.resolve() for path in inputs):
         raise ValueError(f"`output` {args.output} is a results file the card reads; name another file for the card.")
-    model, base_model, base_revision, _ = _patched_model(args, with_weights=False)
+    spec, saved = _method_and_saved(args)
+    base_model, base_revision = _weights_source(args, saved)
+    model, _ = _patched_model(args, spec, saved, with_weights=False)
     method = PatchRecord.from_config(model.config).method
     card = build_card(
         model,
@@ -144,18 +146,50 @@ def run_card(args: argparse.Namespace) -> int:
     return 0
 
 
-def _patched_model(
-    args: argparse.Namespace, *, with_weights: bool
-) -> tuple[PreTrainedModel, str, str | None, str | None]:
-    """The base model of ``--model`` patched with ``--method`` (real weights, or on the meta device for
-    config-only), the repo and revision its weights come from, and with real weights their fingerprint before the
-    patch, as ``hf-posenc eval`` records it. A model saved or pushed patched is its base with the saved patch undone
-    (:mod:`hf_posenc.saved`): for a config-only push, the base repo it names."""
+def _tokenizer(source: str, revision: str | None, token: str | None) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``source``, the repo or folder the weights come from, which a push of the weights carries
+    (a config-only repo's card says to load the base's). A folder without one, or one that does not load, is a
+    ``ValueError`` naming the folder and what it lacks."""
+    folder = Path(source)
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_SOURCES):
+        raise ValueError(
+            f"`with_weights` pushes the tokenizer with the weights, and the folder {source} holds none (no "
+            f"{', '.join(TOKENIZER_SOURCES)}): save the model's tokenizer there (`tokenizer.save_pretrained`)."
+        )
+    action = f"Reading the tokenizer of {source!r}"
+    try:
+        return call_hub(
+            lambda: AutoTokenizer.from_pretrained(source, revision=revision, token=token), HubError, action, token
+        )
+    except ValueError as error:  # transformers: no tokenizer file it can read (sentencepiece or tiktoken missing...)
+        raise ValueError(
+            f"`with_weights` pushes the tokenizer with the weights, and that of {source!r} does not load: {error}"
+        ) from None
+
+
+def _method_and_saved(args: argparse.Namespace) -> tuple[MethodSpec, SavedPatch | None]:
+    """``--method``, and the patch ``--model`` was saved or pushed with, if any (:mod:`hf_posenc.saved`)."""
     spec = MethodSpec.parse(args.method)
     if spec.unpatched:
         raise ValueError("`method` 'none' is the unpatched model: there is no patch to push or describe.")
+    return spec, saved_patch(args.model, revision=args.model_revision, token=args.token)
+
+
+def _weights_source(args: argparse.Namespace, saved: SavedPatch | None) -> tuple[str, str | None]:
+    """The repo (or folder) and revision the weights of ``--model`` come from: for a config-only repo pushed, the base
+    repo and commit it names."""
+    if saved is not None and saved.weights_from is not None:
+        return saved.weights_from, saved.weights_revision
+    return args.model, args.model_revision
+
+
+def _patched_model(
+    args: argparse.Namespace, spec: MethodSpec, saved: SavedPatch | None, *, with_weights: bool
+) -> tuple[PreTrainedModel, str | None]:
+    """The base model of ``--model`` patched with ``spec`` (real weights, or on the meta device for config-only),
+    and with real weights their fingerprint before the patch, as ``hf-posenc eval`` records it. A model saved or
+    pushed patched (``saved``) is its base with the saved patch undone (:mod:`hf_posenc.saved`)."""
     hub_kwargs = {"revision": args.model_revision, "token": args.token}
-    saved = saved_patch(args.model, **hub_kwargs)
     fingerprint = None
     if with_weights:
         model = load_base_model(args.model, saved, **{k: v for k, v in hub_kwargs.items() if v is not None})
@@ -165,6 +199,4 @@ def _patched_model(
             model = AutoModelForCausalLM.from_config(base_config(args.model, saved, **hub_kwargs))
     patch(model, spec.method, **spec.params)
     restore_saved_tensors(model)  # its saved method asked again: the trained T5 table, not the patch's start
-    if saved is not None and saved.weights_from is not None:
-        return model, saved.weights_from, saved.weights_revision, fingerprint
-    return model, args.model, args.model_revision, fingerprint
+    return model, fingerprint

@@ -201,3 +201,17 @@ def test_cli_push_with_weights_compares_the_fingerprint_eval_recorded(fake_hub, 
     code, _, err = _in_process(capsys, *push, "--results", str(tmp_path / "retrained.json"), "--repo", "me/other")
     assert code == 2 and "were measured on other weights than those pushed" in err, err
     assert "me/other" not in fake_hub.repos
+
+
+def test_cli_push_with_weights_of_a_folder_without_a_tokenizer_is_one_clear_error(fake_hub, tmp_path, capsys):
+    """Not transformers' advice to install sentencepiece or tiktoken: the folder, and what it lacks; nothing pushed."""
+    from conftest import make_tiny
+
+    folder = tmp_path / "no-tokenizer"
+    make_tiny("llama").save_pretrained(folder)
+    push = ["push", "--model", str(folder), "--method", "yarn:factor=4", "--repo", "me/x", "--with-weights"]
+    code, _, err = _in_process(capsys, *push)
+    assert code == 2 and err.count("\n") == 1, err  # one line: the weights were not even loaded
+    assert f"--with-weights pushes the tokenizer with the weights, and the folder {folder} holds none" in err
+    assert "tokenizer_config.json, tokenizer.json" in err and "sentencepiece or tiktoken installed" not in err
+    assert "me/x" not in fake_hub.repos

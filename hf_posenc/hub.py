@@ -5,7 +5,8 @@ and ``hf_posenc.json``, a small record naming the base model and the exact commi
 from; :func:`from_pretrained` downloads those base weights and applies the config. With
 ``with_weights=True`` the repo holds the full model (safetensors) instead. Everything is written to a
 local temporary folder first and sent in one commit, so a failed push changes nothing locally and
-leaves no partial commit on the Hub (the repo itself may have been created, empty).
+leaves no partial commit on the Hub (the repo itself may have been created, empty; a branch created for the commit
+is deleted again, :mod:`hf_posenc.hub_commit`).
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def push_to_hub(
         license (`str`, *optional*): license for the card; defaults to the base model's.
         private (`bool`, *optional*): create the repo private.
         exist_ok (`bool`, *optional*, defaults to `False`): push to a repo that already exists.
-        revision (`str`, *optional*): branch to commit to (created from ``main`` if missing).
+        revision (`str`, *optional*): branch to commit to (created from ``main`` if missing, and deleted again if the
+            commit fails); the card's snippets load that branch.
         commit_message (`str`, *optional*): defaults to ``"Add <method> patch of <base> (hf_posenc)"``.
         token (`str`, *optional*): Hub token; defaults to the saved login (``hf auth login``, ``HF_TOKEN``).
         weights_fingerprint (`str`, *optional*): with ``with_weights``, the fingerprint of the model before the patch

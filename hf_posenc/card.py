@@ -8,7 +8,6 @@ the Hub and ``evaluate`` read back as :class:`~huggingface_hub.EvalResult` objec
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from .markdown import markdown_code, markdown_text
 from .provenance import Measured, measured_of
 from .record import PatchRecord
 from .registry import get_method
-from .report_files import fields_problem, read_report
+from .report_files import read_report
 from .serving import engine_findings
 from .spec import NONE_METHOD, parse_method_spec
 
@@ -240,8 +239,6 @@ def _ppl_by_length(rows: list[dict[str, Any]], spec: str) -> dict[int, float]:
     return {int(row["length"]): float(row["ppl"]) for row in rows if row["method"] == spec}
 
 
-LM_EVAL_FILE = {"model": (str,), "lm_eval_version": (str,), "max_length": (int,), "runs": (list,)}
-LM_EVAL_RUN = {"method": (str,), "params": (dict,), "results": (dict,)}
 LM_EVAL_ADVICE = "pass the lm_eval.json of an `hf-posenc lm-eval` run"
 
 
@@ -266,19 +263,13 @@ def load_lm_eval_table(path: str | Path, record: PatchRecord) -> LmEvalTable:
     :func:`load_eval_table` keeps perplexities (the same matching, and the same errors)."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"Cannot read the lm-eval results {path}: {error}; {LM_EVAL_ADVICE}.") from None
-    except RecursionError:
-        raise ValueError(f"Cannot read the lm-eval results {path}: nested too deep; {LM_EVAL_ADVICE}.") from None
-    problem = _lm_eval_problem(data)
-    if problem:
-        raise ValueError(f"{path} is not an lm-eval results file: {problem}; {LM_EVAL_ADVICE}.")
+        data = read_report(path, kind="lm-eval", advice=LM_EVAL_ADVICE)  # one run per method, a numeric limit
+    except OSError as error:
+        raise ValueError(f"Cannot read the lm-eval results {path}: {error.strerror or error}.") from None
     runs = {run["method"]: run for run in data["runs"]}
     spec = _matching_spec(data["runs"], record, path, ("lm-eval runs", "leave the lm-eval results out"))
     method, base = runs[spec]["results"], runs.get(NONE_METHOD, {"results": {}})["results"]
-    model = data.get("model_details") if isinstance(data.get("model_details"), dict) else {}
-    arguments = data.get("arguments") if isinstance(data.get("arguments"), dict) else {}
+    model, arguments = data.get("model_details", {}), data.get("arguments", {})
     return LmEvalTable(
         source=path,
         model=str(model.get("weights_from") or data["model"]),
@@ -295,29 +286,6 @@ def load_lm_eval_table(path: str | Path, record: PatchRecord) -> LmEvalTable:
         measured=measured_of(data),
         report=data,
     )
-
-
-def _lm_eval_problem(data: Any) -> str | None:
-    """What makes ``data`` no ``lm_eval.json`` (a field missing or of another type, a score no number), or None."""
-    if not isinstance(data, dict):
-        return "not a JSON object"
-    problem = fields_problem(data, LM_EVAL_FILE, "the file")
-    for i, run in enumerate([] if problem else data["runs"]):
-        problem = problem or _lm_eval_run_problem(run, f"runs[{i}]")
-    return problem
-
-
-def _lm_eval_run_problem(run: Any, where: str) -> str | None:
-    if not isinstance(run, dict):
-        return f"{where} is not an object"
-    problem = fields_problem(run, LM_EVAL_RUN, where)
-    for task, scores in ({} if problem else run["results"]).items():
-        numbers = isinstance(scores, dict) and all(
-            value is None or isinstance(value, (int, float)) and not isinstance(value, bool)
-            for value in scores.values()
-        )
-        problem = problem or (None if numbers else f"{where} has scores of {task!r} that are not numbers or null")
-    return problem
 
 
 ROLE_TAGS = {  # Hub tags of what a method changes (registry roles)

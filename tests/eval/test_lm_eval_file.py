@@ -70,3 +70,29 @@ def test_a_malformed_file_is_one_error_naming_the_file_and_the_problem(tmp_path,
     with pytest.raises(ValueError, match="malformed") as error:
         read_report(path, kind="lm-eval", advice=ADVICE)
     assert str(error.value).startswith(f"{path} is malformed: {problem}") and str(error.value).endswith(f"; {ADVICE}.")
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        (
+            {"runs": [_run("none", 0.25), _run("yarn:factor=4", 0.5), _run("yarn:factor=4", 0.75)]},
+            "runs[2] repeats runs[1], method 'yarn:factor=4'",
+        ),
+        ({"arguments": {"limit": "10"}}, "'arguments' has a string as 'limit'"),
+        ({"arguments": []}, "the file has a list as 'arguments', not an object"),
+    ],
+    ids=["repeated-method", "limit-string", "arguments-list"],
+)
+def test_the_card_refuses_a_malformed_file_before_reading_it(tmp_path, changes, problem):
+    """The last run of a method won silently, a string limit was a TypeError in the card's template, a list of
+    arguments dropped the card's note on the limit: each is now the reader's one ValueError."""
+    from hf_posenc.card import load_lm_eval_table
+    from hf_posenc.record import PatchRecord
+
+    record = PatchRecord("yarn", dict(YARN), native=True)
+    assert load_lm_eval_table(write(tmp_path, lm_eval_json()), record).limit == 0.5
+    path = write(tmp_path, lm_eval_json(**changes))
+    with pytest.raises(ValueError, match="malformed") as error:
+        load_lm_eval_table(path, record)
+    assert str(error.value).startswith(f"{path} is malformed: {problem}")

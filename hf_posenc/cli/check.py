@@ -74,7 +74,7 @@ def check_command(args: argparse.Namespace) -> int:
         detail = str(error) if isinstance(error, TransformersRefuses) else f"{type(error).__name__}: {error}"
         raise ValueError(f"{args.config}: its RoPE keys are malformed ({detail}).") from None
     status = 0 if all(finding.severity == "ok" for finding in findings) else 1
-    unknown = None if record is None else _unknown_method(record)
+    unknown = None if record is None else _unknown_here(record)
     if args.json:
         method = None if record is None else {"method": record.method, "native": record.native}
         method = method and {**method, "version": record.version, "known": unknown is None}
@@ -95,14 +95,18 @@ def check_command(args: argparse.Namespace) -> int:
     return status
 
 
-def _unknown_method(record: PatchRecord) -> str | None:
-    """What to say of a record whose method this hf_posenc does not know (a newer version's, a typo); None when it
-    knows it."""
+def _unknown_here(record: PatchRecord) -> str | None:
+    """What to say of a record this hf_posenc cannot read (a newer version's method or parameter, a typo): its method
+    unknown, or its parameters not building it; None when they build it."""
+    written = f"the record was written by hf_posenc {record.version}" if record.version else "the record has no version"
     try:
-        get_method(record.method)
+        method = get_method(record.method)
     except ValueError as error:
-        written = f"hf_posenc {record.version}" if record.version else "an hf_posenc that wrote no version"
-        return f"unknown to this hf_posenc {__version__}; the record was written by {written}. {error}"
+        return f"unknown to this hf_posenc {__version__}; {written}. {error}"
+    try:
+        method.make_params(**record.params)
+    except (TypeError, ValueError) as error:
+        return f"its parameters do not build it in this hf_posenc {__version__}; {written}. {error}"
     return None
 
 
@@ -110,7 +114,7 @@ def record_findings(config: dict[str, Any], record: PatchRecord | None) -> list[
     """A ``record`` finding where the config's RoPE keys (as transformers 5 reads them) say another method than its
     hf_posenc record; none where they agree, the record's method is unknown here, or the config has no RoPE keys."""
     view = rope_view(config, REFERENCE_READS)
-    if record is None or _unknown_method(record) or view.source == "none" and "rope_theta" not in config:
+    if record is None or _unknown_here(record) or view.source == "none" and "rope_theta" not in config:
         return []
     method = get_method(record.method)
     gap = _native_gap(config, record, method, view) if record.native else _own_gap(record, view)
@@ -126,10 +130,7 @@ def _native_gap(config: dict[str, Any], record: PatchRecord, method: Method, vie
     dim = config_rotary_dim(config, view)
     if method.transformers_rope is None or dim is None:
         return None
-    try:
-        form = method.transformers_rope(method.make_params(**record.params), dim, view.theta)
-    except (TypeError, ValueError) as error:
-        return f"its parameters do not build it ({error})"
+    form = method.transformers_rope(method.make_params(**record.params), dim, view.theta)
     if form is None:
         return None
     if view.rope_type != form["rope_type"]:

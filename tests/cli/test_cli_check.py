@@ -204,6 +204,22 @@ def test_a_record_of_a_method_this_version_does_not_know_says_so(tmp_path, capsy
     }  # fmt: skip
 
 
+def test_a_record_with_a_parameter_this_version_does_not_know_says_so(tmp_path, capsys):
+    """A newer hf_posenc's parameter of a known method: not a departure of the config from the record (a
+    ``record | differs`` finding, exit 1, it was), but a note on the record's line naming the version that wrote it."""
+    folder = edit_config(save(tmp_path / "new", "yarn", factor=4), lambda c: c["hf_posenc"].update(
+        params={**c["hf_posenc"]["params"], "new_knob": 2}, version="9.0.0"))  # fmt: skip
+    assert main(["check", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "record" not in out.split("\n", 1)[1]
+    assert out.startswith(
+        f"{folder}: hf_posenc record: yarn (its parameters do not build it in this hf_posenc {hf_posenc.__version__}; "
+        "the record was written by hf_posenc 9.0.0. Unknown parameter(s) 'new_knob'"
+    )
+    assert main(["check", str(folder), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["hf_posenc"]["known"] is False
+
+
 def _rope(**values):
     """An edit setting ``values`` in the config's rope dicts (both, as transformers 5 saves them)."""
     return lambda config: [config[key].update(values) for key in ("rope_scaling", "rope_parameters") if config.get(key)]

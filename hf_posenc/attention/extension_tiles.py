@@ -1,5 +1,5 @@
 """The remaps' prefill as tiles: each segment a few causal or full attention calls of a fused kernel, merged by
-log-sum-exp. What the ``sdpa`` backend runs on a prefill, left-padded or not, where it applies (:func:`applies`).
+log-sum-exp. What the ``sdpa`` backend runs on a prefill, left-padded or not, where it applies (:func:`tile_starts`).
 
 A segment's pairs in a prefill of positions ``0 .. n-1`` are a handful of rectangles
 (:meth:`~hf_posenc.methods.remap.RemapParams.tiles`): Self-Extend's grouped pairs one causal square shifted by
@@ -38,11 +38,6 @@ def tile_starts(mask: PositionMask, query: torch.Tensor, key: torch.Tensor, valu
     return prefill_starts(mask, length)
 
 
-def applies(mask: PositionMask, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-    """Whether the tiles serve this call (:func:`tile_starts`)."""
-    return tile_starts(mask, query, key, value) is not None
-
-
 def prefill_starts(mask: PositionMask, length: int) -> list[int] | None:
     """Where each row's tokens start in a prefill of ``length`` queries the tiles serve, else ``None``: every row
     padded on the left at most, its tokens at positions ``0, 1, ...`` from there (nothing cached before), and the
@@ -72,7 +67,7 @@ def _kernel_takes(query: torch.Tensor, value: torch.Tensor) -> bool:
 
 
 CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# What each kernel passes by position and reads of what it returns, as PyTorch 2.6 to 2.14 name them. The ops are
+# What each kernel passes by position and reads of what it returns, as PyTorch 2.13 and 2.14 name them. The ops are
 # private: a release that renames or reorders these makes the tiles step aside rather than call the op wrongly.
 _FLASH = (("query", "key", "value", "dropout_p", "is_causal"), ("output", "logsumexp"))
 CALLED = {
@@ -210,7 +205,7 @@ def tiled_attention(
     scaling: float,
     starts: list[int] | None = None,
 ) -> torch.Tensor:
-    """Self-Extend / DCA on a prefill (:func:`applies`) as tiles: ``(B, n, H, D)`` in the values' dtype. Rows with
+    """Self-Extend / DCA on a prefill (:func:`tile_starts`) as tiles: ``(B, n, H, D)`` in the values' dtype. Rows with
     the same left padding (``starts``, from :func:`tile_starts`; none: no padding) are one prefill of their
     tokens; a padding query gets 0. Segments without a pair here (DCA's far chunks in an input shorter than a
     chunk) turn nothing."""

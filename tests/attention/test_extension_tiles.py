@@ -63,7 +63,7 @@ def test_tiled_attention_equals_the_eager_reference(method, length, temperature)
     query, key, value, mask, _ = _inputs(False, q_length=length, kv_length=length)
     module = _module(method, temperature)
     expected = extension_eager_attention(module, query, key, value, mask, DIM**-0.5)[0]
-    assert extension_tiles.applies(mask, query, key, value)
+    assert extension_tiles.tile_starts(mask, query, key, value) is not None
     output = extension_sdpa_attention(module, query, key, value, mask, DIM**-0.5)[0]
     assert output.dtype == value.dtype
     torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
@@ -184,7 +184,7 @@ def test_an_op_another_pytorch_changed_makes_the_prefill_take_the_query_blocks(m
     monkeypatch.setitem(extension_tiles.CALLED, name, called)
     query, key, value, mask, _ = _inputs(False, q_length=24, kv_length=24)
     with pytest.warns(UserWarning, match=f"torch.ops.aten.{name} is not the op hf_posenc calls"):
-        assert not extension_tiles.applies(mask, query, key, value)
+        assert extension_tiles.tile_starts(mask, query, key, value) is None
     module = _module("dca", False)
     expected = extension_eager_attention(module, query, key, value, mask, DIM**-0.5)[0]
     torch.testing.assert_close(extension_sdpa_attention(module, query, key, value, mask, DIM**-0.5)[0], expected)
@@ -265,7 +265,7 @@ def test_queries_past_the_first_position_take_the_query_blocks():
     prefill from position 0, so no tiles, and the backend still equals the reference."""
     query, key, value, _, _ = _inputs(False, q_length=40, kv_length=40)
     mask = extension_mask(batch_size=2, q_length=40, kv_length=40, q_offset=30)
-    assert not extension_tiles.applies(mask, query, key, value)
+    assert extension_tiles.tile_starts(mask, query, key, value) is None
     module = _module("self-extend", False)
     expected = extension_eager_attention(module, query, key, value, mask, DIM**-0.5)[0]
     torch.testing.assert_close(extension_sdpa_attention(module, query, key, value, mask, DIM**-0.5)[0], expected)
@@ -357,7 +357,7 @@ def test_tiled_attention_on_cuda_equals_the_eager_reference(method, dtype):
     expected = extension_eager_attention(_module(method, True), query, key, value, mask, DIM**-0.5)[0]
     query, key, value, mask, _ = _inputs(False, "cuda", q_length=83, kv_length=83)
     query, key, value = (tensor.to(dtype) for tensor in (query, key, value))
-    assert extension_tiles.applies(mask, query, key, value)
+    assert extension_tiles.tile_starts(mask, query, key, value) is not None
     output = extension_sdpa_attention(_module(method, True, "cuda"), query, key, value, mask, DIM**-0.5)[0]
     tolerance = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(output.float().cpu(), expected, rtol=tolerance, atol=tolerance)

@@ -79,9 +79,13 @@ def compact_spec(spec: str) -> str:
 
 
 def legend_labels(specs: Sequence[str], width: int = LABEL_WIDTH) -> dict[str, str]:
-    """Each method spec's legend label: :func:`compact_spec`, cut to ``width`` characters (the last one ``…``);
-    specs whose labels would read alike are numbered in their order (``#1``, ``#2``, ...)."""
-    labels = {spec: _cut(compact_spec(spec), width) for spec in specs}
+    """Each method spec's legend label: :func:`compact_spec`; where one is longer than ``width``, the parameters
+    that every spec of its method shares left out (:func:`_differing`), then cut to ``width`` characters (the last
+    one ``…``). Specs whose labels would still read alike are numbered in their order (``#1``, ``#2``, ...)."""
+    labels = {spec: compact_spec(spec) for spec in specs}
+    if any(len(label) > width for label in labels.values()):
+        labels = dict(zip(labels, _differing(list(labels.values())), strict=True))
+    labels = {spec: _cut(label, width) for spec, label in labels.items()}
     alike, seen = Counter(labels.values()), Counter()
     for spec, label in labels.items():
         if alike[label] > 1:
@@ -90,8 +94,37 @@ def legend_labels(specs: Sequence[str], width: int = LABEL_WIDTH) -> dict[str, s
     return labels
 
 
+def _differing(labels: list[str]) -> list[str]:
+    """``name:k=v,...`` labels without the ``k=v`` that every label of the same method holds, where a method has two
+    or more that differ: ``self-extend:group_size=4,window=1024`` beside ``...group_size=8,window=1024`` is
+    ``self-extend:group_size=4``."""
+    parts = [(label.partition(":")[0], label.partition(":")[2].split(",")) for label in labels]
+    shared: dict[str, set[str]] = {}
+    for name, params in parts:
+        shared[name] = shared[name] & set(params) if name in shared else set(params)
+    counts = Counter(name for name, _ in parts)
+    differ = {name for name, params in parts if counts[name] > 1 and set(params) - shared[name]}
+    kept = [(name, [p for p in params if name not in differ or p not in shared[name]]) for name, params in parts]
+    return [f"{name}:{','.join(params)}" if any(params) else name for name, params in kept]
+
+
 def _cut(label: str, width: int) -> str:
     return label if len(label) <= width else label[: width - 1] + "…"
+
+
+def wrapped(label: str, width: int, lines: int = 3) -> str:
+    """``label`` on lines of at most ``width`` characters, broken after its colon and commas where it can, ``lines``
+    at most (the last one cut with ``…``); a number :func:`legend_labels` gave (`` #2``) stays at the end."""
+    body, number = re.fullmatch(r"(.*?)((?: #\d+)?)", label).groups()
+    rows: list[str] = []
+    for piece in re.findall(r"[^,:]*[,:]?", body)[:-1]:
+        if rows and len(rows[-1]) + len(piece) <= width:
+            rows[-1] += piece
+        else:
+            rows.extend(piece[i : i + width] for i in range(0, len(piece), width))
+    if len(rows) > lines or rows and len(rows[-1]) + len(number) > width:
+        rows = [*rows[: lines - 1], _cut("".join(rows[lines - 1 :]), width - len(number))]
+    return "\n".join(rows) + number
 
 
 def line_style(index: int) -> dict[str, Any]:
@@ -114,7 +147,7 @@ def plot_passkey_heatmap(path: Path, grid: list[dict[str, Any]], *, title: str) 
 
 def passkey_figure(grid: list[dict[str, Any]], *, title: str):
     """The figure of :func:`plot_passkey_heatmap` (a `matplotlib.figure.Figure`, outside pyplot). Each panel's
-    title is the method's :func:`legend_labels` label, cut to about the panel's width."""
+    title is the method's :func:`legend_labels` label, on lines about the panel's width (:func:`wrapped`)."""
     from matplotlib.figure import Figure
 
     methods = list(dict.fromkeys(cell["method"] for cell in grid))
@@ -123,7 +156,8 @@ def passkey_figure(grid: list[dict[str, Any]], *, title: str):
     width = max(5.0, 1.5 + 1.1 * len(lengths) * len(methods))
     fig = Figure(figsize=(width, 1.6 + 0.5 * len(depths)), layout="constrained")
     axes = fig.subplots(1, len(methods), squeeze=False, sharey=True)
-    titles = legend_labels(methods, width=min(LABEL_WIDTH, PANEL_CHARACTERS * len(lengths)))
+    titles = legend_labels(methods)
+    panel = PANEL_CHARACTERS * len(lengths)
     for ax, method in zip(axes[0], methods, strict=True):
         values = [[float("nan")] * len(lengths) for _ in depths]
         for cell in grid:
@@ -135,7 +169,7 @@ def passkey_figure(grid: list[dict[str, Any]], *, title: str):
         ax.set_xticks(range(len(lengths)), [length_label(n) for n in lengths])
         ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
         ax.set_xlabel("length")
-        ax.set_title(titles[method], fontsize=9)
+        ax.set_title(wrapped(titles[method], panel), fontsize=9)
     axes[0][0].set_ylabel("depth of the key")
     fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
     fig.suptitle(title, fontsize=9)

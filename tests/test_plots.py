@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from hf_posenc.plots import line_style, passkey_figure, plot_passkey_heatmap, plot_ppl_vs_length, ppl_figure
+from hf_posenc.plots import (
+    legend_labels,
+    line_style,
+    passkey_figure,
+    plot_passkey_heatmap,
+    plot_ppl_vs_length,
+    ppl_figure,
+    wrapped,
+)
 
 ROWS = [
     {"method": "none", "length": 2048, "ppl": 25.054},
@@ -101,17 +109,37 @@ def test_a_trained_context_outside_the_lengths_is_drawn_inside_the_axes(trained_
 
 
 def test_passkey_panels_are_titled_by_short_distinct_labels(tmp_path):
-    """A panel is 1.1 inches a length: a LongRoPE spec as its title ran across the panels beside it."""
+    """A panel is 1.1 inches a length: a LongRoPE spec as its title ran across the panels beside it. Titles are
+    the legend labels on lines of about the panel's width (14 characters at one length), three at most."""
     longrope = "longrope:factor=4.0,long_factor=[{}],original_max_position_embeddings=4096"
     methods = ["none", *(longrope.format(", ".join([f"{1 + i / 7}"] * 32)) for i in range(2))]
+    methods += ["self-extend:group_size=4,window=1024", "self-extend:group_size=8,window=1024"]
     grid = [
-        {"method": method, "length": length, "depth": depth, "accuracy": 0.5}
-        for method in methods
-        for length in (2048, 4096)
-        for depth in (0.0, 0.5)
+        {"method": method, "length": 2048, "depth": depth, "accuracy": 0.5} for method in methods for depth in (0, 1)
     ]
-    fig = passkey_figure(grid, title="passkey")
-    titles = [ax.get_title() for ax in fig.axes[: len(methods)]]
-    assert titles == ["none", "longrope:factor=4.0,long_fa… #1", "longrope:factor=4.0,long_fa… #2"]
+    titles = [ax.get_title() for ax in passkey_figure(grid, title="passkey").axes[: len(methods)]]
+    assert titles == [
+        "none",
+        "longrope:\nfactor=4.0,\nlong_facto… #1",  # the lists differ in their values only
+        "longrope:\nfactor=4.0,\nlong_facto… #2",
+        "self-extend:\ngroup_size=4",
+        "self-extend:\ngroup_size=8",
+    ]
     plot_passkey_heatmap(tmp_path / "passkey.png", grid, title="passkey")
     assert (tmp_path / "passkey.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_labels_past_the_width_keep_the_parameters_that_tell_specs_apart():
+    """Cut from the right, two yarn specs differing in beta_fast alone read alike but for #1 / #2; the parameters all
+    specs of a method share are left out first. Labels that fit are left whole."""
+    specs = [f"yarn:factor=4,original_max_position_embeddings=8192,beta_fast={beta}" for beta in (32, 16)]
+    assert legend_labels([*specs, "none"]) == {
+        specs[0]: "yarn:beta_fast=32",
+        specs[1]: "yarn:beta_fast=16",
+        "none": "none",
+    }
+    short = ["yarn:factor=4", "yarn:factor=8", "dca"]
+    assert legend_labels(short) == {spec: spec for spec in short}
+    assert wrapped("self-extend:group_size=4,window=1024,backend=sdpa", 28) == (
+        "self-extend:group_size=4,\nwindow=1024,backend=sdpa"
+    )

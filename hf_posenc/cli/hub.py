@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 import torch
+from huggingface_hub import HfApi
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..eval.models import model_fingerprint
@@ -148,15 +149,22 @@ def run_card(args: argparse.Namespace) -> int:
 
 def _tokenizer(source: str, revision: str | None, token: str | None) -> PreTrainedTokenizerBase:
     """The tokenizer of ``source``, the repo or folder the weights come from, which a push of the weights carries
-    (a config-only repo's card says to load the base's). A folder without one, or one that does not load, is a
-    ``ValueError`` naming the folder and what it lacks."""
+    (a config-only repo's card says to load the base's). A folder or repo without one, or one that does not load,
+    is a ``ValueError`` naming it and what it lacks."""
     folder = Path(source)
-    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_SOURCES):
+    action = f"Reading the tokenizer of {source!r}"
+    if folder.is_dir():
+        files, place = {path.name for path in folder.iterdir()}, f"the folder {source}"
+    else:
+        listed = call_hub(
+            lambda: HfApi(token=token).list_repo_files(source, revision=revision), HubError, action, token
+        )
+        files, place = set(listed), f"the repo {source!r}"
+    if not files & set(TOKENIZER_SOURCES):
         raise ValueError(
-            f"`with_weights` pushes the tokenizer with the weights, and the folder {source} holds none (no "
+            f"`with_weights` pushes the tokenizer with the weights, and {place} holds none (no "
             f"{', '.join(TOKENIZER_SOURCES)}): save the model's tokenizer there (`tokenizer.save_pretrained`)."
         )
-    action = f"Reading the tokenizer of {source!r}"
     try:
         return call_hub(
             lambda: AutoTokenizer.from_pretrained(source, revision=revision, token=token), HubError, action, token

@@ -215,3 +215,15 @@ def test_cli_push_with_weights_of_a_folder_without_a_tokenizer_is_one_clear_erro
     assert f"--with-weights pushes the tokenizer with the weights, and the folder {folder} holds none" in err
     assert "tokenizer_config.json, tokenizer.json" in err and "sentencepiece or tiktoken installed" not in err
     assert "me/x" not in fake_hub.repos
+
+
+def test_cli_push_with_weights_of_a_hub_repo_without_a_tokenizer_is_one_clear_error(fake_hub, capsys):
+    """The same for a base on the Hub whose repo holds no tokenizer: its files say so before any weight loads."""
+    from hub_server import BASE_REPO, upload_base
+
+    upload_base()
+    push = ["push", "--model", BASE_REPO, "--method", "yarn:factor=4", "--repo", "me/x", "--with-weights"]
+    code, _, err = _in_process(capsys, *push)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"--with-weights pushes the tokenizer with the weights, and the repo {BASE_REPO!r} holds none" in err
+    assert "sentencepiece or tiktoken installed" not in err and "me/x" not in fake_hub.repos

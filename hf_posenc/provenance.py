@@ -3,12 +3,15 @@ and where both sides know them, the same weights.
 
 A results file records the model it loaded (``model``; ``model_details``: ``name``, or ``weights_from`` for a
 config-only repo), the revision asked for (``model_details.revision``: a branch, tag or commit; none recorded: the
-default branch, ``main``) and, for ``hf-posenc eval``, a fingerprint of the weights as loaded
-(:func:`hf_posenc.eval.models.model_fingerprint`) in the dtype it records. A push knows the commit its base resolves
-to now. A recorded commit is compared with it; a branch or tag is read as the commit it points at now (the name the
-push resolved is that commit); a revision the Hub no longer has cannot be compared, and is let through with a
-warning. Where a push of the weights knows their fingerprint in the dtype of the results, the fingerprints are
-compared instead: the same weights are the same model, whatever the commit.
+default branch, ``main``), the commit of a Hub model as loaded (``model_details.commit``; null: not a Hub model, or a
+model object passed in Python, whose origin is not known) and, for ``hf-posenc eval``, a fingerprint of the weights as
+loaded (:func:`hf_posenc.eval.models.model_fingerprint`) in the dtype it records. A push knows the commit its base
+resolves to now. A recorded commit is compared with it. A file that records only a branch or tag (written before
+commits were recorded) is read as the commit that name points at now: refused when that is not the commit pushed,
+let through with a warning when it is (whether the name pointed there when measured cannot be told). A revision the
+Hub no longer has, or none known, cannot be compared, and is let through with a warning. Where a push of the
+weights knows their fingerprint in the dtype of the results, the fingerprints are compared instead: the same
+weights are the same model, whatever the commit.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ class Measured:
     """What a results file says of the weights it was measured on."""
 
     model: str = ""  # where the weights came from, as a push compares it with its base: a local one's path
-    revision: str | None = None  # the branch, tag or commit of ``model`` loaded ("main": none given); None: not known
+    revision: str | None = None  # the branch, tag or commit of ``model`` asked ("main": none given); None: not known
+    commit: str | None = None  # the commit of ``model`` loaded (recorded since hf-posenc records it)
     fingerprint: str | None = None  # of the weights as loaded, in ``dtype``
     dtype: str | None = None
 
@@ -46,17 +50,25 @@ class Pushed:
 
 
 def measured_of(report: dict[str, Any]) -> Measured:
-    """What ``report`` (an eval ``results.json`` or an ``lm_eval.json``) says of the weights it was measured on. The
-    revision of a saved config-only repo (``weights_from``) is that repo's, not the commit of the base its weights
-    come from: not known."""
+    """What ``report`` (an eval ``results.json`` or an ``lm_eval.json``) says of the weights it was measured on."""
     details = report.get("model_details") if isinstance(report.get("model_details"), dict) else {}
-    weights_from, fingerprint = details.get("weights_from"), details.get("fingerprint")
+    weights_from, fingerprint, commit = details.get("weights_from"), details.get("fingerprint"), details.get("commit")
     return Measured(
         model=str(weights_from or details.get("name") or report["model"]),
-        revision=None if weights_from or not details else str(details.get("revision") or "main"),
+        revision=_revision_asked(details),
+        commit=commit.lower() if isinstance(commit, str) and FULL_COMMIT.fullmatch(commit) else None,
         fingerprint=fingerprint if isinstance(fingerprint, str) else None,
         dtype=str(details["dtype"]) if details.get("dtype") else None,
     )
+
+
+def _revision_asked(details: dict[str, Any]) -> str | None:
+    """The revision ``details`` name as asked (none recorded: ``main``); None where it is not known: no details, a
+    saved config-only repo's (``weights_from``: that repo's revision, not the base's), or an explicit null (a model
+    object's)."""
+    if not details or details.get("weights_from") or ("revision" in details and details["revision"] is None):
+        return None
+    return str(details.get("revision") or "main")
 
 
 def check_measured_on(
@@ -80,16 +92,24 @@ def check_measured_on(
             f"{measured.fingerprint} there, {pushed.fingerprint} here (both {pushed.dtype}; another commit, or weights "
             "retrained or replaced under the same name). Evaluate the weights pushed, or leave the results out."
         )
-    if not comparable and pushed.commit and measured.revision and is_hub_id(measured.model):
-        _check_commit(source, measured.revision, pushed, commit_of)
+    if comparable or not pushed.commit or not is_hub_id(measured.model):
+        return
+    if measured.commit or measured.revision:
+        _check_commit(source, measured.commit or measured.revision, pushed, commit_of)
+    else:
+        logger.warning(
+            "The results %s record no revision of %r (a model object passed in Python, or a saved config-only "
+            "repo): whether they were measured on the commit pushed, %s, cannot be told.",
+            source, pushed.model, pushed.commit,
+        )  # fmt: skip
 
 
 def _check_commit(source: Path, revision: str, pushed: Pushed, commit_of: Callable[[str], str | None]) -> None:
-    """Raise ``ValueError`` when ``revision`` of the base, as recorded in ``source``, is not the commit pushed."""
+    """Raise ``ValueError`` when ``revision`` of the base, as recorded in ``source`` (the commit loaded; in an older
+    file, the branch or tag asked, read as the commit it points at now), is not the commit pushed."""
     asked = pushed.revision or "main"
-    if revision == asked:
-        return
-    commit = revision.lower() if FULL_COMMIT.fullmatch(revision) else commit_of(revision)
+    named = not FULL_COMMIT.fullmatch(revision)
+    commit = revision.lower() if not named else pushed.commit if revision == asked else commit_of(revision)
     if commit is None:
         logger.warning(
             "The results %s were measured on revision %r of %r, which the Hub does not have (any more): whether it "
@@ -104,6 +124,13 @@ def _check_commit(source: Path, revision: str, pushed: Pushed, commit_of: Callab
             f"come from its commit {pushed.commit} ({asked!r}). Evaluate that commit, push the revision measured "
             f"(`base_revision` {revision!r}), or leave the results out."
         )
+    if named:
+        logger.warning(
+            "The results %s record the revision %r of %r they were measured on, not its commit (an older file): it "
+            "is the commit pushed, %s, now; whether it was when they were measured cannot be told. Evaluate again "
+            "to record the commit.",
+            source, revision, pushed.model, pushed.commit,
+        )  # fmt: skip
 
 
 def different_models(measured: str, base: str) -> bool:

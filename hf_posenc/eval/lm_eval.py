@@ -28,7 +28,7 @@ from ..patching import get_patch
 from ..saved import SavedPatch
 from ..spec import MethodSpec
 from .lm_eval_report import plain_json, run_entry
-from .models import ModelSource, check_position_table, load_model, load_tokenizer, model_details
+from .models import ModelSource, check_position_table, load_model_at_commit, load_tokenizer, model_details
 from .perplexity import each_call_alone
 from .results import device_description, versions
 from .runner import method_applied
@@ -254,13 +254,17 @@ def _resolve_tasks(tasks: Sequence[str | dict[str, Any]], include_path: str | No
 
 
 def _load(source: ModelSource | None, saved: SavedPatch | None, model: Any, tokenizer: Any, device) -> _Subject:
+    """The model and what the report says of it: a named model's Hub commit as loaded; a loaded model's revision and
+    commit are not known (null), whatever its name says (a push then compares none)."""
     if source is None:
-        details = {"name": model.name_or_path, "gguf_file": None, "dtype": str(model.dtype).removeprefix("torch.")}
+        dtype = str(model.dtype).removeprefix("torch.")
+        details = {"name": model.name_or_path, "gguf_file": None, "dtype": dtype, "revision": None, "commit": None}
         return _Subject(model.eval(), tokenizer, model.name_or_path or type(model).__name__, details)
     if tokenizer is None:
         tokenizer = load_tokenizer(source, saved)
-    details = model_details(source, saved, source.resolved_dtype(device))
-    return _Subject(load_model(source, device, saved), tokenizer, source.label, details)
+    loaded, commit = load_model_at_commit(source, device, saved)
+    details = {**model_details(source, saved, source.resolved_dtype(device)), "commit": commit}
+    return _Subject(loaded, tokenizer, source.label, details)
 
 
 def _check_methods(subject: _Subject, specs: list[MethodSpec]) -> tuple[dict[str, dict[str, Any]], list[int]]:

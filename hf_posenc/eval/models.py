@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import hf_hub_download
 from transformers import AutoTokenizer
 
 from ..hub_errors import HubError, call_hub
 from ..offline import smollm2_gguf
 from ..patching import learned_table_rows
+from ..provenance import FULL_COMMIT, is_hub_id
 from ..saved import SavedPatch, load_base_model, loading_errors, saved_patch, saved_tensors
 
 FINGERPRINT_SAMPLES = 1024  # values read from each tensor for :func:`model_fingerprint`
@@ -126,6 +129,34 @@ def load_model(source: ModelSource, device: torch.device, saved: SavedPatch | No
     except ImportError as error:  # flash-attn (or another backend's package) not installed, or no CUDA for it
         raise ValueError(f"`attn_implementation` {source.attn_implementation!r} cannot be used here: {error}") from None
     return (model if source.device_map is not None else model.to(device)).eval()
+
+
+def loaded_commit(source: ModelSource, saved: SavedPatch | None = None) -> str | None:
+    """The commit of the Hub repo whose weights loading ``source`` reads, as its revision resolves now: the snapshot
+    folder of its ``config.json`` in the cache (which the load reads anyway; offline: the cache's), or for a
+    config-only push the commit of the base it names. None for a local folder or a GGUF file."""
+    if saved is not None and saved.weights_from is not None:
+        commit = saved.weights_revision
+    elif source.gguf_file or not is_hub_id(source.name):
+        return None
+    else:
+        config = call_hub(
+            lambda: hf_hub_download(source.name, "config.json", revision=source.revision),
+            HubError,
+            f"Reading the config of {source.name!r}",
+            None,
+        )
+        commit = Path(config).parent.name
+    return commit.lower() if commit and FULL_COMMIT.fullmatch(commit) else None
+
+
+def load_model_at_commit(source: ModelSource, device: torch.device, saved: SavedPatch | None = None):
+    """:func:`load_model` at the commit :func:`loaded_commit` reads (a branch that moves meanwhile does not change
+    what is loaded), and that commit: what a results file records as ``model_details.commit``."""
+    commit = loaded_commit(source, saved)
+    own_weights = commit is not None and (saved is None or saved.weights_from is None)
+    pinned = dataclasses.replace(source, revision=commit) if own_weights else source
+    return load_model(pinned, device, saved), commit
 
 
 def input_device(model) -> torch.device:

@@ -34,7 +34,7 @@ from .models import (
     check_placement,
     check_position_table,
     input_device,
-    load_model,
+    load_model_at_commit,
     load_tokenizer,
     model_details,
     model_fingerprint,
@@ -82,12 +82,17 @@ def load_checked(
 ) -> tuple[Any, dict[str, dict[str, Any]], dict[str, Any]]:
     """Load the (base) model, check the chunked head applies to it, and that every method patches it and
     takes inputs of ``longest`` tokens; returns the model, each method's parameters as resolved on it, and what the
-    results' ``model_details`` say of the model as loaded: its trained context and fingerprint
-    (:func:`~hf_posenc.eval.models.model_fingerprint`, which a resume compares). The notes of patching about
+    results' ``model_details`` say of the model as loaded: its trained context, fingerprint
+    (:func:`~hf_posenc.eval.models.model_fingerprint`, which a resume compares) and Hub commit
+    (:func:`~hf_posenc.eval.models.loaded_commit`, which a push compares). The notes of patching about
     what was not given (the trained context assumed) are logged here only: the run patches again from the
     resolved parameters."""
-    model = load_model(model_source, accelerator.device, saved)
-    loaded = {"trained_context": trained_context(model.config), "fingerprint": model_fingerprint(model)}
+    model, commit = load_model_at_commit(model_source, accelerator.device, saved)
+    loaded = {
+        "trained_context": trained_context(model.config),
+        "fingerprint": model_fingerprint(model),
+        "commit": commit,
+    }
     check_head_decomposition(model, torch.tensor([ids[:16]], dtype=torch.long, device=input_device(model)))
     resolved = {}
     for spec in specs:

@@ -93,6 +93,7 @@ def test_a_config_only_push_is_evaluated_on_the_base_weights_it_names(fake_hub, 
     assert f"Measured on `me/tiny-yarn`, a model saved with `{saved}`" in text
     metadata = json.loads(fake_hub.files("me/tiny-yarn")["hf_posenc.json"])
     assert metadata["base_revision"] in text
+    assert report["model_details"]["commit"] == metadata["base_revision"]  # of the weights, not the config's repo
     push = ["push", "--model", "me/tiny-yarn", "--method", "pi:factor=2", "--repo", "me/tiny-pi"]
     assert main(push) == 0
     pushed = json.loads(fake_hub.files("me/tiny-pi")["hf_posenc.json"])

@@ -144,9 +144,11 @@ def build_card(
     license: str | None = None,
     token: str | None = None,
     revision: str | None = None,
+    weights_fingerprint: str | None = None,
 ) -> ModelCard:
-    """The model card :func:`push_to_hub` would push with the same arguments (``revision``: the branch pushed to),
-    rendered without pushing.
+    """The model card :func:`push_to_hub` would push with the same arguments (``revision``: the branch pushed to;
+    ``weights_fingerprint``: with ``with_weights``, compared with the results' as a push compares it), rendered
+    without pushing.
 
     Reads the base model's commit and license from the Hub when ``base_model`` is a Hub id, and raises
     :class:`HubError` when that fails.
@@ -154,7 +156,7 @@ def build_card(
     api = HfApi(token=token)
     errors = (HubError, f"Rendering the card of {repo_id!r}")
     results = (eval_results, lm_eval_results)
-    weights = (with_weights, None)
+    weights = (with_weights, weights_fingerprint if with_weights else None)
     contents = _push_contents(
         model, api, results, weights, base_model, base_revision, license, token, errors, encoding_plot
     )

@@ -86,3 +86,27 @@ def test_lm_eval_records_the_commit_of_a_named_model_and_none_of_a_model_object(
         hub.build_card(patched, "me/x", lm_eval_results=path, base_revision="v1")
         hub.build_card(patched, "me/x", lm_eval_results=path)
     assert caplog.text.count(f"{path} record no revision of 'org/tiny-base'") == 2
+
+
+def test_card_with_weights_compares_the_fingerprint_as_push_does(fake_hub, tiny_dir, tmp_path, capsys):
+    """main moved to a commit of the same weights: a push of them takes the results (same fingerprint), and so does
+    their card (``build_card`` and ``card --with-weights``); a config-only card compares the commit, and refuses."""
+    first = upload_with_tokenizer(tiny_dir, seed=0)
+    output = tmp_path / "run"
+    evaluate = ["eval", "--model", BASE_REPO, "--dataset", str(tiny_dir / "texts"), "--output", str(output)]
+    assert run(capsys, *evaluate, "--method", "none", "--method", "yarn:factor=4", "--lengths", "32")[0] == 0
+    api = HfApi(token=TOKEN)
+    assert api.upload_file(path_or_fileobj=b"# moved\n", path_in_repo="README.md", repo_id=BASE_REPO).oid != first
+    results = str(output / "results.json")
+    base = AutoModelForCausalLM.from_pretrained(BASE_REPO).eval()
+    fingerprint = json.loads((output / "results.json").read_text())["model_details"]["fingerprint"]
+    model = hf_posenc.patch(base, "yarn", factor=4)
+    hub.build_card(model, "me/x", eval_results=results, with_weights=True, weights_fingerprint=fingerprint)
+    card = ["card", "--model", BASE_REPO, "--method", "yarn:factor=4", "--results", results, "--repo", "me/x"]
+    code, err = run(capsys, *card, "--with-weights", "--output", str(tmp_path / "card.md"))
+    assert code == 0, err
+    code, err = run(capsys, *card)
+    assert code == 2 and f"measured on revision {first} of 'org/tiny-base'" in err, err
+    push = ["push", "--model", BASE_REPO, "--method", "yarn:factor=4", "--results", results, "--with-weights"]
+    assert run(capsys, *push, "--repo", "me/x")[0] == 0
+    assert fake_hub.files("me/x")["README.md"] == (tmp_path / "card.md").read_bytes()

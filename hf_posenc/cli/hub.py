@@ -1,7 +1,8 @@
 """``hf-posenc push`` and ``hf-posenc card``: thin argparse wrappers over :mod:`hf_posenc.hub`.
 
 A config-only push and ``card`` read only the base model's config: the model is built on the meta
-device (no weights downloaded) and patched there, which writes the same config as a real patch.
+device (no weights downloaded) and patched there, which writes the same config as a real patch. ``card
+--with-weights --results`` loads the weights, as such a push does, to compare their fingerprint with the results'.
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ def run_card(args: argparse.Namespace) -> int:
         raise ValueError(f"`output` {args.output} is a results file the card reads; name another file for the card.")
     spec, saved = _method_and_saved(args)
     base_model, base_revision = _weights_source(args, saved)
-    model, _ = _patched_model(args, spec, saved, with_weights=False)
+    fingerprinted = args.with_weights and args.results is not None  # as push compares them: the weights loaded
+    model, fingerprint = _patched_model(args, spec, saved, with_weights=fingerprinted)
     method = PatchRecord.from_config(model.config).method
     card = build_card(
         model,
@@ -139,6 +141,7 @@ def run_card(args: argparse.Namespace) -> int:
         license=args.license,
         token=args.token,
         revision=args.revision,
+        weights_fingerprint=fingerprint,
     )
     if args.output is None:
         print(card)

@@ -208,26 +208,25 @@ def _same_value(a: Any, b: Any) -> bool:
 
 
 def _check_resolved_params(rows: list[dict[str, Any]], spec: str, record: PatchRecord, path: Path) -> None:
-    """The rows of ``spec`` were measured with the patch's resolved parameters (the attention backend aside:
-    it does not change the numbers). A row that records none (a hand-made or older file: ``params`` missing, null,
-    or empty for a method that has some) shows no such thing, and is refused too."""
-    has_params = any(key != "backend" for key in record.params)
+    """The rows of ``spec`` were measured with the patch's resolved parameters: each of the record's (the attention
+    backend aside: it does not change the numbers) is in the row's ``params``, with the same value. A row that
+    records none (a hand-made or older file: ``params`` missing, null, or empty for a method that has some) or lacks
+    some shows no such thing, and is refused too."""
+    expected = {key: value for key, value in record.params.items() if key != "backend"}
     for row in rows:
         if row["method"] != spec:
             continue
         measured = row.get("params")
-        if measured is None or (has_params and not measured):
+        missing = sorted(expected.keys() - (measured or {}).keys())
+        if measured is None or missing:
+            what = "no parameters" if not measured else f"no {', '.join(missing)}"
             raise ValueError(
-                f"{path} records no parameters for its {spec!r} rows: nothing shows they were measured with this "
-                "patch's resolved parameters (its trained context, say). Evaluate this one, or leave the results out."
+                f"{path} records {what} for its {spec!r} rows: nothing shows they were measured with this patch's "
+                "resolved parameters (its trained context, say). Evaluate this one, or leave the results out."
             )
-        differ = sorted(
-            key
-            for key in measured.keys() & record.params.keys()
-            if key != "backend" and not _same_value(measured[key], record.params[key])
-        )
+        differ = sorted(key for key in expected if not _same_value(measured[key], expected[key]))
         if differ:
-            details = ", ".join(f"{key}={measured[key]!r} there, {record.params[key]!r} here" for key in differ)
+            details = ", ".join(f"{key}={measured[key]!r} there, {expected[key]!r} here" for key in differ)
             raise ValueError(
                 f"{path} measured {spec!r} with other parameters than this patch ({details}): the results are "
                 "of another model or setting. Evaluate this one, or leave the results out."

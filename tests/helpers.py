@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shutil
 import subprocess
@@ -141,8 +142,8 @@ def write_results(
     folder, rows, *, model: str = "org/tiny-base", params: dict | None = None, dataset: str = "pg19", **details
 ):
     """An eval results.json as the eval engineer writes it; ``params``: the resolved parameters of every
-    non-``none`` row (default: those its spec names); ``details``: more top-level fields (``dataset_details``,
-    ``model_details``...)."""
+    non-``none`` row (default: its spec's, resolved on the tiny Llama: :func:`resolved_params`); ``details``: more
+    top-level fields (``dataset_details``, ``model_details``...)."""
     data = {
         "protocol": "sliding-window",
         "model": model,
@@ -153,7 +154,7 @@ def write_results(
         "results": [
             {
                 "method": method,
-                "params": {} if method == "none" else parse_method_spec(method)[1] if params is None else params,
+                "params": {} if method == "none" else resolved_params(method) if params is None else params,
                 "length": length,
                 "ppl": ppl,
                 "nll": 1.0,
@@ -167,6 +168,21 @@ def write_results(
     path = folder / "results.json"
     path.write_text(json.dumps(data))
     return path
+
+
+def resolved_params(spec: str) -> dict:
+    """``spec``'s parameters as a patch of the tiny Llama (trained context 64) resolves them, as eval records them
+    (the note that the trained context was not given left out)."""
+    from conftest import make_tiny
+
+    name, params = parse_method_spec(spec)
+    logger = logging.getLogger("hf_posenc")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        return dict(hf_posenc.get_patch(hf_posenc.patch(make_tiny("llama"), name, **params)).params)
+    finally:
+        logger.setLevel(level)
 
 
 SPECS = {  # every registered method as a spec, on the tiny Llama (8 frequency pairs) or GPT-2 (FAMILY_OF)

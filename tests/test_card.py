@@ -105,6 +105,18 @@ def test_rows_that_record_no_parameters_are_no_match(tmp_path, params):
         load_eval_table(path, record)
 
 
+@pytest.mark.parametrize("kept", [{"backend": "eager"}, {"rope_theta": 10000.0}, "all but factor"])
+def test_rows_that_lack_some_resolved_parameters_are_no_match(tmp_path, kept):
+    """Rows whose ``params`` hold only the backend, only keys the patch does not have, or not all of its resolved
+    parameters show no more than rows with none: refused, naming what is missing."""
+    record = PatchRecord.from_config(yarn_model().config)
+    partial = {key: value for key, value in record.params.items() if key != "factor"}
+    path = write_results(tmp_path, {"yarn:factor=4": YARN_PPL}, params=partial if kept == "all but factor" else kept)
+    missing = "factor" if kept == "all but factor" else "attention_factor, beta_fast"
+    with pytest.raises(ValueError, match=rf"records no {missing}\b.* for its 'yarn:factor=4' rows"):
+        load_eval_table(path, record)
+
+
 def _cells(line: str) -> list[str]:
     """The cells of a markdown table row: split at each ``|`` not escaped."""
     return re.split(r"(?<!\\)\|", line)[1:-1]

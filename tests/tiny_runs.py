@@ -52,7 +52,7 @@ def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model must not be loaded")
 
-    monkeypatch.setattr(runner, "load_model", refuse)
+    monkeypatch.setattr(runner, "load_model_at_commit", refuse)
 
 
 @pytest.fixture

@@ -140,7 +140,7 @@ def test_output_of_other_arguments_is_refused_and_untouched(tiny_dir, tmp_path, 
     out = tmp_path / "out"
     assert main(_args(tiny_dir, out) + ["--method", "none", "--lengths", "32"]) == 0
     files = _snapshot(out)
-    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(runner, "load_model_at_commit", lambda *a, **k: pytest.fail("model loaded"))
     assert main(_args(tiny_dir, out) + ["--method", "none", "--lengths", "32", "--protocol", "sliding"]) == 2
     assert "holds results of different arguments (protocol: 'truncate' then, 'sliding' now)" in capsys.readouterr().err
     assert _snapshot(out) == files
@@ -284,7 +284,7 @@ def test_a_method_already_in_the_results_under_another_spelling_is_refused(tiny_
     out = tmp_path / "out"
     assert main(_args(tiny_dir, out) + ["--method", "pi:factor=2", "--lengths", "32"]) == 0
     files = _snapshot(out)
-    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(runner, "load_model_at_commit", lambda *a, **k: pytest.fail("model loaded"))
     assert main(_args(tiny_dir, out) + ["--method", "linear:factor=2.0", "--lengths", "32"]) == 2
     err = capsys.readouterr().err
     assert (

@@ -126,7 +126,7 @@ def test_a_rerun_removes_the_temporaries_a_killed_run_left(tiny_dir, tmp_path, m
     (out / f".ppl_vs_length.{HEX}.png").write_bytes(b"")  # killed while writing the plot
     (out / f".results.{HEX}.json").write_bytes(b"{")
     (out / ".ppl_vs_length.draft.png").write_bytes(b"mine")
-    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("nothing to compute"))
+    monkeypatch.setattr(runner, "load_model_at_commit", lambda *a, **k: pytest.fail("nothing to compute"))
     assert main(argv) == 0
     assert sorted(p.name for p in out.iterdir()) == [
         ".ppl_vs_length.draft.png",

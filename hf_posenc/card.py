@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -340,11 +341,12 @@ def render_card(
         eval_results=eval_results or None,
         **(license_info or {}),
     )
+    branch = None if revision == "main" else revision
     return ModelCard.from_template(
         card_data,
         template_path=str(TEMPLATE_PATH),
         repo_id=repo_id,
-        revision=None if revision == "main" else revision,
+        revision=branch,
         base_model=base_model,
         base_revision=base_revision,
         config_only=config_only,
@@ -359,4 +361,5 @@ def render_card(
         engines=engine_findings(config.to_dict(), added_tensors=added_tensors),
         md=markdown_text,  # names from results files: literal text, whatever markdown they hold
         code=markdown_code,
+        check_command=shlex.join(["hf-posenc", "check", repo_id, *(["--revision", branch] if branch else [])]),
     )

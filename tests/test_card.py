@@ -324,3 +324,20 @@ def test_a_card_with_a_t5_tables_weights_says_llama_cpp_refuses_them():
 
     assert llama_cpp_row(False).startswith("| llama.cpp | refused | its converter has no GGUF name for the tensors")
     assert llama_cpp_row(True).startswith("| llama.cpp | ignored |")
+
+
+@pytest.mark.parametrize(
+    ("revision", "command"),
+    [
+        (None, "`hf-posenc check me/tiny-yarn`"),
+        ("main", "`hf-posenc check me/tiny-yarn`"),
+        ("exp", "`hf-posenc check me/tiny-yarn --revision exp`"),
+        ("a`b$(rm x)", "``hf-posenc check me/tiny-yarn --revision 'a`b$(rm x)'``"),
+    ],
+)
+def test_the_cards_check_command_is_one_shell_command_in_one_code_span(revision, command):
+    """The branch went into the card's ``hf-posenc check`` line as it was: a backtick ended the inline code, and a
+    shell character ran in the copied command. It is now shell-quoted, in a code span that holds it whole."""
+    card = str(render_card(yarn_model().config, repo_id="me/tiny-yarn", base_model="org/tiny", base_revision="a" * 40,
+                           config_only=True, revision=revision))  # fmt: skip
+    assert f"(not run; {command} says the same" in card

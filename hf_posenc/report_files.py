@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,12 @@ def _perplexity_problem(report: dict[str, Any]) -> str | None:
         or _rows_problem(report["results"], PERPLEXITY_ROW, "results")
         or _optional_problem(report["results"], PERPLEXITY_ROW_OPTIONAL, "results")
         or _values_problem(report["results"])
-        or _repeats_problem(report["results"])
+        or _repeats_problem(
+            report["results"],
+            "results",
+            lambda row: (row["method"], row["length"]),
+            lambda row: f"{row['method']!r} at length {row['length']}",
+        )
         or _params_problem(report["results"])
         or _status_problem(report["results"])
         or _hashes_problem(report["dataset_details"].get("document_hashes"))
@@ -173,7 +179,11 @@ def _lm_eval_problem(report: dict[str, Any]) -> str | None:
         return problem
     runs = report["runs"]
     problems = (_lm_eval_run_problem(run, f"runs[{i}]") for i, run in enumerate(runs))
-    return next((p for p in problems if p), None) or _method_repeats(runs) or _limit_problem(report)
+    return (
+        next((p for p in problems if p), None)
+        or _repeats_problem(runs, "runs", lambda run: run["method"], lambda run: f"method {run['method']!r}")
+        or _limit_problem(report)
+    )
 
 
 def _lm_eval_run_problem(run: Any, where: str) -> str | None:
@@ -185,16 +195,6 @@ def _lm_eval_run_problem(run: Any, where: str) -> str | None:
         numbers = isinstance(scores, dict) and all(value is None or _is_number(value) for value in scores.values())
         problem = problem or (None if numbers else f"{where} has scores of {task!r} that are not numbers or null")
     return problem
-
-
-def _method_repeats(runs: list[dict[str, Any]]) -> str | None:
-    """A method run twice: which scores a card shows would be a guess."""
-    first: dict[str, int] = {}
-    for i, run in enumerate(runs):
-        j = first.setdefault(run["method"], i)
-        if j != i:
-            return f"runs[{i}] repeats runs[{j}], method {run['method']!r}"
-    return None
 
 
 def _limit_problem(report: dict[str, Any]) -> str | None:
@@ -271,13 +271,19 @@ def _values_problem(rows: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def _repeats_problem(rows: list[dict[str, Any]]) -> str | None:
-    """A (method, length) given two rows: which one a resume keeps, a card shows, would be a guess."""
-    first: dict[tuple[str, int], int] = {}
+def _repeats_problem(
+    rows: list[dict[str, Any]],
+    name: str,
+    key: Callable[[dict[str, Any]], Hashable],
+    said: Callable[[dict[str, Any]], str],
+) -> str | None:
+    """Two of ``rows`` with the same ``key`` (a method at a length, an lm-eval method): which one a resume keeps, a
+    card shows, would be a guess. ``said`` names the key in the message."""
+    first: dict[Hashable, int] = {}
     for i, row in enumerate(rows):
-        j = first.setdefault((row["method"], row["length"]), i)
+        j = first.setdefault(key(row), i)
         if j != i:
-            return f"results[{i}] repeats results[{j}], {row['method']!r} at length {row['length']}"
+            return f"{name}[{i}] repeats {name}[{j}], {said(row)}"
     return None
 
 

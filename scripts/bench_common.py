@@ -9,7 +9,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import torch
 import transformers
@@ -83,7 +83,14 @@ def time_rounds(
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def _path_as_text(value: object) -> str:
+    """Paths among a script's arguments (``--output``, ``--profile``) as text; anything else is not JSON."""
+    if isinstance(value, PurePath):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 def write_json(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    path.write_text(json.dumps(payload, indent=2, default=_path_as_text) + "\n")
     print(f"wrote {path}")

@@ -3,8 +3,8 @@ method's backend against causal SDPA without any bias on the same q, k, v, in th
 
 Targets (issue 13, on an H100, H=32, D=128, bf16, 32k and 128k): >= 0.5x causal SDPA for Self-Extend and DCA
 (two or three segments: their published kernels pay about two attention passes), >= 0.95x for log-n; memory
-linear in n. GPU run:
-    python scripts/bench_extension.py --device cuda --dtype bfloat16 --lengths 32k,128k
+linear in n. GPU run, both CUDA backends of the remaps in the same rounds, and a cached step (--decode):
+    python scripts/bench_extension.py --device cuda --dtype bfloat16 --lengths 32k,128k --backend flex,sdpa --decode
 With --profile DIR, one more call of each under torch.profiler: DIR/<length>_<variant>.txt.
 CPU (the offline model's shape, SmolLM2-135M: 9 heads, 3 key/value heads, D=64; --backend blocked for the other):
     python scripts/bench_extension.py --device cpu --dtype float32 --heads 9 --kv-heads 3 --head-dim 64 \
@@ -50,44 +50,71 @@ def fake_module(heads: int, kv_heads: int, state: ExtensionState) -> SimpleNames
     )
 
 
-def run_length(args: argparse.Namespace, length: int, device: torch.device, dtype: torch.dtype) -> dict:
-    generator = torch.Generator(device).manual_seed(0)
-
-    def states(n_heads: int) -> torch.Tensor:
-        return torch.randn(1, n_heads, length, args.head_dim, generator=generator, device=device, dtype=dtype)
-
-    query, key, value = states(args.heads), states(args.kv_heads), states(args.kv_heads)
-    rotary = SimpleNamespace(inv_freq=1.0 / 10000 ** (torch.arange(0, args.head_dim, 2, device=device) / args.head_dim))
-    mask = extension_mask(batch_size=1, q_length=length, kv_length=length, device=device)
-    position_ids = torch.arange(length, device=device)[None]
-    scale = args.head_dim**-0.5
-    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    plain = fake_module(args.heads, args.kv_heads, None)
-    variants = {"sdpa": lambda: sdpa(plain, query, key, value, None, scaling=scale, is_causal=True)}
-    backend = args.backend
+def method_modules(args: argparse.Namespace, rotary: SimpleNamespace) -> dict[str, SimpleNamespace]:
+    """Each method of :data:`METHODS` set for the trained context, as the module its attention function reads."""
+    modules = {}
     for name, params in METHODS.items():
         resolved = get_method(name).make_params(original_max_position_embeddings=args.context, **params)
         remap = resolved if get_method(name).role == "remap" else None
         temperature = resolved if remap is None else None
-        module = fake_module(args.heads, args.kv_heads, ExtensionState(remap, temperature, rotary, args.head_dim))
-        if remap is None:
+        modules[name] = fake_module(
+            args.heads, args.kv_heads, ExtensionState(remap, temperature, rotary, args.head_dim)
+        )
+    return modules
+
+
+def variants_for(
+    args: argparse.Namespace, q_length: int, kv_length: int, device: torch.device, dtype: torch.dtype
+) -> dict[str, Callable[[], object]]:
+    """One attention call of ``q_length`` queries at the last positions of ``kv_length`` keys (a prefill when they
+    are equal, a cached step for one query) for causal SDPA and each method on each of ``args.backend``'s
+    backends (``method/backend`` where there are several; log-n wraps SDPA on all of them)."""
+    generator = torch.Generator(device).manual_seed(0)
+
+    def states(n_heads: int, length: int) -> torch.Tensor:
+        return torch.randn(1, n_heads, length, args.head_dim, generator=generator, device=device, dtype=dtype)
+
+    query, key, value = states(args.heads, q_length), states(args.kv_heads, kv_length), states(args.kv_heads, kv_length)
+    rotary = SimpleNamespace(inv_freq=1.0 / 10000 ** (torch.arange(0, args.head_dim, 2, device=device) / args.head_dim))
+    offset = kv_length - q_length
+    mask = extension_mask(batch_size=1, q_length=q_length, kv_length=kv_length, q_offset=offset, device=device)
+    position_ids = torch.arange(offset, kv_length, device=device)[None]
+    scale, causal = args.head_dim**-0.5, q_length > 1
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    plain = fake_module(args.heads, args.kv_heads, None)
+    variants = {"sdpa": lambda: sdpa(plain, query, key, value, None, scaling=scale, is_causal=causal)}
+    backends = args.backend.split(",")
+    for name, module in method_modules(args, rotary).items():
+        if module.hf_posenc_extension.remap is None:
             function = TEMPERATURE_FUNCTIONS["sdpa"]
             variants[name] = lambda f=function, m=module: f(
-                m, query, key, value, None, scaling=scale, is_causal=True, position_ids=position_ids
+                m, query, key, value, None, scaling=scale, is_causal=causal, position_ids=position_ids
             )
-        else:
+            continue
+        for backend in backends:
             function = EXTENSION_FUNCTIONS[backend]
-            variants[name] = lambda f=function, m=module: f(m, query, key, value, mask, scaling=scale)
+            label = name if len(backends) == 1 else f"{name}/{backend}"
+            variants[label] = lambda f=function, m=module: f(m, query, key, value, mask, scaling=scale)
+    return variants
+
+
+def ratios(seconds: dict[str, float]) -> dict[str, float]:
+    return {name: seconds["sdpa"] / value for name, value in seconds.items() if name != "sdpa"}
+
+
+def run_length(args: argparse.Namespace, length: int, device: torch.device, dtype: torch.dtype) -> dict:
+    row: dict = {"length": length, "backend": args.backend}
     with torch.inference_mode():
+        variants = variants_for(args, length, length, device, dtype)
         seconds = time_rounds(variants, device, args.repeats)
+        row |= {"seconds": seconds, "ratio_vs_sdpa": ratios(seconds)}
         if args.profile is not None:
             profile(variants, device, args.profile / f"{length}")
-    return {
-        "length": length,
-        "backend": backend,
-        "seconds": seconds,
-        "ratio_vs_sdpa": {name: seconds["sdpa"] / value for name, value in seconds.items() if name != "sdpa"},
-    }
+        del variants
+        if args.decode:
+            decode = time_rounds(variants_for(args, 1, length, device, dtype), device, args.repeats)
+            row |= {"decode_seconds": decode, "decode_ratio_vs_sdpa": ratios(decode)}
+    return row
 
 
 def profile(variants: dict[str, Callable[[], object]], device: torch.device, prefix: Path) -> None:
@@ -115,7 +142,12 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--context", type=int, default=8192, help="trained context L the methods are set for")
     parser.add_argument(
-        "--backend", default="flex", choices=["flex", "blocked", "sdpa", "eager"], help="remaps' backend"
+        "--backend",
+        default="flex",
+        help="remaps' backend: flex, blocked, sdpa or eager, or several separated by commas (timed in the same rounds)",
+    )
+    parser.add_argument(
+        "--decode", action="store_true", help="also time a cached step: one query against the length's keys"
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", type=Path, default=None, help="results JSON (default: print only)")
@@ -123,6 +155,9 @@ def main() -> None:
         "--profile", type=Path, default=None, help="folder: also write a torch.profiler table of each call"
     )
     args = parser.parse_args()
+    unknown = set(args.backend.split(",")) - set(EXTENSION_FUNCTIONS)
+    if unknown:
+        parser.error(f"unknown --backend {', '.join(sorted(unknown))}: choose from {', '.join(EXTENSION_FUNCTIONS)}")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     rows = []
     for length in parse_lengths(args.lengths):
@@ -133,7 +168,7 @@ def main() -> None:
             row["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         print(row, flush=True)
         rows.append(row)
-    result = {"environment": environment(device), "arguments": vars(args) | {"output": str(args.output)}, "rows": rows}
+    result = {"environment": environment(device), "arguments": vars(args), "rows": rows}
     if args.output is not None:
         write_json(args.output, result)
 

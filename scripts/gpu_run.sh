@@ -2,13 +2,12 @@
 # Issue 16's GPU runs through the device tool, results and logs under $OUT. Stages, in the order given:
 #   bash scripts/gpu_run.sh tests alibi     # python -m pytest -m gpu; scripts/bench_alibi.py
 #   bash scripts/gpu_run.sh eval rope extension   # bench_eval.py, bench_rope_overhead.py, bench_extension.py
-#   bash scripts/gpu_run.sh extension-sdpa        # bench_extension.py --backend sdpa (the remaps' prefill as tiles)
-# (the first five took about 14 minutes on an H100: two calls of the tool's 10-minute limit). A task lent a GPU now
-# has 15 minutes of device time, start-up included: one call. Run the stages not measured since the last changes
-# first, `bash scripts/gpu_run.sh tests extension-sdpa extension alibi` (timeout_s 590: each stage has its own
-# timeout below), and leave `eval rope` to the next task lent one. The machine's
-# transformers is older than the project's floor: newer pure-Python wheels travel in .whl/ (see the device
-# README); the project itself runs from the working tree.
+# A task lent a GPU has 15 minutes of device time, start-up included: one call (timeout_s 590; each stage has
+# its own timeout below). Run the stages not measured since the last changes first: `bash scripts/gpu_run.sh
+# tests extension` (2026-11-27: tests 134 s, the two extension backends about 150 s), then `alibi`; leave
+# `eval rope` to the next task lent one. The machine's image lacks datasets and has a transformers older than the
+# project's floor: `bash scripts/gpu_wheels.sh` here puts newer wheels in .whl/, which the call carries (see the
+# device README); the project itself runs from the working tree.
 set -u -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
@@ -29,16 +28,12 @@ for stage in "$@"; do
         timeout 330 python3 scripts/bench_rope_overhead.py --shape llama-7b --lengths 4096,16384,32768 \
             "${ROPE_METHODS[@]/#/--method=}" --note "H100, device tool" --output "$OUT/rope_overhead_h100.json"
         ;;
-    extension)  # 10 rounds: log-n's margin (0.95x) is within 3 rounds' spread
-        timeout 200 python3 scripts/bench_extension.py --device cuda --dtype bfloat16 --lengths 32k,128k \
-            --repeats 10 --output "$OUT/extension_h100.json" --profile "$OUT/extension_profile"
-        ;;
-    extension-sdpa)  # the remaps' sdpa backend on CUDA, a prefill as tiles of flash attention (not measured there yet)
-        timeout 200 python3 scripts/bench_extension.py --device cuda --dtype bfloat16 --lengths 32k,128k \
-            --backend sdpa --output "$OUT/extension_sdpa_h100.json"
+    extension)  # both CUDA backends of the remaps in the same rounds, and a cached step; 10 rounds: log-n's margin
+        timeout 280 python3 scripts/bench_extension.py --device cuda --dtype bfloat16 --lengths 32k,128k \
+            --backend flex,sdpa --decode --repeats 10 --output "$OUT/extension_h100.json" --profile "$OUT/extension_profile"
         ;;
     *)
-        echo "unknown stage $stage: tests, alibi, eval, rope, extension, extension-sdpa" >&2
+        echo "unknown stage $stage: tests, alibi, eval, rope, extension" >&2
         exit 2
         ;;
     esac 2>&1 | tee "$OUT/$stage.log" || status=1

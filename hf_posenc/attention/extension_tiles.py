@@ -10,10 +10,11 @@ the batch. Each call returns its output and the log-sum-exp of its logits; a run
 them into one softmax over all of a query's keys. Memory is linear in ``n``, and no call computes a pair twice.
 In a left-padded batch the rows padded alike are one prefill of their tokens.
 
-The kernels are PyTorch's own (those ``scaled_dot_product_attention`` dispatches to) called for their
-log-sum-exp: flash attention on a CPU; on CUDA flash attention in half precision (Ampere or later),
-memory-efficient attention otherwise. Their log-sum-exp carries no gradient, so a call that needs one takes the
-query blocks instead.
+The kernels are PyTorch's own, called for their log-sum-exp: flash attention on a CPU; on CUDA the one
+``scaled_dot_product_attention`` dispatches each call to (cuDNN on Hopper, flash attention in half precision on
+Ampere, memory-efficient attention otherwise), so that each tile runs the kernel plain causal SDPA runs.
+PyTorch's context parallelism merges these ops' outputs by their log-sum-exp in the same way. Their log-sum-exp
+carries no gradient, so a call that needs one takes the query blocks instead.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import functools
 import warnings
 
 import torch
+from torch.nn.attention import SDPBackend
 
 from ..methods.remap import Tiles
 from .extension import ExtensionState, PositionMask, segment_keys, segment_queries
@@ -55,28 +57,24 @@ def prefill_starts(mask: PositionMask, length: int) -> list[int] | None:
 
 
 def _kernel_takes(query: torch.Tensor, value: torch.Tensor) -> bool:
-    """Values as wide as the queries; on CUDA half precision or float32 and a head dimension that is a multiple
-    of 8 up to 256 (flash and memory-efficient attention); CPUs take any. And the kernel's op as this module calls
+    """Values as wide as the queries, on a CPU or on CUDA where ``scaled_dot_product_attention`` would run a fused
+    kernel for a causal call of this shape and dtype (:func:`_kernel`); and that kernel's op as this module calls
     it (:func:`_op_as_called`)."""
-    dim = query.shape[-1]
-    if value.shape[-1] != dim or query.device.type not in ("cpu", "cuda"):
+    if value.shape[-1] != query.shape[-1] or query.device.type not in ("cpu", "cuda"):
         return False
-    if query.is_cuda and not (query.dtype in CUDA_DTYPES and dim % 8 == 0 and dim <= 256):
-        return False
-    return _op_as_called(OPS[_kernel(query)])
+    name = _kernel(query, query, query, True)
+    return name is not None and _op_as_called(OPS[name])
 
 
-CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # What each kernel passes by position and reads of what it returns, as PyTorch 2.13 and 2.14 name them. The ops are
 # private: a release that renames or reorders these makes the tiles step aside rather than call the op wrongly.
 _FLASH = (("query", "key", "value", "dropout_p", "is_causal"), ("output", "logsumexp"))
+_WITH_BIAS = ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal")
 CALLED = {
     "_scaled_dot_product_flash_attention_for_cpu": _FLASH,
     "_scaled_dot_product_flash_attention": _FLASH,
-    "_scaled_dot_product_efficient_attention": (
-        ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal"),
-        ("output", "log_sumexp"),
-    ),
+    "_scaled_dot_product_efficient_attention": (_WITH_BIAS, ("output", "log_sumexp")),
+    "_scaled_dot_product_cudnn_attention": (_WITH_BIAS, ("output", "logsumexp")),
 }
 
 
@@ -109,40 +107,62 @@ def cpu_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, caus
 
 
 def cuda_flash_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
-    """:func:`cpu_kernel` on CUDA in half precision (Ampere or later): flash attention."""
+    """:func:`cpu_kernel` on CUDA with flash attention (half precision, Ampere or later)."""
     output, lse = torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, 0.0, causal, scale=scale)[:2]
     return output, lse
 
 
 def cuda_efficient_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
-    """:func:`cpu_kernel` on CUDA in float32, or half precision before Ampere: memory-efficient attention (its
-    log-sum-exp padded to a multiple of 32 rows there)."""
+    """:func:`cpu_kernel` on CUDA with memory-efficient attention (its log-sum-exp padded to a multiple of 32 rows
+    there)."""
     output, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
         query, key, value, None, True, 0.0, causal, scale=scale
     )[:2]
     return output, lse[..., : query.shape[2]]
 
 
+def cuda_cudnn_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
+    """:func:`cpu_kernel` on CUDA with cuDNN's fused attention (its log-sum-exp ``(B, H, n, 1)``)."""
+    output, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        query, key, value, None, True, 0.0, causal, scale=scale
+    )[:2]
+    return output, lse.reshape(query.shape[:3])
+
+
 OPS = {  # each kernel's op
     "cpu_kernel": "_scaled_dot_product_flash_attention_for_cpu",
     "cuda_flash_kernel": "_scaled_dot_product_flash_attention",
     "cuda_efficient_kernel": "_scaled_dot_product_efficient_attention",
+    "cuda_cudnn_kernel": "_scaled_dot_product_cudnn_attention",
+}
+# The CUDA kernel of each backend torch._fused_sdp_choice names (torch.nn.attention.SDPBackend's values).
+CUDA_KERNELS = {
+    SDPBackend.FLASH_ATTENTION.value: "cuda_flash_kernel",
+    SDPBackend.EFFICIENT_ATTENTION.value: "cuda_efficient_kernel",
+    SDPBackend.CUDNN_ATTENTION.value: "cuda_cudnn_kernel",
 }
 
 
-def _kernel(query: torch.Tensor) -> str:
-    """The kernel for ``query``, by name: :func:`cpu_kernel` on a CPU; on CUDA flash attention in half precision
-    on Ampere or later, memory-efficient attention otherwise (float32, or an older GPU)."""
+def _kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool) -> str | None:
+    """The kernel for one call, by name: :func:`cpu_kernel` on a CPU; on CUDA the fused kernel that
+    ``scaled_dot_product_attention`` would dispatch the same call to (cuDNN on Hopper, flash attention in half
+    precision on Ampere, memory-efficient attention otherwise, as ``torch.nn.attention.sdpa_kernel`` allows).
+    ``None`` where it would run the math fallback, which gives no log-sum-exp, or none (``sdpa_kernel`` ruling
+    out every kernel that takes the call)."""
     if not query.is_cuda:
         return "cpu_kernel"
-    half = query.dtype in (torch.float16, torch.bfloat16)
-    flash = half and torch.cuda.get_device_capability(query.device) >= (8, 0)
-    return "cuda_flash_kernel" if flash else "cuda_efficient_kernel"
+    try:
+        return CUDA_KERNELS.get(torch._fused_sdp_choice(query, key, value, is_causal=causal))
+    except RuntimeError:  # "No viable backend for scaled_dot_product_attention was found"
+        return None
 
 
 def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
-    """One call of :func:`_kernel`'s kernel (looked up by name when called)."""
-    return globals()[_kernel(query)](query, key, value, causal, scale)
+    """One call of :func:`_kernel`'s kernel for this tile (looked up by name when called). The whole prefill's
+    shape passed :func:`_kernel_takes`; a tile whose lengths the chosen kernel does not take goes to
+    memory-efficient attention, which takes any."""
+    name = _kernel(query, key, value, causal) or "cuda_efficient_kernel"
+    return globals()[name](query, key, value, causal, scale)
 
 
 def _stacked(states: torch.Tensor, start: int, size: int, count: int) -> torch.Tensor:

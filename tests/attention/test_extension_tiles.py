@@ -15,6 +15,7 @@ import torch
 from conftest import make_tiny
 from helpers import gpu
 from test_extension_flex import CASES, DIM, _inputs, _module
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache, StaticCache
 
 import hf_posenc
@@ -70,10 +71,12 @@ def test_tiled_attention_equals_the_eager_reference(method, length, temperature)
 
 
 def test_the_cuda_kernels_return_the_output_and_a_log_sum_exp_per_query():
-    """The CUDA calls' results on the meta device (no GPU here): flash in bfloat16, memory-efficient attention in
-    float32 (its log-sum-exp cut to the queries), both ``(B, H, n, D)`` and ``(B, H, n)``."""
+    """The CUDA calls' results on the meta device (no GPU here): flash and cuDNN in bfloat16 (cuDNN's
+    log-sum-exp ``(B, H, n, 1)`` reshaped), memory-efficient attention in float32 (its log-sum-exp cut to the
+    queries), all ``(B, H, n, D)`` and ``(B, H, n)``."""
     kernels = [
         (extension_tiles.cuda_flash_kernel, torch.bfloat16),
+        (extension_tiles.cuda_cudnn_kernel, torch.bfloat16),
         (extension_tiles.cuda_efficient_kernel, torch.float32),
     ]
     for kernel, dtype in kernels:
@@ -84,10 +87,11 @@ def test_the_cuda_kernels_return_the_output_and_a_log_sum_exp_per_query():
             assert output.shape == (3, 4, rows, 64) and lse.shape == (3, 4, rows)
 
 
-def _by_schema(op, padded_lse: bool):
+def _by_schema(op, lse_layout: str | None):
     """A CPU stand-in for a CUDA attention op: its arguments bound to their names by the op's own schema, then
-    attention computed from those names (``is_causal``, ``scale``, ``compute_log_sumexp``), its log-sum-exp padded
-    to 32 rows as memory-efficient attention's is; the outputs in the schema's order."""
+    attention computed from those names (``is_causal``, ``scale``, ``compute_log_sumexp``), its log-sum-exp as the
+    op lays it out (``"padded"`` to 32 rows: memory-efficient attention; ``"column"``, ``(B, H, n, 1)``: cuDNN);
+    the outputs in the schema's order."""
     names = [argument.name for argument in op.default._schema.arguments]
     outputs = len(op.default._schema.returns)
 
@@ -101,25 +105,29 @@ def _by_schema(op, padded_lse: bool):
         if bound["is_causal"]:
             scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), -torch.inf)
         lse = torch.logsumexp(scores, -1)
-        if padded_lse:
+        if lse_layout is not None:
             assert bound["compute_log_sumexp"]
+        if lse_layout == "padded":
             lse = torch.cat((lse, lse.new_full((*lse.shape[:-1], -lse.shape[-1] % 32), 7.0)), -1)
+        elif lse_layout == "column":
+            lse = lse[..., None]
         return (torch.softmax(scores, -1) @ value, lse, *[None] * (outputs - 2))
 
     return run
 
 
-@pytest.mark.parametrize("kernel", ["cuda_flash_kernel", "cuda_efficient_kernel"])
+@pytest.mark.parametrize("kernel", ["cuda_flash_kernel", "cuda_efficient_kernel", "cuda_cudnn_kernel"])
 @pytest.mark.parametrize("method", sorted(CASES))
 def test_the_cuda_kernels_pass_their_arguments_by_the_ops_schemas(monkeypatch, method, kernel):
     """Each CUDA kernel's call read as the op's schema reads it (a stand-in computing what those arguments ask
     for, on the CPU) gives the tiled attention the eager reference's output: which flag is causal, the scale,
     the log-sum-exp asked for and cut to the queries."""
-    for name, padded in [
-        ("_scaled_dot_product_flash_attention", False),
-        ("_scaled_dot_product_efficient_attention", True),
+    for name, lse_layout in [
+        ("_scaled_dot_product_flash_attention", None),
+        ("_scaled_dot_product_efficient_attention", "padded"),
+        ("_scaled_dot_product_cudnn_attention", "column"),
     ]:
-        monkeypatch.setattr(torch.ops.aten, name, _by_schema(getattr(torch.ops.aten, name), padded))
+        monkeypatch.setattr(torch.ops.aten, name, _by_schema(getattr(torch.ops.aten, name), lse_layout))
     monkeypatch.setattr(extension_tiles, "cpu_kernel", getattr(extension_tiles, kernel))
     query, key, value, mask, _ = _inputs(False, q_length=50, kv_length=50)
     module = _module(method, True)
@@ -135,24 +143,69 @@ def test_the_cuda_kernels_pass_their_arguments_by_the_ops_schemas(monkeypatch, m
     torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-5)
 
 
-def _cuda_like(dtype: torch.dtype, dim: int = 64) -> SimpleNamespace:
+def _cuda_like(dtype: torch.dtype = torch.bfloat16, dim: int = 64) -> SimpleNamespace:
     return SimpleNamespace(shape=(1, 4, 8, dim), dtype=dtype, is_cuda=True, device=torch.device("cuda", 0))
 
 
+def _sdpa_choosing(monkeypatch, backend: SDPBackend | None) -> list[bool]:
+    """``torch._fused_sdp_choice`` answering ``backend`` for every call (``None``: raising, as it does where
+    ``sdpa_kernel`` leaves no kernel that takes the call); the ``is_causal`` of each call, in order."""
+    causal: list[bool] = []
+
+    def choice(query, key, value, *, is_causal):
+        causal.append(is_causal)
+        if backend is None:
+            raise RuntimeError("No viable backend for scaled_dot_product_attention was found.")
+        return backend.value
+
+    monkeypatch.setattr(torch, "_fused_sdp_choice", choice)
+    return causal
+
+
 @pytest.mark.parametrize(
-    ("dtype", "dim", "takes"),
+    ("backend", "takes"),
     [
-        (torch.bfloat16, 128, True),
-        (torch.float16, 256, True),
-        (torch.float32, 72, True),
-        (torch.float64, 64, False),  # neither CUDA kernel takes float64
-        (torch.bfloat16, 264, False),
-        (torch.bfloat16, 60, False),
+        (SDPBackend.CUDNN_ATTENTION, True),
+        (SDPBackend.FLASH_ATTENTION, True),
+        (SDPBackend.EFFICIENT_ATTENTION, True),
+        (SDPBackend.MATH, False),  # no log-sum-exp: float64, a head dimension no fused kernel takes, sdpa_kernel
+        (None, False),
     ],
 )
-def test_on_cuda_the_tiles_take_what_flash_or_memory_efficient_attention_takes(monkeypatch, dtype, dim, takes):
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
-    assert extension_tiles._kernel_takes(_cuda_like(dtype, dim), _cuda_like(dtype, dim)) is takes
+def test_on_cuda_the_tiles_take_a_prefill_sdpa_would_run_on_a_fused_kernel(monkeypatch, backend, takes):
+    causal = _sdpa_choosing(monkeypatch, backend)
+    assert extension_tiles._kernel_takes(_cuda_like(), _cuda_like()) is takes
+    assert causal == [True]
+    assert extension_tiles._kernel_takes(_cuda_like(), _cuda_like(dim=32)) is False  # values not as wide
+
+
+@pytest.mark.parametrize(
+    ("backend", "kernel"),
+    [
+        (SDPBackend.CUDNN_ATTENTION, "cuda_cudnn_kernel"),
+        (SDPBackend.FLASH_ATTENTION, "cuda_flash_kernel"),
+        (SDPBackend.EFFICIENT_ATTENTION, "cuda_efficient_kernel"),
+        (SDPBackend.MATH, "cuda_efficient_kernel"),  # a tile no fused kernel of sdpa's choice takes
+        (None, "cuda_efficient_kernel"),
+    ],
+)
+@pytest.mark.parametrize("causal", [True, False])
+def test_on_cuda_each_tile_runs_the_kernel_sdpa_would_run_it_on(monkeypatch, backend, kernel, causal):
+    """The choice is made per call, with the tile's own causality (a full rectangle is not causal)."""
+    asked = _sdpa_choosing(monkeypatch, backend)
+    called = []
+    for name in extension_tiles.CUDA_KERNELS.values():
+        monkeypatch.setattr(extension_tiles, name, lambda *args, name=name: called.append((name, args[3])))
+    extension_tiles._attend(_cuda_like(), None, None, causal, 0.125)
+    assert called == [(kernel, causal)] and asked == [causal]
+
+
+def test_this_pytorch_answers_the_choice_as_the_tiles_ask_it():
+    """``torch._fused_sdp_choice`` takes the call :func:`~hf_posenc.attention.extension_tiles._kernel` makes, and
+    its answers are :class:`SDPBackend` values (on a CPU: flash attention)."""
+    query = torch.randn(1, 2, 8, 16)
+    assert torch._fused_sdp_choice(query, query, query, is_causal=True) == SDPBackend.FLASH_ATTENTION.value
+    assert set(extension_tiles.CUDA_KERNELS) < {backend.value for backend in SDPBackend.__members__.values()}
 
 
 @pytest.fixture
@@ -188,24 +241,6 @@ def test_an_op_another_pytorch_changed_makes_the_prefill_take_the_query_blocks(m
     module = _module("dca", False)
     expected = extension_eager_attention(module, query, key, value, mask, DIM**-0.5)[0]
     torch.testing.assert_close(extension_sdpa_attention(module, query, key, value, mask, DIM**-0.5)[0], expected)
-
-
-@pytest.mark.parametrize(
-    ("dtype", "capability", "kernel"),
-    [
-        (torch.bfloat16, (9, 0), "cuda_flash_kernel"),
-        (torch.float16, (8, 0), "cuda_flash_kernel"),
-        (torch.float16, (7, 5), "cuda_efficient_kernel"),  # a T4: flash attention needs Ampere
-        (torch.float32, (9, 0), "cuda_efficient_kernel"),
-    ],
-)
-def test_on_cuda_flash_attention_runs_in_half_precision_on_ampere_or_later(monkeypatch, dtype, capability, kernel):
-    called = []
-    for name in ("cuda_flash_kernel", "cuda_efficient_kernel"):
-        monkeypatch.setattr(extension_tiles, name, lambda *args, name=name: called.append(name))
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
-    extension_tiles._attend(_cuda_like(dtype), None, None, True, 0.125)
-    assert called == [kernel]
 
 
 def test_a_float64_prefill_keeps_float64_precision(monkeypatch):
@@ -348,16 +383,28 @@ def test_the_sdpa_backend_gradient_is_the_eager_references(method):
 
 
 @gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    ("dtype", "backend"),
+    [
+        (torch.bfloat16, SDPBackend.CUDNN_ATTENTION),
+        (torch.bfloat16, SDPBackend.FLASH_ATTENTION),
+        (torch.bfloat16, SDPBackend.EFFICIENT_ATTENTION),
+        (torch.float32, SDPBackend.EFFICIENT_ATTENTION),
+    ],
+)
 @pytest.mark.parametrize("method", sorted(CASES))
-def test_tiled_attention_on_cuda_equals_the_eager_reference(method, dtype):
-    """What a prefill on CUDA runs with the sdpa backend: flash attention in bfloat16, memory-efficient attention
-    in float32 (inputs of 83 tokens: whole and partial blocks and chunks)."""
+def test_tiled_attention_on_cuda_equals_the_eager_reference(method, dtype, backend):
+    """What a prefill on CUDA runs with the sdpa backend, with each fused kernel SDPA may dispatch to (cuDNN,
+    flash and memory-efficient attention, kept to one by ``sdpa_kernel``; skipped where this GPU's SDPA does not
+    run it), on inputs of 83 tokens: whole and partial blocks and chunks."""
     query, key, value, mask, _ = _inputs(False, q_length=83, kv_length=83)
     expected = extension_eager_attention(_module(method, True), query, key, value, mask, DIM**-0.5)[0]
     query, key, value, mask, _ = _inputs(False, "cuda", q_length=83, kv_length=83)
     query, key, value = (tensor.to(dtype) for tensor in (query, key, value))
-    assert extension_tiles.tile_starts(mask, query, key, value) is not None
-    output = extension_sdpa_attention(_module(method, True, "cuda"), query, key, value, mask, DIM**-0.5)[0]
+    with sdpa_kernel([backend]):
+        if extension_tiles._kernel(query, query, query, True) != extension_tiles.CUDA_KERNELS[backend.value]:
+            pytest.skip(f"this GPU's SDPA does not run {backend.name} on {dtype}")
+        assert extension_tiles.tile_starts(mask, query, key, value) is not None
+        output = extension_sdpa_attention(_module(method, True, "cuda"), query, key, value, mask, DIM**-0.5)[0]
     tolerance = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(output.float().cpu(), expected, rtol=tolerance, atol=tolerance)

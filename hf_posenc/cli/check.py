@@ -11,9 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import httpx2
-from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, is_offline_mode
-from huggingface_hub.errors import LocalEntryNotFoundError
+from huggingface_hub import hf_hub_download
 from transformers import AutoConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -21,13 +19,13 @@ from transformers.utils import logging as transformers_logging
 
 from .._version import __version__
 from ..hub_errors import HubError, call_hub, refuse_missing_folder
+from ..hub_reach import CONFIG_FILE, cached_file, hub_unreachable
 from ..metadata import read_metadata
 from ..patching.rope_types import OWN_ROPE_TYPES
 from ..record import PatchRecord
 from ..registry import Method, get_method
 from ..serving import ENGINES, REFERENCE_READS, Finding, View, config_rotary_dim, engine_findings, rope_view
 
-CONFIG_FILE = "config.json"
 _REPO_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 
 EPILOG = f"""\
@@ -268,38 +266,19 @@ def read_config(source: str, revision: str | None = None) -> dict[str, Any]:
 
 
 def _download(repo_id: str, revision: str | None) -> Path:
-    """The Hub repo's ``config.json``, downloaded (or the cached copy where the Hub cannot be reached); a failure of
-    the Hub is an OSError here (exit 2: the config could not be read), with its redacted message (the CLI prints it
-    on one line, as every message)."""
+    """The Hub repo's ``config.json``, downloaded (or the cached copy where the Hub cannot be reached:
+    :func:`~hf_posenc.hub_reach.hub_unreachable`); a failure of the Hub is an OSError here (exit 2: the config could
+    not be read), with its redacted message (the CLI prints it on one line, as every message)."""
     action = f"Reading {CONFIG_FILE} of {repo_id!r}" + (f" at {revision!r}" if revision else "")
-    unreachable = _hub_unreachable(repo_id, revision)
+    unreachable = hub_unreachable(repo_id, revision)
     if unreachable:
-        return _cached(repo_id, revision, f"{action} failed: the Hub cannot be reached ({unreachable})")
+        cached = cached_file(repo_id, CONFIG_FILE, revision)
+        if cached is None:
+            raise OSError(
+                f"{action} failed: the Hub cannot be reached ({unreachable}), and no copy of it is in the cache."
+            )
+        return cached
     try:
         return Path(call_hub(lambda: hf_hub_download(repo_id, CONFIG_FILE, revision=revision), HubError, action, None))
     except HubError as error:
         raise OSError(str(error)) from None
-
-
-def _hub_unreachable(repo_id: str, revision: str | None) -> str | None:
-    """Why no connection to the Hub can be made (offline mode; no network, DNS or route: one HEAD request without
-    retries), or None. Not found, huggingface_hub retries a download 5 times (~25 s) before it fails; any answer,
-    or a timeout, is None here, and the download handles it as ever, its retries included."""
-    if is_offline_mode():
-        return "HF_HUB_OFFLINE is set"
-    try:
-        get_hf_file_metadata(hf_hub_url(repo_id, CONFIG_FILE, revision=revision))
-    except httpx2.ConnectError as error:
-        return f"{type(error).__name__}: {error}"
-    except httpx2.HTTPError:  # an answer (not found, a server error) or a timeout: for the download to handle
-        pass
-    return None
-
-
-def _cached(repo_id: str, revision: str | None, failure: str) -> Path:
-    """The cached ``config.json`` of the repo at ``revision``, as huggingface_hub falls back to it offline; an OSError
-    saying ``failure`` when there is none."""
-    try:
-        return Path(hf_hub_download(repo_id, CONFIG_FILE, revision=revision, local_files_only=True))
-    except LocalEntryNotFoundError:
-        raise OSError(f"{failure}, and no copy of it is in the cache.") from None

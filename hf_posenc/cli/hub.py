@@ -14,14 +14,14 @@ import torch
 from huggingface_hub import HfApi
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from ..eval.models import model_fingerprint
+from ..eval.models import model_fingerprint, reachable_saved_patch
 from ..files import atomic_write_text
 from ..hub import build_card, push_to_hub
 from ..hub_commit import TOKENIZER_SOURCES
 from ..hub_errors import HubError, call_hub
 from ..patching import patch
 from ..record import PatchRecord
-from ..saved import SavedPatch, base_config, load_base_model, restore_saved_tensors, saved_patch
+from ..saved import SavedPatch, base_config, load_base_model, restore_saved_tensors
 from ..spec import MethodSpec
 
 # Library parameters whose flag has another name.
@@ -179,11 +179,13 @@ def _tokenizer(source: str, revision: str | None, token: str | None) -> PreTrain
 
 
 def _method_and_saved(args: argparse.Namespace) -> tuple[MethodSpec, SavedPatch | None]:
-    """``--method``, and the patch ``--model`` was saved or pushed with, if any (:mod:`hf_posenc.saved`)."""
+    """``--method``, and the patch ``--model`` was saved or pushed with, if any (:mod:`hf_posenc.saved`): a Hub model
+    not in the cache where the Hub cannot be reached fails there, before anything is read
+    (:func:`~hf_posenc.eval.models.reachable_saved_patch`)."""
     spec = MethodSpec.parse(args.method)
     if spec.unpatched:
         raise ValueError("`method` 'none' is the unpatched model: there is no patch to push or describe.")
-    return spec, saved_patch(args.model, revision=args.model_revision, token=args.token)
+    return spec, reachable_saved_patch(args.model, revision=args.model_revision, token=args.token)
 
 
 def _weights_source(args: argparse.Namespace, saved: SavedPatch | None) -> tuple[str, str | None]:

@@ -13,6 +13,7 @@ from huggingface_hub import hf_hub_download
 from transformers import AutoTokenizer
 
 from ..hub_errors import HubError, call_hub
+from ..hub_reach import CONFIG_FILE, require_reachable
 from ..offline import smollm2_gguf
 from ..patching import learned_table_rows
 from ..provenance import FULL_COMMIT, is_hub_id
@@ -104,8 +105,23 @@ class ModelSource:
         return "bfloat16" if device.type == "cuda" else "float32"
 
     def saved_patch(self) -> SavedPatch | None:
-        """The patch the model was saved or pushed with (read from its config), or None."""
-        return saved_patch(self.name, gguf_file=self.gguf_file, revision=self.revision)
+        """The patch the model was saved or pushed with (read from its config), or None (:func:`reachable_saved_patch`:
+        the Hub model not in the cache where the Hub cannot be reached fails at once)."""
+        return reachable_saved_patch(self.name, gguf_file=self.gguf_file, revision=self.revision)
+
+
+def reachable_saved_patch(
+    name: str, *, gguf_file: str | None = None, revision: str | None = None, token: str | None = None
+) -> SavedPatch | None:
+    """:func:`~hf_posenc.saved.saved_patch` of the model ``name`` (``model``), the first a command reads of it: a Hub
+    model, or the base a config-only push takes its weights from, that is not in the cache where the Hub cannot be
+    reached fails first, at once (:func:`~hf_posenc.hub_reach.require_reachable`)."""
+    require_reachable(name, revision, filename=gguf_file or CONFIG_FILE, token=token)
+    saved = saved_patch(name, gguf_file=gguf_file, revision=revision, token=token)
+    if saved is not None and saved.weights_from is not None:
+        role = f"`model` {name!r} is a config-only push; its base model"
+        require_reachable(saved.weights_from, saved.weights_revision, role=role, token=token)
+    return saved
 
 
 def check_placement(source: ModelSource, num_processes: int) -> None:

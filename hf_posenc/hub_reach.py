@@ -1,0 +1,81 @@
+"""Whether a Hub model can be read at all, asked before anything is loaded.
+
+With no connection to the Hub (no network, DNS or route) and a model not in the cache, huggingface_hub retries a
+download 5 times (~25 s), and transformers then fails with a message that names neither the model nor the reason (with
+``HF_HUB_OFFLINE`` set, that message at once). :func:`hub_unreachable` tells both cases, with one HEAD request
+without retries, and :func:`require_reachable` fails at once on them, naming the model, its revision and the reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx2
+from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, is_offline_mode
+from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+from huggingface_hub.utils import validate_repo_id
+
+from .hub_errors import refuse_missing_folder
+from .provenance import is_hub_id
+
+CONFIG_FILE = "config.json"
+
+
+def hub_unreachable(
+    repo_id: str, revision: str | None = None, *, filename: str = CONFIG_FILE, token: str | bool | None = None
+) -> str | None:
+    """Why no connection to the Hub can be made (offline mode; no network, DNS or route: one HEAD request for
+    ``filename`` without retries), or None. Any answer (not found, a server error) or a timeout is None: the
+    download handles it as ever, its retries included."""
+    if is_offline_mode():
+        return "HF_HUB_OFFLINE is set"
+    try:
+        get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=revision), token=token)
+    except httpx2.ConnectError as error:
+        return f"{type(error).__name__}: {error}"
+    except httpx2.HTTPError:  # an answer or a timeout: for the download to handle
+        pass
+    return None
+
+
+def cached_file(repo_id: str, filename: str, revision: str | None = None) -> Path | None:
+    """The cached copy of the repo's ``filename`` at ``revision``, as huggingface_hub falls back to it offline, or
+    None when the cache has none."""
+    try:
+        return Path(hf_hub_download(repo_id, filename, revision=revision, local_files_only=True))
+    except LocalEntryNotFoundError:
+        return None
+
+
+def require_reachable(
+    name: str,
+    revision: str | None = None,
+    *,
+    role: str = "`model`",
+    filename: str = CONFIG_FILE,
+    token: str | bool | None = None,
+) -> None:
+    """Raise ``OSError`` when ``name`` is a Hub id whose ``filename`` (at ``revision``) is not in the cache and no
+    connection to the Hub can be made (:func:`hub_unreachable`): the message says ``role`` (what ``name`` is to the
+    caller), the id, the revision and the reason. A name written as a path to nothing is refused
+    (:func:`~hf_posenc.hub_errors.refuse_missing_folder`); a local folder or file, a name no repo can have, a cached
+    model and a Hub that answers pass, for the loaders to read as ever."""
+    refuse_missing_folder(name)
+    if not is_hub_id(name) or not _valid_repo_id(name) or cached_file(name, filename, revision) is not None:
+        return
+    unreachable = hub_unreachable(name, revision, filename=filename, token=token)
+    if unreachable:
+        at = f" at revision {revision!r}" if revision else ""
+        raise OSError(
+            f"{role} {name!r}{at} cannot be loaded: the Hub cannot be reached ({unreachable}), and its {filename} is "
+            "not in the cache."
+        )
+
+
+def _valid_repo_id(name: str) -> bool:
+    """Whether ``name`` can be a repo id (one that cannot is left for the loaders to refuse)."""
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True

@@ -1,0 +1,125 @@
+"""The commands that load a Hub model (eval, passkey, lm-eval, push, card) where the Hub cannot be reached, as
+``check`` (tests/cli/test_cli_check.py): a model not in the cache fails at once (no retries), in one line naming it,
+its revision and the reason (HF_HUB_OFFLINE set; no connection), and nothing is written; a cached model loads offline
+as before."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from types import SimpleNamespace
+
+import pytest
+from hub_server import BASE_REPO, TOKEN, upload_base
+from huggingface_hub import HfApi, constants, snapshot_download
+from tiny_runs import folder_files, results_of
+
+from hf_posenc.cli import main
+
+CLOSED = "http://127.0.0.1:1"  # nothing listens there: every connection is refused at once
+NO_LM_EVAL = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm_eval is not installed")
+COMMANDS = {  # each command's arguments but the model: a run that would write into {output}
+    "eval": ["eval", "--dataset", "{texts}", "--output", "{output}", "--method", "none", "--lengths", "8"],
+    "passkey": ["passkey", "--output", "{output}", "--method", "none", "--lengths", "400"],
+    "lm-eval": ["lm-eval", "--tasks", "tiny_choice", "--method", "none", "--output", "{output}"],
+    "push": ["push", "--method", "yarn:factor=4", "--repo", "me/pushed"],
+    "card": ["card", "--method", "yarn:factor=4", "--output", "{output}/README.md"],
+}
+REVISION_FLAG = {"push": "--model-revision", "card": "--model-revision"}
+
+
+@pytest.fixture
+def retries(monkeypatch) -> list[float]:
+    """The waits of huggingface_hub's retries (recorded, not slept)."""
+    from huggingface_hub.utils import _http
+
+    waits: list[float] = []
+    monkeypatch.setattr(_http, "time", SimpleNamespace(sleep=waits.append))
+    return waits
+
+
+@pytest.fixture(params=["offline", "no connection"])
+def unreachable(request, fake_hub, monkeypatch) -> str:
+    """The Hub out of reach: HF_HUB_OFFLINE set, or its downloads refused (the fake Hub's API still answers); the
+    reason the message gives."""
+    if request.param == "offline":
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+        return "(HF_HUB_OFFLINE is set)"
+    template = constants.HUGGINGFACE_CO_URL_TEMPLATE.replace(fake_hub.endpoint, CLOSED)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    return "(ConnectError: "
+
+
+def _argv(command: str, model: str, output, revision: str | None = None) -> list[str]:
+    argv = [arg.format(output=output, texts=output.parent / "texts") for arg in COMMANDS[command]]
+    return [*argv, "--model", model, *([REVISION_FLAG.get(command, "--revision"), revision] if revision else [])]
+
+
+def _one_line_error(capsys, command: str) -> str:
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.err.startswith(f"hf-posenc {command}: error: "), captured.err
+    return captured.err.removeprefix(f"hf-posenc {command}: error: ").rstrip("\n")
+
+
+@pytest.mark.parametrize("command", ["eval", "passkey", pytest.param("lm-eval", marks=NO_LM_EVAL), "push", "card"])
+def test_a_model_not_cached_fails_at_once_naming_it_and_the_reason(
+    command, unreachable, fake_hub, retries, tmp_path, capsys
+):
+    """Before: transformers' "We couldn't connect to ..." (no model named, nor HF_HUB_OFFLINE), after
+    huggingface_hub's five retries (~25 s) where no connection could be made."""
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("some text to score")
+    output = tmp_path / "out"
+    output.mkdir()
+    for name in ("results.json", "passkey.json", "lm_eval.json", "README.md"):  # an earlier run's files
+        (output / name).write_text('{"mine": 1}')
+    before = folder_files(output)
+    assert main(_argv(command, "me/never-read", output, revision="v1")) == 2
+    message = _one_line_error(capsys, command)
+    assert message.startswith(
+        f"--model 'me/never-read' at revision 'v1' cannot be loaded: the Hub cannot be reached {unreachable}"
+    )
+    assert message.endswith("and its config.json is not in the cache."), message
+    assert retries == [] and folder_files(output) == before and "me/pushed" not in fake_hub.repos
+
+
+def test_a_gguf_file_not_cached_is_named(fake_hub, tmp_path, monkeypatch, capsys):
+    """A GGUF file of a Hub repo is what loading reads there (it has no config.json): the file is looked for."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    (tmp_path / "texts").mkdir()
+    assert main([*_argv("eval", "me/quantized", tmp_path / "out"), "--gguf-file", "m.Q4_1.gguf"]) == 2
+    assert _one_line_error(capsys, "eval").endswith("is set), and its m.Q4_1.gguf is not in the cache.")
+
+
+def test_a_cached_model_is_evaluated_offline_as_before(fake_hub, tiny_dir, tmp_path, monkeypatch, capsys):
+    """A model read once is in the cache: eval reads it there offline, the same commit to the same numbers."""
+    HfApi(token=TOKEN).create_repo("me/tiny")
+    HfApi(token=TOKEN).upload_folder(repo_id="me/tiny", folder_path=tiny_dir / "model")
+    online, offline = tmp_path / "online", tmp_path / "offline"
+    run = ["eval", "--model", "me/tiny", "--dataset", str(tiny_dir / "texts"), "--method", "none", "--lengths", "32"]
+    assert main([*run, "--output", str(online)]) == 0
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert main([*run, "--output", str(offline)]) == 0
+    assert [row["ppl"] for row in results_of(offline)["results"]] == [
+        row["ppl"] for row in results_of(online)["results"]
+    ]
+    assert results_of(offline)["model_details"]["commit"] == results_of(online)["model_details"]["commit"]
+
+
+def test_a_config_only_push_whose_base_is_not_cached_names_the_base(fake_hub, tmp_path, monkeypatch, capsys):
+    """The pushed repo is in the cache, the base it takes its weights from is not: the base's id and commit are
+    named, before anything is loaded."""
+    commit = upload_base()
+    assert main(["push", "--model", BASE_REPO, "--method", "yarn:factor=4", "--repo", "me/config-only"]) == 0
+    shutil.rmtree(constants.HF_HUB_CACHE)
+    snapshot_download("me/config-only")  # its config and hf_posenc.json only
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    capsys.readouterr()
+    (tmp_path / "texts").mkdir()
+    output = tmp_path / "out"
+    assert main(_argv("eval", "me/config-only", output)) == 2
+    assert _one_line_error(capsys, "eval") == (
+        f"--model 'me/config-only' is a config-only push; its base model {BASE_REPO!r} at revision {commit!r} cannot "
+        "be loaded: the Hub cannot be reached (HF_HUB_OFFLINE is set), and its config.json is not in the cache."
+    )
+    assert not output.exists()

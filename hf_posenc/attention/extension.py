@@ -122,11 +122,18 @@ def rotate(
 ) -> torch.Tensor:
     """``(B, H, n, D)`` states turned by :func:`rotation`'s ``cos``, ``sin`` on their first ``rotary_dim``
     dimensions, computed in float32 and returned in ``dtype`` and the layout of ``states`` (a model's q and k
-    are heads transposed out of ``(B, n, H, D)``: turned or not, they then take the same compiled flex)."""
-    rotated, rest = states[..., :rotary_dim].float(), states[..., rotary_dim:].float()
+    are heads transposed out of ``(B, n, H, D)``: turned or not, they then take the same compiled flex). Each
+    half is one product and one fused multiply-add on half-width float32 temporaries (half precision states
+    widen in the product), written once into the result: this runs on every layer's q and k of a prefill."""
     half = rotary_dim // 2
-    turned = torch.cat((-rotated[..., half:], rotated[..., :half]), -1)
-    return torch.empty_like(states, dtype=dtype).copy_(torch.cat((rotated * cos + turned * sin, rest), -1))
+    wide = states[..., :rotary_dim].float() if states.dtype == torch.float64 else states[..., :rotary_dim]
+    first, second = wide[..., :half], wide[..., half:]
+    cos, sin = cos[..., :half], sin[..., :half]  # the half-split layout repeats each half
+    turned = torch.empty_like(states, dtype=dtype)
+    turned[..., :half] = (first * cos).addcmul_(second, sin, value=-1)  # x1 cos - x2 sin
+    turned[..., half:rotary_dim] = (second * cos).addcmul_(first, sin)  # x2 cos + x1 sin
+    turned[..., rotary_dim:] = states[..., rotary_dim:]
+    return turned
 
 
 Turn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.dtype], torch.Tensor]

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import logging
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,20 +35,21 @@ from .metadata import METADATA_FILE, METADATA_FORMAT, read_metadata
 from .patching import added_tensors, trained_tensors
 from .patching.loading import load_patched_model
 from .plots import plot_ppl_vs_length
-from .provenance import Pushed, check_measured_on, is_hub_id
+from .provenance import Pushed, check_measured_on, is_hub_id, weights_commit
 from .record import PatchRecord
 from .report_files import report_for_file
 
 _LICENSE_FIELDS = ("license", "license_name", "license_link")
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
+logger = logging.getLogger("hf_posenc")
 
 
 @dataclass(frozen=True)
 class BaseRef:
-    """The Hub repo and commit the patched model's weights come from."""
+    """The Hub repo and commit the patched model's weights come from (None: not known)."""
 
     repo_id: str
-    revision: str
+    revision: str | None
     license_info: dict[str, str]
 
 
@@ -87,7 +90,9 @@ def push_to_hub(
         base_model (`str`, *optional*): Hub id of the base model; defaults to ``model.name_or_path``.
             A config-only push needs one.
         base_revision (`str`, *optional*): branch, tag or commit of the base model the weights come from;
-            defaults to ``"main"``. It is recorded as the commit it resolves to now.
+            defaults to ``"main"``. A config-only push records the commit it resolves to now; a push with weights
+            the commit they were loaded at (:func:`~hf_posenc.provenance.weights_commit`: a commit given, or the
+            cache's, if its weights are the model's), or none where that cannot be told.
         license (`str`, *optional*): license for the card; defaults to the base model's.
         private (`bool`, *optional*): create the repo private.
         exist_ok (`bool`, *optional*, defaults to `False`): push to a repo that already exists.
@@ -213,6 +218,14 @@ def _push_contents(
         error_type, action = errors
         reading = f"{action} (reading the base model {base_id!r})"
         base = call_hub(lambda: _resolve_base(api, base_id, base_revision), error_type, reading, token)
+    if base is not None and with_weights:  # the weights in memory: the commit they were loaded at, not main's now
+        base = dataclasses.replace(base, revision=weights_commit(model, base_id, base_revision))
+        if base.revision is None:
+            logger.warning(
+                "The commit of %r the weights pushed come from cannot be told (transformers keeps none; not the "
+                "weights the cache holds for %r): none is recorded. Give the commit loaded as `base_revision`.",
+                base_id, base_revision or "main",
+            )  # fmt: skip
     dtype = str(model.dtype).removeprefix("torch.")
     pushed = Pushed(base_id, base.revision if base else None, base_revision, fingerprint, dtype)
     _check_results(api, (eval_table, lm_eval_table), pushed, errors, token)

@@ -5,8 +5,10 @@ A results file records the model it loaded (``model``; ``model_details``: ``name
 config-only repo), the revision asked for (``model_details.revision``: a branch, tag or commit; none recorded: the
 default branch, ``main``), the commit of a Hub model as loaded (``model_details.commit``; null: not a Hub model, or a
 model object passed in Python, whose origin is not known) and, for ``hf-posenc eval``, a fingerprint of the weights as
-loaded (:func:`hf_posenc.eval.models.model_fingerprint`) in the dtype it records. A push knows the commit its base
-resolves to now. A recorded commit is compared with it. A file that records only a branch or tag (written before
+loaded (:func:`hf_posenc.eval.models.model_fingerprint`) in the dtype it records. A config-only push knows the
+commit its base resolves to now, which its repo loads; a push of weights the commit they were loaded at, where that can
+be told (:func:`weights_commit`), else none: results are then let through with a warning. A recorded commit is
+compared with it. A file that records only a branch or tag (written before
 commits were recorded) is read as the commit that name points at now: refused when that is not the commit pushed,
 let through with a warning when it is (whether the name pointed there when measured cannot be told). A revision the
 Hub no longer has, or none known, cannot be compared, and is let through with a warning. Where a push of the
@@ -22,6 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
+from huggingface_hub import try_to_load_from_cache
+from safetensors import safe_open
 
 logger = logging.getLogger("hf_posenc")
 FULL_COMMIT = re.compile(r"[0-9a-fA-F]{40}")
@@ -43,7 +49,7 @@ class Pushed:
     """What a push says of the weights it pushes or names."""
 
     model: str  # the base model: a Hub id or a folder
-    commit: str | None  # the base's commit on the Hub (None: not a Hub id)
+    commit: str | None  # the base's commit the weights come from (None: not a Hub id, or not known)
     revision: str | None  # what that commit was asked as (None: ``main``)
     fingerprint: str | None = None  # of the weights pushed before the patch, in ``dtype`` (a push with its weights)
     dtype: str | None = None
@@ -92,9 +98,16 @@ def check_measured_on(
             f"{measured.fingerprint} there, {pushed.fingerprint} here (both {pushed.dtype}; another commit, or weights "
             "retrained or replaced under the same name). Evaluate the weights pushed, or leave the results out."
         )
-    if comparable or not pushed.commit or not is_hub_id(measured.model):
+    if comparable or not is_hub_id(measured.model) or not is_hub_id(pushed.model):
         return
-    if measured.commit or measured.revision:
+    if not pushed.commit:
+        logger.warning(
+            "The commit of %r whose weights are pushed is not known (see `base_revision`): whether the results %s "
+            "were measured on them cannot be told. Give the commit loaded as `base_revision`, or the weights' "
+            "fingerprint (`weights_fingerprint`).",
+            pushed.model, source,
+        )  # fmt: skip
+    elif measured.commit or measured.revision:
         _check_commit(source, measured.commit or measured.revision, pushed, commit_of)
     else:
         logger.warning(
@@ -109,7 +122,7 @@ def _check_commit(source: Path, revision: str, pushed: Pushed, commit_of: Callab
     file, the branch or tag asked, read as the commit it points at now), is not the commit pushed."""
     asked = pushed.revision or "main"
     named = not FULL_COMMIT.fullmatch(revision)
-    commit = revision.lower() if not named else pushed.commit if revision == asked else commit_of(revision)
+    commit = commit_of(revision) if named else revision.lower()
     if commit is None:
         logger.warning(
             "The results %s were measured on revision %r of %r, which the Hub does not have (any more): whether it "
@@ -131,6 +144,32 @@ def _check_commit(source: Path, revision: str, pushed: Pushed, commit_of: Callab
             "to record the commit.",
             source, revision, pushed.model, pushed.commit,
         )  # fmt: skip
+
+
+def weights_commit(model: torch.nn.Module, repo_id: str, revision: str | None) -> str | None:
+    """The commit of ``repo_id`` whose weights ``model`` holds, for a push of them: ``revision`` where it is a commit
+    (the caller's word), else the commit the cache's ``revision`` (None: ``main``) pointed at when last resolved (by
+    the model's load, where it came from this cache), if the first row of each of its safetensors weights that the
+    model holds in that shape is the model's (weights the patch changed or added differ in shape, or are not there).
+    None where that cannot be told (transformers keeps no commit of a model loaded): not in the default cache, no
+    weights there to compare, or other weights (another commit loaded, or the cache resolved the branch again)."""
+    if revision and FULL_COMMIT.fullmatch(revision):
+        return revision.lower()
+    config = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    if not isinstance(config, str) or not FULL_COMMIT.fullmatch(Path(config).parent.name):
+        return None
+    held = {name: tensor for name, tensor in model.state_dict().items() if not tensor.is_meta and tensor.dim()}
+    compared = 0
+    for file in sorted(Path(config).parent.glob("*.safetensors")):
+        with safe_open(file, framework="pt") as weights:
+            for name in sorted(held.keys() & set(weights.keys())):
+                tensor, stored = held[name], weights.get_slice(name)
+                if not tensor.numel() or tuple(tensor.shape) != tuple(stored.get_shape()):
+                    continue
+                if not torch.equal(stored[:1].to(tensor.dtype), tensor[:1].cpu()):
+                    return None
+                compared += 1
+    return Path(config).parent.name.lower() if compared else None
 
 
 def different_models(measured: str, base: str) -> bool:

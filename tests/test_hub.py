@@ -212,11 +212,11 @@ def test_results_of_another_commit_of_the_base_are_refused_and_nothing_is_pushed
 
 def test_a_push_with_weights_compares_the_fingerprint_the_results_record(fake_hub, tmp_path):
     """The same weights are the same model whatever the commit's name; other weights are refused, nothing pushed; a
-    fingerprint taken in another dtype cannot be compared, and the commit is."""
+    fingerprint taken in another dtype cannot be compared, and the commit is: the one the weights were loaded at."""
     first = upload_base()
     base = AutoModelForCausalLM.from_pretrained(BASE_REPO).eval()
     fingerprint = model_fingerprint(base)
-    upload_base(seed=1)  # main moves on; the model pushed is still the first commit's
+    second = upload_base(seed=1)  # main moves on; the model pushed is still the first commit's
     model = hf_posenc.patch(base, "yarn", factor=4, original_max_position_embeddings=64)
     same = measured_at(tmp_path, revision=first, fingerprint=fingerprint)
     hub.push_to_hub(model, "me/same", eval_results=same, with_weights=True, weights_fingerprint=fingerprint)
@@ -226,9 +226,11 @@ def test_a_push_with_weights_compares_the_fingerprint_the_results_record(fake_hu
     ):
         hub.push_to_hub(model, "me/other", eval_results=other, with_weights=True, weights_fingerprint=fingerprint)
     assert "me/other" not in fake_hub.repos
-    in_bf16 = measured_at(tmp_path, revision=first, fingerprint="0" * 16, dtype="bfloat16")
-    with pytest.raises(ValueError, match=f"measured on revision {first}"):
+    in_bf16 = measured_at(tmp_path, revision=second, fingerprint="0" * 16, dtype="bfloat16")
+    with pytest.raises(ValueError, match=f"measured on revision {second} .* come from its commit {first}"):
         hub.push_to_hub(model, "me/other", eval_results=in_bf16, with_weights=True, weights_fingerprint=fingerprint)
+    in_bf16 = measured_at(tmp_path, revision=first, fingerprint="0" * 16, dtype="bfloat16")
+    hub.build_card(model, "me/other", eval_results=in_bf16, with_weights=True, weights_fingerprint=fingerprint)
 
 
 def test_a_config_only_push_over_a_full_one_leaves_none_of_its_tokenizer(fake_hub, tiny_dir, tmp_path):

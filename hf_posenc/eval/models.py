@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from huggingface_hub import hf_hub_download
+from torch import nn
 from transformers import AutoTokenizer
 
 from ..hub_errors import HubError, call_hub
@@ -226,23 +227,40 @@ def check_position_table(model, method: str, longest: int) -> None:
 
 
 @torch.no_grad()
-def model_fingerprint(model, samples: int = FINGERPRINT_SAMPLES) -> str:
+def model_fingerprint(model: nn.Module, samples: int = FINGERPRINT_SAMPLES) -> str:
     """A short SHA-256 of the base model as loaded: each parameter's and buffer's name, shape and dtype, and
     ``samples`` evenly spaced values of each (RoPE's ``inv_freq`` is a buffer: ``rope_theta`` and a shipped
     scaling count), with a saved patch's added tensors (:func:`~hf_posenc.saved.saved_tensors`: a trained T5 table).
-    A results file keeps it, so that a resume notices a model retrained or replaced under the same name. Tensors
-    on the meta device (offloaded) count by name, shape and dtype only."""
+    A results file keeps it, so that a resume notices a model retrained or replaced under the same name. A tensor
+    offloaded by a ``device_map`` (on the meta device, its values in accelerate's hook) is read from the hook, so
+    the fingerprint is the model's placed whole. Raises ``ValueError`` for a tensor whose values are nowhere (a
+    model built on the meta device)."""
     digest = hashlib.sha256()
     named = [*model.named_parameters(), *model.named_buffers(), *sorted(saved_tensors(model).items())]
     for name, tensor in named:
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
-        flat = tensor.reshape(-1)
-        if tensor.is_meta or not flat.numel():
+        flat = (_offloaded(model, name) if tensor.is_meta else tensor).reshape(-1)
+        if not flat.numel():
             continue
         count = min(samples, flat.numel())
         index = torch.arange(count, device=flat.device) * (flat.numel() - 1) // max(count - 1, 1)
         digest.update(flat[index].double().cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def _offloaded(model: nn.Module, name: str) -> torch.Tensor:
+    """The values of the meta tensor ``name`` of ``model``, from the ``weights_map`` of accelerate's hook on its
+    module (CPU or disk offload: the offload folder's file mapped, not loaded whole)."""
+    module_name, _, key = name.rpartition(".")
+    hook = getattr(model.get_submodule(module_name), "_hf_hook", None)
+    for each in getattr(hook, "hooks", None) or [hook]:  # a SequentialHook holds several
+        weights = getattr(each, "weights_map", None)
+        if weights is not None and key in weights:
+            return weights[key]
+    raise ValueError(
+        f"{name} of {type(model).__name__} is on the meta device with its values nowhere (a model built on the "
+        "meta device, not loaded): it has no fingerprint."
+    )
 
 
 def model_details(model_source: ModelSource, saved: SavedPatch | None, dtype: str) -> dict[str, Any]:

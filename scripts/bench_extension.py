@@ -119,7 +119,8 @@ def run_length(args: argparse.Namespace, length: int, device: torch.device, dtyp
 
 def profile(variants: dict[str, Callable[[], object]], device: torch.device, prefix: Path) -> None:
     """One more call of each variant under ``torch.profiler``: its operators and kernels by device time, in
-    ``<prefix>_<variant>.txt`` (where the time beyond the attention kernel goes)."""
+    ``<prefix>_<variant>.txt`` (where the time beyond the attention kernel goes; ``method-backend`` for a method
+    timed on several backends)."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -129,7 +130,7 @@ def profile(variants: dict[str, Callable[[], object]], device: torch.device, pre
             run()
             synchronize(device)
         table = profiler.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=90)
-        Path(f"{prefix}_{name}.txt").write_text(table + "\n")
+        Path(f"{prefix}_{name.replace('/', '-')}.txt").write_text(table + "\n")  # self-extend/sdpa: one file
 
 
 def main() -> None:

@@ -59,8 +59,10 @@ def prefill_starts(mask: PositionMask, length: int) -> list[int] | None:
 def _kernel_takes(query: torch.Tensor, value: torch.Tensor) -> bool:
     """Values as wide as the queries, on a CPU or on CUDA where ``scaled_dot_product_attention`` would run a fused
     kernel for a causal call of this shape and dtype (:func:`_kernel`); and that kernel's op as this module calls
-    it (:func:`_op_as_called`)."""
-    if value.shape[-1] != query.shape[-1] or query.device.type not in ("cpu", "cuda"):
+    it (:func:`_op_as_called`). On CUDA the head dimension must be a multiple of 8: SDPA pads it to one before it
+    calls flash attention's op, which refuses any other, and these calls do not pad."""
+    dim = query.shape[-1]
+    if value.shape[-1] != dim or query.device.type not in ("cpu", "cuda") or (query.is_cuda and dim % 8):
         return False
     name = _kernel(query, query, query, True)
     return name is not None and _op_as_called(OPS[name])

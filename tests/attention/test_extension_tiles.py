@@ -177,6 +177,8 @@ def test_on_cuda_the_tiles_take_a_prefill_sdpa_would_run_on_a_fused_kernel(monke
     assert extension_tiles._kernel_takes(_cuda_like(), _cuda_like()) is takes
     assert causal == [True]
     assert extension_tiles._kernel_takes(_cuda_like(), _cuda_like(dim=32)) is False  # values not as wide
+    # SDPA pads a head dimension to a multiple of 8 before flash attention's op, which refuses others; no padding here
+    assert extension_tiles._kernel_takes(_cuda_like(dim=60), _cuda_like(dim=60)) is False
 
 
 @pytest.mark.parametrize(

@@ -162,14 +162,27 @@ def weights_commit(model: torch.nn.Module, repo_id: str, revision: str | None) -
     compared = 0
     for file in sorted(Path(config).parent.glob("*.safetensors")):
         with safe_open(file, framework="pt") as weights:
-            for name in sorted(held.keys() & set(weights.keys())):
-                tensor, stored = held[name], weights.get_slice(name)
+            for stored_name, name in sorted(_held_names(weights.keys(), held, model).items()):
+                tensor, stored = held[name], weights.get_slice(stored_name)
                 if not tensor.numel() or tuple(tensor.shape) != tuple(stored.get_shape()):
                     continue
                 if not torch.equal(stored[:1].to(tensor.dtype), tensor[:1].cpu()):
                     return None
                 compared += 1
     return Path(config).parent.name.lower() if compared else None
+
+
+def _held_names(stored: Any, held: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, str]:
+    """Each name of a checkpoint file that ``model`` holds, and its name in the model: as stored, or with the
+    model's ``base_model_prefix`` (a base model's checkpoint, GPT-2's ``wte.weight`` for ``transformer.wte.weight``)."""
+    prefix = getattr(model, "base_model_prefix", "")
+    names = {}
+    for name in stored:
+        for candidate in (name, f"{prefix}.{name}" if prefix else name):
+            if candidate in held:
+                names[name] = candidate
+                break
+    return names
 
 
 def different_models(measured: str, base: str) -> bool:

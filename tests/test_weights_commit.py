@@ -8,8 +8,12 @@ import logging
 import re
 
 import pytest
+import torch
+from conftest import make_tiny
 from helpers import BASE_PPL, YARN_PPL, write_results
-from hub_server import BASE_REPO, upload_base
+from hub_server import BASE_REPO, TOKEN, upload_base
+from huggingface_hub import HfApi
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 import hf_posenc
@@ -66,3 +70,24 @@ def test_weights_whose_commit_cannot_be_told_record_none_and_their_results_are_n
         hub.build_card(model, "me/y", with_weights=True, eval_results=of_second, base_revision=first)
     hub.push_to_hub(model, "me/y", with_weights=True, base_revision=first)
     assert base_revision(fake_hub, "me/y") == first
+
+
+def test_a_checkpoint_of_the_base_model_without_its_prefix_still_tells_the_commit(fake_hub, tmp_path):
+    """GPT-2's own checkpoints (openai-community/gpt2, distilgpt2) store ``wte.weight``, not the model's
+    ``transformer.wte.weight``: the names are matched through ``base_model_prefix`` (before: nothing compared, and
+    no commit recorded)."""
+    folder = tmp_path / "gpt2"
+    make_tiny("gpt2").save_pretrained(folder)
+    tensors = load_file(folder / "model.safetensors")
+    bare = {name.removeprefix("transformer."): tensor for name, tensor in tensors.items()}
+    assert set(bare) != set(tensors)
+    save_file(bare, folder / "model.safetensors", metadata={"format": "pt"})
+    api = HfApi(token=TOKEN)
+    api.create_repo("org/tiny-gpt2")
+    commit = api.upload_folder(repo_id="org/tiny-gpt2", folder_path=folder).oid
+    model = AutoModelForCausalLM.from_pretrained("org/tiny-gpt2")
+    assert torch.equal(model.transformer.wte.weight, tensors["transformer.wte.weight"])  # it loads the same weights
+    assert weights_commit(model, "org/tiny-gpt2", None) == commit
+    with torch.no_grad():
+        model.transformer.h[0].mlp.c_fc.weight[0, 0] += 1  # another first row: not these weights
+    assert weights_commit(model, "org/tiny-gpt2", None) is None

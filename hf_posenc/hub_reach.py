@@ -19,6 +19,14 @@ from .hub_errors import refuse_missing_folder
 from .provenance import is_hub_id
 
 CONFIG_FILE = "config.json"
+# A model's weights as transformers looks for them first: any one cached means the weights are (a sharded index
+# names its shards, which a complete download brought with it).
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def hub_unreachable(
@@ -53,23 +61,37 @@ def require_reachable(
     *,
     role: str = "`model`",
     filename: str = CONFIG_FILE,
+    weights: bool = False,
     token: str | bool | None = None,
 ) -> None:
-    """Raise ``OSError`` when ``name`` is a Hub id whose ``filename`` (at ``revision``) is not in the cache and no
-    connection to the Hub can be made (:func:`hub_unreachable`): the message says ``role`` (what ``name`` is to the
-    caller), the id, the revision and the reason. A name written as a path to nothing is refused
-    (:func:`~hf_posenc.hub_errors.refuse_missing_folder`); a local folder or file, a name no repo can have, a cached
-    model and a Hub that answers pass, for the loaders to read as ever."""
+    """Raise ``OSError`` when ``name`` is a Hub id whose ``filename`` (at ``revision``), or with ``weights`` its
+    weights too (one of :data:`WEIGHT_FILES`: ``check`` and a config-only push read the config alone), are not in the
+    cache and no connection to the Hub can be made (:func:`hub_unreachable`): the message says ``role`` (what
+    ``name`` is to the caller), the id, the revision, the reason and what is missing. A name written as a path to
+    nothing is refused (:func:`~hf_posenc.hub_errors.refuse_missing_folder`); a local folder or file, a name no repo
+    can have, a cached model and a Hub that answers pass, for the loaders to read as ever."""
     refuse_missing_folder(name)
-    if not is_hub_id(name) or not _valid_repo_id(name) or cached_file(name, filename, revision) is not None:
+    if not is_hub_id(name) or not _valid_repo_id(name):
+        return
+    missing = _not_cached(name, revision, filename, weights)
+    if missing is None:
         return
     unreachable = hub_unreachable(name, revision, filename=filename, token=token)
     if unreachable:
         at = f" at revision {revision!r}" if revision else ""
         raise OSError(
-            f"{role} {name!r}{at} cannot be loaded: the Hub cannot be reached ({unreachable}), and its {filename} is "
-            "not in the cache."
+            f"{role} {name!r}{at} cannot be loaded: the Hub cannot be reached ({unreachable}), and {missing} not in "
+            "the cache."
         )
+
+
+def _not_cached(name: str, revision: str | None, filename: str, weights: bool) -> str | None:
+    """What of the model the cache lacks, as the message says it (``its config.json is``), or None."""
+    if cached_file(name, filename, revision) is None:
+        return f"its {filename} is"
+    if weights and all(cached_file(name, file, revision) is None for file in WEIGHT_FILES):
+        return f"its weights are ({', '.join(WEIGHT_FILES)}; only its {filename} is there)"
+    return None
 
 
 def _valid_repo_id(name: str) -> bool:

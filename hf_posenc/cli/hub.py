@@ -92,7 +92,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_push(args: argparse.Namespace) -> int:
-    spec, saved = _method_and_saved(args)
+    spec, saved = _method_and_saved(args, weights=args.with_weights)
     base_model, base_revision = _weights_source(args, saved)
     tokenizer = _tokenizer(base_model, base_revision, args.token) if args.with_weights else None  # before the weights
     model, fingerprint = _patched_model(args, spec, saved, with_weights=args.with_weights)
@@ -125,9 +125,9 @@ def run_card(args: argparse.Namespace) -> int:
     inputs = [Path(path) for path in (args.results, args.lm_eval_results) if path is not None]
     if args.output is not None and any(args.output.resolve() == path.resolve() for path in inputs):
         raise ValueError(f"`output` {args.output} is a results file the card reads; name another file for the card.")
-    spec, saved = _method_and_saved(args)
-    base_model, base_revision = _weights_source(args, saved)
     fingerprinted = args.with_weights and args.results is not None  # as push compares them: the weights loaded
+    spec, saved = _method_and_saved(args, weights=fingerprinted)
+    base_model, base_revision = _weights_source(args, saved)
     model, fingerprint = _patched_model(args, spec, saved, with_weights=fingerprinted)
     method = PatchRecord.from_config(model.config).method
     card = build_card(
@@ -178,14 +178,14 @@ def _tokenizer(source: str, revision: str | None, token: str | None) -> PreTrain
         ) from None
 
 
-def _method_and_saved(args: argparse.Namespace) -> tuple[MethodSpec, SavedPatch | None]:
+def _method_and_saved(args: argparse.Namespace, *, weights: bool) -> tuple[MethodSpec, SavedPatch | None]:
     """``--method``, and the patch ``--model`` was saved or pushed with, if any (:mod:`hf_posenc.saved`): a Hub model
-    not in the cache where the Hub cannot be reached fails there, before anything is read
-    (:func:`~hf_posenc.eval.models.reachable_saved_patch`)."""
+    not in the cache (with ``weights``, the weights it loads too) where the Hub cannot be reached fails there, before
+    anything is read (:func:`~hf_posenc.eval.models.reachable_saved_patch`)."""
     spec = MethodSpec.parse(args.method)
     if spec.unpatched:
         raise ValueError("`method` 'none' is the unpatched model: there is no patch to push or describe.")
-    return spec, reachable_saved_patch(args.model, revision=args.model_revision, token=args.token)
+    return spec, reachable_saved_patch(args.model, revision=args.model_revision, token=args.token, weights=weights)
 
 
 def _weights_source(args: argparse.Namespace, saved: SavedPatch | None) -> tuple[str, str | None]:

@@ -112,16 +112,24 @@ class ModelSource:
 
 
 def reachable_saved_patch(
-    name: str, *, gguf_file: str | None = None, revision: str | None = None, token: str | None = None
+    name: str,
+    *,
+    gguf_file: str | None = None,
+    revision: str | None = None,
+    token: str | None = None,
+    weights: bool = True,
 ) -> SavedPatch | None:
     """:func:`~hf_posenc.saved.saved_patch` of the model ``name`` (``model``), the first a command reads of it: a Hub
-    model, or the base a config-only push takes its weights from, that is not in the cache where the Hub cannot be
-    reached fails first, at once (:func:`~hf_posenc.hub_reach.require_reachable`)."""
+    model, or the base a config-only push takes its weights from, that is not in the cache (with ``weights``, its
+    weights too) where the Hub cannot be reached fails first, at once (:func:`~hf_posenc.hub_reach.require_reachable`).
+    """
     require_reachable(name, revision, filename=gguf_file or CONFIG_FILE, token=token)
     saved = saved_patch(name, gguf_file=gguf_file, revision=revision, token=token)
     if saved is not None and saved.weights_from is not None:
         role = f"`model` {name!r} is a config-only push; its base model"
-        require_reachable(saved.weights_from, saved.weights_revision, role=role, token=token)
+        require_reachable(saved.weights_from, saved.weights_revision, role=role, weights=weights, token=token)
+    elif weights and gguf_file is None:  # a GGUF file is the weights
+        require_reachable(name, revision, weights=True, token=token)
     return saved
 
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from hub_server import BASE_REPO, TOKEN, upload_base
-from huggingface_hub import HfApi, constants, snapshot_download
+from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
 from tiny_runs import folder_files, results_of
 
 from hf_posenc.cli import main
@@ -123,3 +123,30 @@ def test_a_config_only_push_whose_base_is_not_cached_names_the_base(fake_hub, tm
         "be loaded: the Hub cannot be reached (HF_HUB_OFFLINE is set), and its config.json is not in the cache."
     )
     assert not output.exists()
+
+
+@pytest.fixture
+def config_alone_cached(fake_hub, tiny_dir) -> str:
+    """A model on the Hub of which the cache holds config.json alone (as ``check`` leaves it), read before the Hub
+    goes out of reach (it comes first among a test's fixtures); its id."""
+    HfApi(token=TOKEN).create_repo("me/tiny")
+    HfApi(token=TOKEN).upload_folder(repo_id="me/tiny", folder_path=tiny_dir / "model")
+    hf_hub_download("me/tiny", "config.json")
+    return "me/tiny"
+
+
+@pytest.mark.parametrize("command", ["eval", "passkey"])
+def test_a_model_whose_config_alone_is_cached_fails_at_once_naming_its_weights(
+    command, config_alone_cached, unreachable, retries, tmp_path, capsys
+):
+    """``check`` and a config-only push read a model's config.json alone: with only that in the cache, a command that
+    loads the weights names them (before: the tokenizer's sentencepiece advice, after 5 retries of each file where
+    no connection could be made)."""
+    (tmp_path / "texts").mkdir()
+    output = tmp_path / "out"
+    assert main(_argv(command, config_alone_cached, output)) == 2
+    message = _one_line_error(capsys, command)
+    assert message.startswith(f"--model 'me/tiny' cannot be loaded: the Hub cannot be reached {unreachable}")
+    assert message.endswith("and its weights are (model.safetensors, model.safetensors.index.json, pytorch_model.bin, "
+                            "pytorch_model.bin.index.json; only its config.json is there) not in the cache.")  # fmt: skip
+    assert retries == [] and not output.exists()

@@ -4,21 +4,28 @@ With no connection to the Hub (no network, DNS or route) and a model not in the 
 download 5 times (~25 s), and transformers then fails with a message that names neither the model nor the reason (with
 ``HF_HUB_OFFLINE`` set, that message at once). :func:`hub_unreachable` tells both cases, with one HEAD request
 without retries, and :func:`require_reachable` fails at once on them, naming the model, its revision and the reason.
+A command-line run reads the cache alone once no connection can be made (:func:`cache_only_if_unreachable`), so
+that a cached model loads at once there too.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx2
-from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, is_offline_mode
+from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url, is_offline_mode
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
 from .hub_errors import refuse_missing_folder
 from .provenance import is_hub_id
 
+logger = logging.getLogger("hf_posenc")
 CONFIG_FILE = "config.json"
+_CACHE_ONLY_SINCE: list[str] = []  # why this run reads the cache alone (cache_only_if_unreachable), while it does
 # A model's weights as transformers looks for them first: any one cached means the weights are (a sharded index
 # names its shards, which a complete download brought with it).
 WEIGHT_FILES = (
@@ -36,7 +43,7 @@ def hub_unreachable(
     ``filename`` without retries), or None. Any answer (not found, a server error) or a timeout is None: the
     download handles it as ever, its retries included."""
     if is_offline_mode():
-        return "HF_HUB_OFFLINE is set"
+        return _CACHE_ONLY_SINCE[-1] if _CACHE_ONLY_SINCE else "HF_HUB_OFFLINE is set"
     try:
         get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=revision), token=token)
     except httpx2.ConnectError as error:
@@ -44,6 +51,34 @@ def hub_unreachable(
     except httpx2.HTTPError:  # an answer or a timeout: for the download to handle
         pass
     return None
+
+
+@contextmanager
+def cache_only_if_unreachable(name: str | None, revision: str | None = None) -> Iterator[None]:
+    """For a command-line run that reads the Hub model ``name``: where ``HF_HUB_OFFLINE`` is not set and no
+    connection to the Hub can be made (:func:`hub_unreachable`), huggingface_hub reads its cache alone inside the
+    block, as ``HF_HUB_OFFLINE=1`` would, with a warning. A cached model then loads at once rather than after
+    huggingface_hub's retries of a download (about 25 s), and one not cached fails at once (:func:`require_reachable`,
+    naming the connection error). Offline mode is restored after the block."""
+    if name is None or is_offline_mode() or not is_hub_id(name) or not _valid_repo_id(name) or Path(name).exists():
+        yield
+        return
+    reason = hub_unreachable(name, revision)
+    if reason is None:
+        yield
+        return
+    logger.warning(
+        "hf_posenc: the Hub cannot be reached (%s): this run reads huggingface_hub's cache alone, as HF_HUB_OFFLINE=1 "
+        "would (set it to skip this check).",
+        reason,
+    )
+    constants.HF_HUB_OFFLINE = True
+    _CACHE_ONLY_SINCE.append(reason)
+    try:
+        yield
+    finally:
+        _CACHE_ONLY_SINCE.pop()
+        constants.HF_HUB_OFFLINE = False
 
 
 def cached_file(repo_id: str, filename: str, revision: str | None = None) -> Path | None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -25,6 +27,7 @@ from ..eval.results import (
 )
 from ..eval.runner import MAX_TRIALS, run_passkey, run_perplexity
 from ..eval.specs import DEFAULT_METHODS
+from ..hub_reach import cache_only_if_unreachable
 from ..offline import essays_dir
 
 OFFLINE_LENGTHS = "2k,8k,16k"
@@ -220,6 +223,18 @@ def _model_source(args: argparse.Namespace) -> ModelSource:
     return ModelSource.named(args.model, args.gguf_file, args.dtype, **_loading(args))
 
 
+def reads_cache_if_unreachable(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``command``, reading huggingface_hub's cache alone where ``--model`` is a Hub id and the Hub cannot be reached
+    (:func:`~hf_posenc.hub_reach.cache_only_if_unreachable`: a cached model loads at once, without retries)."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        with cache_only_if_unreachable(args.model, getattr(args, "revision", None)):
+            return command(args)
+
+    return run
+
+
 def _loading(args: argparse.Namespace) -> dict:
     """How to load ``--model``, from the options a command has (train has none of them)."""
     names = ("revision", "attn_implementation", "device_map", "max_memory")
@@ -243,6 +258,7 @@ def _offline_note(args: argparse.Namespace) -> str:
     return f"{essays} Paul Graham essays joined {joined}"
 
 
+@reads_cache_if_unreachable
 def eval_command(args: argparse.Namespace) -> int:
     model_source = _model_source(args)
     offline = args.dataset is None  # the bundled essays: a local folder, with every data option as for one
@@ -310,6 +326,7 @@ def _windows_phrase(args: argparse.Namespace) -> str:
     return phrase + ("" if args.max_windows is None else f" (at most {args.max_windows})")
 
 
+@reads_cache_if_unreachable
 def passkey_command(args: argparse.Namespace) -> int:
     model_source = _model_source(args)
     output = args.output = args.output or _default_output("passkey", model_source.gguf_file or model_source.name)

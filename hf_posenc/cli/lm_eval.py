@@ -11,6 +11,7 @@ from typing import Any
 from ..eval.lm_eval import LM_EVAL_JSON, import_lm_eval, run_lm_eval
 from ..eval.lm_eval_report import format_lm_eval_table
 from ..eval.specs import DEFAULT_METHODS
+from ..hub_reach import cache_only_if_unreachable
 from .eval import _default_output, _loading, add_dtype_argument, add_loading_arguments
 
 # Library parameters, and the options that set them here.
@@ -147,23 +148,24 @@ def lm_eval_command(args: argparse.Namespace) -> int:
     if config.max_batch_size:
         model_args["max_batch_size"] = config.max_batch_size
     output = args.output = parsed.output or _default_output("lm-eval", parsed.gguf_file or parsed.model or "smollm2")
-    report = run_lm_eval(
-        parsed.model,
-        config.tasks,
-        methods=parsed.methods,
-        tokenizer=model_args.pop("tokenizer", None),
-        output=output,
-        gguf_file=parsed.gguf_file,
-        dtype=parsed.dtype,
-        device=parsed.device,
-        **_loading(parsed),
-        max_length=model_args.pop("max_length", None),
-        batch_size=config.batch_size,
-        model_args=model_args,
-        include_path=config.include_path,
-        metadata=config.metadata,
-        **evaluate_arguments(config),
-    )
+    with cache_only_if_unreachable(parsed.model, parsed.revision):  # a cached model, at once offline
+        report = run_lm_eval(
+            parsed.model,
+            config.tasks,
+            methods=parsed.methods,
+            tokenizer=model_args.pop("tokenizer", None),
+            output=output,
+            gguf_file=parsed.gguf_file,
+            dtype=parsed.dtype,
+            device=parsed.device,
+            **_loading(parsed),
+            max_length=model_args.pop("max_length", None),
+            batch_size=config.batch_size,
+            model_args=model_args,
+            include_path=config.include_path,
+            metadata=config.metadata,
+            **evaluate_arguments(config),
+        )
     print(f"\nlm-eval {report['lm_eval_version']}, max_length {report['max_length']}:")
     print(format_lm_eval_table(report))
     print(f"\nResults: {output}/{LM_EVAL_JSON}")

@@ -15,7 +15,7 @@ from ..spec import MethodSpec
 from ..training.packing import PackedWindows, pack_texts
 from ..training.run import SUMMARY_FILE, TrainResult, TrainSettings, check_output, train
 from ..training.trainable import TRAINABLE
-from .eval import _is_main_process, _length, _model_source, _positive_int
+from .eval import _is_main_process, _length, _model_source, _positive_int, reads_cache_if_unreachable
 
 # Library parameters whose flag has another name: train(texts=..., output_dir=...), TextSource(config=...).
 PARAMETER_FLAGS = {"texts": "--dataset", "output_dir": "--output", "config": "--dataset-config"}
@@ -135,6 +135,7 @@ def _add_training_arguments(group) -> None:
     )
 
 
+@reads_cache_if_unreachable
 def train_command(args: argparse.Namespace) -> int:
     spec = MethodSpec.parse(args.method)
     settings = TrainSettings(

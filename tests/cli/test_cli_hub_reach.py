@@ -6,6 +6,7 @@ as before."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import shutil
 from types import SimpleNamespace
 
@@ -150,3 +151,29 @@ def test_a_model_whose_config_alone_is_cached_fails_at_once_naming_its_weights(
     assert message.endswith("and its weights are (model.safetensors, model.safetensors.index.json, pytorch_model.bin, "
                             "pytorch_model.bin.index.json; only its config.json is there) not in the cache.")  # fmt: skip
     assert retries == [] and not output.exists()
+
+
+def test_with_no_connection_a_cached_model_loads_at_once_and_offline_mode_is_restored(
+    fake_hub, tiny_dir, tmp_path, monkeypatch, retries, caplog
+):
+    """No connection and HF_HUB_OFFLINE not set: the run reads the cache alone, as HF_HUB_OFFLINE=1 would (before:
+    huggingface_hub's five retries of a download, ~25 s, then the cache), to the same numbers, with a warning; the
+    process is online again after it."""
+    HfApi(token=TOKEN).create_repo("me/tiny")
+    HfApi(token=TOKEN).upload_folder(repo_id="me/tiny", folder_path=tiny_dir / "model")
+    online, cut_off = tmp_path / "online", tmp_path / "cut-off"
+    run = ["eval", "--model", "me/tiny", "--dataset", str(tiny_dir / "texts"), "--method", "none", "--lengths", "32"]
+    assert main([*run, "--output", str(online)]) == 0
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    template = constants.HUGGINGFACE_CO_URL_TEMPLATE.replace(fake_hub.endpoint, CLOSED)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    with caplog.at_level(logging.WARNING, logger="hf_posenc"):
+        assert main([*run, "--output", str(cut_off)]) == 0
+    assert retries == [] and constants.HF_HUB_OFFLINE is False
+    assert (
+        "the Hub cannot be reached (ConnectError: " in caplog.text
+        and "reads huggingface_hub's cache alone" in caplog.text
+    )
+    assert [row["ppl"] for row in results_of(cut_off)["results"]] == [
+        row["ppl"] for row in results_of(online)["results"]
+    ]

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import re
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from accelerate import PartialState
 
 from ..eval.data import PROTOCOL_HELP, PROTOCOLS, TextSource, parse_length, parse_lengths
-from ..eval.models import ATTN_IMPLEMENTATIONS, ModelSource
 from ..eval.results import (
     PASSKEY_CSV,
     PASSKEY_JSON,
@@ -27,8 +24,8 @@ from ..eval.results import (
 )
 from ..eval.runner import MAX_TRIALS, run_passkey, run_perplexity
 from ..eval.specs import DEFAULT_METHODS
-from ..hub_reach import cache_only_if_unreachable
 from ..offline import essays_dir
+from .model_options import add_dtype_argument, add_loading_arguments, model_source_of, reads_cache_if_unreachable
 
 OFFLINE_LENGTHS = "2k,8k,16k"
 OFFLINE_JOIN = "\n\n"
@@ -186,61 +183,6 @@ def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, 
     parser.add_argument("--output", type=Path, help="results folder (default: hf-posenc-results/<run>)")
 
 
-def add_loading_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """How ``--model`` is loaded besides its file and dtype (eval, passkey, lm-eval): ``ModelSource``'s fields."""
-    parser.add_argument("--revision", help="branch, tag or commit of a Hub --model (default: main)")
-    parser.add_argument(
-        "--attn-implementation",
-        choices=ATTN_IMPLEMENTATIONS,
-        help="transformers' attention of the base model (default: its own, sdpa for most); ALiBi and the T5 bias "
-        "pick their backend with the method (alibi:backend=flex)",
-    )
-    parser.add_argument(
-        "--device-map",
-        choices=("auto", "balanced", "balanced_low_0", "sequential"),
-        help="split one model over this machine's GPUs (accelerate's big-model inference; run one process, not "
-        "accelerate launch)",
-    )
-    parser.add_argument(
-        "--max-memory",
-        type=_max_memory,
-        metavar="DEVICE=SIZE,...",
-        help="with --device-map: each device's budget, e.g. 0=70GiB,1=70GiB,cpu=200GiB",
-    )
-
-
-def add_dtype_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``--dtype`` of the evaluated model (eval, passkey, lm-eval)."""
-    parser.add_argument(
-        "--dtype",
-        choices=("auto", "float32", "bfloat16", "float16"),
-        default="auto",
-        help="dtype of the weights and the forward (default: auto: bfloat16 on a GPU, float32 on a CPU)",
-    )
-
-
-def _model_source(args: argparse.Namespace) -> ModelSource:
-    return ModelSource.named(args.model, args.gguf_file, args.dtype, **_loading(args))
-
-
-def reads_cache_if_unreachable(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """``command``, reading huggingface_hub's cache alone where ``--model`` is a Hub id and the Hub cannot be reached
-    (:func:`~hf_posenc.hub_reach.cache_only_if_unreachable`: a cached model loads at once, without retries)."""
-
-    @functools.wraps(command)
-    def run(args: argparse.Namespace) -> int:
-        with cache_only_if_unreachable(args.model, getattr(args, "revision", None)):
-            return command(args)
-
-    return run
-
-
-def _loading(args: argparse.Namespace) -> dict:
-    """How to load ``--model``, from the options a command has (train has none of them)."""
-    names = ("revision", "attn_implementation", "device_map", "max_memory")
-    return {name: getattr(args, name, None) for name in names}
-
-
 def _dtype_shown(model_source) -> str:
     """The dtype the model will run in (``auto`` resolved for the device it will run on)."""
     return model_source.resolved_dtype(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
@@ -260,7 +202,7 @@ def _offline_note(args: argparse.Namespace) -> str:
 
 @reads_cache_if_unreachable
 def eval_command(args: argparse.Namespace) -> int:
-    model_source = _model_source(args)
+    model_source = model_source_of(args)
     offline = args.dataset is None  # the bundled essays: a local folder, with every data option as for one
     text_source = TextSource(
         str(essays_dir()) if offline else args.dataset,
@@ -328,7 +270,7 @@ def _windows_phrase(args: argparse.Namespace) -> str:
 
 @reads_cache_if_unreachable
 def passkey_command(args: argparse.Namespace) -> int:
-    model_source = _model_source(args)
+    model_source = model_source_of(args)
     output = args.output = args.output or _default_output("passkey", model_source.gguf_file or model_source.name)
     report = run_passkey(
         model_source=model_source,
@@ -362,17 +304,6 @@ def _end_processes() -> None:
 
 def _is_main_process() -> bool:
     return PartialState().is_main_process
-
-
-def _max_memory(text: str) -> dict[int | str, str]:
-    """``0=70GiB,cpu=200GiB`` -> ``{0: "70GiB", "cpu": "200GiB"}`` (accelerate's ``max_memory``)."""
-    budgets: dict[int | str, str] = {}
-    for part in text.split(","):
-        device, _, size = part.strip().partition("=")
-        if not device or not re.fullmatch(r"\d+(\.\d+)?\s*[KMGT]i?B", size.strip(), re.IGNORECASE):
-            raise argparse.ArgumentTypeError(f"{part!r} is not DEVICE=SIZE (0=70GiB, cpu=200GiB)")
-        budgets[int(device) if device.isdigit() else device] = size.strip()
-    return budgets
 
 
 def _positive_int(text: str) -> int:

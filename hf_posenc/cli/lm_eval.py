@@ -12,7 +12,8 @@ from ..eval.lm_eval import LM_EVAL_JSON, import_lm_eval, run_lm_eval
 from ..eval.lm_eval_report import format_lm_eval_table
 from ..eval.specs import DEFAULT_METHODS
 from ..hub_reach import cache_only_if_unreachable
-from .eval import _default_output, _loading, add_dtype_argument, add_loading_arguments
+from .eval import _default_output
+from .model_options import add_dtype_argument, add_loading_arguments, loading
 
 # Library parameters, and the options that set them here.
 PARAMETER_FLAGS = {
@@ -158,7 +159,7 @@ def lm_eval_command(args: argparse.Namespace) -> int:
             gguf_file=parsed.gguf_file,
             dtype=parsed.dtype,
             device=parsed.device,
-            **_loading(parsed),
+            **loading(parsed),
             max_length=model_args.pop("max_length", None),
             batch_size=config.batch_size,
             model_args=model_args,

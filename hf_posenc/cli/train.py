@@ -15,7 +15,8 @@ from ..spec import MethodSpec
 from ..training.packing import PackedWindows, pack_texts
 from ..training.run import SUMMARY_FILE, TrainResult, TrainSettings, check_output, train
 from ..training.trainable import TRAINABLE
-from .eval import _is_main_process, _length, _model_source, _positive_int, reads_cache_if_unreachable
+from .eval import _is_main_process, _length, _positive_int
+from .model_options import model_source_of, reads_cache_if_unreachable
 
 # Library parameters whose flag has another name: train(texts=..., output_dir=...), TextSource(config=...).
 PARAMETER_FLAGS = {"texts": "--dataset", "output_dir": "--output", "config": "--dataset-config"}
@@ -187,7 +188,7 @@ def _print_result(
 
 def _training_source(args: argparse.Namespace) -> ModelSource:
     """The model as eval loads it, in float32 for ``auto`` (master weights; on a GPU the Trainer autocasts)."""
-    source = _model_source(args)
+    source = model_source_of(args)
     return dataclasses.replace(source, dtype="float32") if source.dtype == "auto" else source
 
 

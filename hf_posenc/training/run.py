@@ -107,6 +107,7 @@ def train(
     check_output(output_dir, identity, settings.resume)
     release_gguf(model)
     args = training_arguments(model, output_dir, settings)
+    handed_in = _HandedIn.of(model)
     if args.place_model_on_device:  # patched where and as it trains: the backend "auto" picks depends on both
         model.to(args.device)
     model.train()
@@ -128,9 +129,10 @@ def train(
             )
         trainable = select_trainable(model, settings.trainable, added, unused_parameters(model))
         _warn_of_coarse_position_parameters(model, added)
-    except ValueError:
+    except ValueError:  # the model as it was handed in
         if not spec.unpatched:
             unpatch(model)
+        handed_in.restore(model)
         raise
     PartialState().wait_for_everyone()  # every process has checked output_dir before the first file is written
     if args.should_save:
@@ -174,6 +176,28 @@ def _warn_of_coarse_position_parameters(model: PreTrainedModel, added: frozenset
             ", ".join(coarse),
             dtype,
         )
+
+
+@dataclass(frozen=True)
+class _HandedIn:
+    """What :func:`train` changes of a model before its last check, restored when a check refuses the run."""
+
+    training: bool
+    device: torch.device | None  # its one device (None: placed over several, which train does not move)
+    requires_grad: dict[str, bool]
+
+    @classmethod
+    def of(cls, model: PreTrainedModel) -> _HandedIn:
+        devices = {parameter.device for parameter in model.parameters()}
+        flags = {name: parameter.requires_grad for name, parameter in model.named_parameters()}
+        return cls(model.training, devices.pop() if len(devices) == 1 else None, flags)
+
+    def restore(self, model: PreTrainedModel) -> None:
+        if self.device is not None:
+            model.to(self.device)
+        model.train(self.training)
+        for name, parameter in model.named_parameters():
+            parameter.requires_grad_(self.requires_grad.get(name, parameter.requires_grad))
 
 
 def _check_backward(model: PreTrainedModel, spec: MethodSpec, device: torch.device) -> None:

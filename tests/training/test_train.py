@@ -216,6 +216,20 @@ def test_windows_longer_than_gpt2s_table_are_refused_before_anything_is_written(
     assert_same(before, snapshot(model.eval()))
 
 
+def test_a_refused_run_leaves_the_model_in_its_mode_and_with_its_frozen_parameters(tmp_path):
+    """A check after the model was put in training mode refuses the run (alibi adds no position parameter for
+    `position_learning_rate`): the model is handed back in eval mode, with the parameter the caller froze still
+    frozen (before: left training)."""
+    model = make_tiny("llama").eval()
+    frozen = model.model.layers[0].self_attn.q_proj.weight.requires_grad_(False)
+    flags = {name: parameter.requires_grad for name, parameter in model.named_parameters()}
+    with pytest.raises(ValueError, match="has none"):
+        train(model, None, DATA, tmp_path / "out", _settings(position_learning_rate=1e-2), "alibi")
+    assert not model.training and not frozen.requires_grad and hf_posenc.get_patch(model) is None
+    assert {name: parameter.requires_grad for name, parameter in model.named_parameters()} == flags
+    assert not (tmp_path / "out").exists()
+
+
 def test_checkpointing_and_accumulation_change_only_float_rounding(tmp_path):
     """Two windows a step as one batch, or as two accumulated forwards with activation checkpointing (the
     embeddings frozen: the recomputed forward must still reach the trained norms)."""

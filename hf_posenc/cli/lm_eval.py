@@ -30,6 +30,7 @@ PARAMETER_FLAGS = {
     "tasks": "--tasks",
     "max_length": "--model_args max_length=N",
     "include_path": "--include_path",
+    "batch_size": "--batch_size",
     "output": "--output",
 }
 # lm-eval run's options that do not apply here, and why.

@@ -61,6 +61,11 @@ def _one_line_error(capsys) -> str:
         (["--tasks", "tiny_choice", "--limit", "-3"], "--limit must be a finite number > 0 (examples per task, or"),
         (["--tasks", "tiny_choice", "--limit", "inf"], "--limit must be a finite number > 0"),
         (["--tasks", "tiny_choice", "--model_args", "max_length=abc"], "--model_args max_length=N must be a positive"),
+        (
+            ["--tasks", "tiny_choice", "--batch_size", "0"],
+            "--batch_size must be a positive integer, 'auto' or 'auto:N'",
+        ),
+        (["--tasks", "tiny_choice", "--batch_size", "auto:0"], "--batch_size must be a positive integer"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tiny_dir, tasks, tmp_path, capsys, extra, message):

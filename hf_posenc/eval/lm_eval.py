@@ -183,7 +183,7 @@ def run_lm_eval(
     length = max_length or max(contexts)
     for spec in specs:  # GPT-2's learned table: no input past its rows, patched or not
         with method_applied(subject.model, spec, spec.params):
-            check_position_table(subject.model, spec.text, length)
+            check_position_table(subject.model, spec.text, length, LM_EVAL_SHORTER)
     _warn_about_padding(subject.model, specs, batch_size)
     arguments = {"tasks": [task if isinstance(task, str) else task.get("task") for task in tasks]}
     arguments.update(batch_size=batch_size, model_args=model_args or {}, include_path=include_path, metadata=metadata)
@@ -214,6 +214,11 @@ def _new_report(lm_eval: Any, subject: _Subject, max_length: int, arguments: dic
 
 def _text(method: str | MethodSpec) -> str:
     return method.text if isinstance(method, MethodSpec) else method
+
+
+LM_EVAL_SHORTER = (
+    "Score it with `max_length` up to {rows}, run it alone with another `output` (lm-eval's runs do not add up)"
+)
 
 
 def _source(model: str | Any | None, gguf_file: str | None, dtype: str, **loading: Any) -> ModelSource | None:

@@ -222,15 +222,19 @@ def resolve_bos(bos: str, tokenizer) -> int | None:
     return tokenizer.bos_token_id if adds else None
 
 
-def check_position_table(model, method: str, longest: int) -> None:
+EVAL_SHORTER = "Evaluate it at `lengths` up to {rows} (runs with the same `output` add up)"
+
+
+def check_position_table(model, method: str, longest: int, shorter: str = EVAL_SHORTER) -> None:
     """Raise ``ValueError`` if ``model`` (patched with the method spec ``method``) looks positions up in a
-    learned table with fewer rows than ``longest`` input tokens (:func:`learned_table_rows`)."""
+    learned table with fewer rows than ``longest`` input tokens (:func:`learned_table_rows`); ``shorter`` says how
+    the caller's command evaluates at most ``{rows}`` tokens."""
     rows = learned_table_rows(model)
     if rows is not None and longest > rows:
         raise ValueError(
             f"`methods` {method!r}: {type(model).__name__} has a learned table of {rows} positions, and the longest "
-            f"input here has {longest} tokens. Evaluate it at `lengths` up to {rows} (runs with the same `output` "
-            "add up), or with a method that extends or replaces the table (pi:factor=..., alibi, sinusoidal)."
+            f"input here has {longest} tokens. {shorter.format(rows=rows)}, or use a method that extends or replaces "
+            "the table (pi:factor=..., alibi, sinusoidal)."
         )
 
 

@@ -228,11 +228,17 @@ def test_without_lm_eval_the_error_names_the_extra(monkeypatch, tiny_dir):
 
 def test_gpt2_past_its_learned_table_is_refused_before_any_task_runs(tiny_dir, task_manager, tmp_path):
     """GPT-2's table has 64 rows: lm-eval at ``max_length`` 128 would index past it (a CUDA assert or an IndexError
-    deep in the forward); refused naming the methods that extend or replace the table, nothing written."""
-    with pytest.raises(ValueError, match=r"`methods` 'none': GPT2LMHeadModel has a learned table of 64 positions"):
+    deep in the forward); refused naming lm-eval's own ways round it (not eval's `lengths`, which lm-eval has not, nor
+    runs adding up in one `output`, which lm-eval refuses) and the methods that extend or replace the table, nothing
+    written."""
+    with pytest.raises(
+        ValueError, match=r"`methods` 'none': GPT2LMHeadModel has a learned table of 64 positions"
+    ) as info:
         run_lm_eval(
             str(tiny_dir / "gpt2"), TASKS, methods=["none"], max_length=128, task_manager=task_manager, output=tmp_path
         )
+    assert "Score it with `max_length` up to 64, run it alone with another `output`" in str(info.value)
+    assert "`lengths`" not in str(info.value)
     assert not (tmp_path / LM_EVAL_JSON).exists()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -92,13 +93,26 @@ def test_a_gguf_file_not_cached_is_named(fake_hub, tmp_path, monkeypatch, capsys
     assert _one_line_error(capsys, "eval").endswith("is set), and its m.Q4_1.gguf is not in the cache.")
 
 
-def test_a_cached_model_is_evaluated_offline_as_before(fake_hub, tiny_dir, tmp_path, monkeypatch, capsys):
-    """A model read once is in the cache: eval reads it there offline, the same commit to the same numbers."""
+def _upload_tiny(tiny_dir) -> str:
+    """The tiny model on the fake Hub as ``me/tiny``; its id."""
     HfApi(token=TOKEN).create_repo("me/tiny")
     HfApi(token=TOKEN).upload_folder(repo_id="me/tiny", folder_path=tiny_dir / "model")
-    online, offline = tmp_path / "online", tmp_path / "offline"
-    run = ["eval", "--model", "me/tiny", "--dataset", str(tiny_dir / "texts"), "--method", "none", "--lengths", "32"]
-    assert main([*run, "--output", str(online)]) == 0
+    return "me/tiny"
+
+
+@pytest.fixture
+def evaluated_online(fake_hub, tiny_dir, tmp_path) -> tuple[list[str], Path]:
+    """``me/tiny`` evaluated once online (so in the cache): the eval's arguments but ``--output``, and its output."""
+    run = ["eval", "--model", _upload_tiny(tiny_dir), "--dataset", str(tiny_dir / "texts"), "--method", "none"]
+    run += ["--lengths", "32"]
+    assert main([*run, "--output", str(tmp_path / "online")]) == 0
+    return run, tmp_path / "online"
+
+
+def test_a_cached_model_is_evaluated_offline_as_before(evaluated_online, tmp_path, monkeypatch, capsys):
+    """A model read once is in the cache: eval reads it there offline, the same commit to the same numbers."""
+    run, online = evaluated_online
+    offline = tmp_path / "offline"
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert main([*run, "--output", str(offline)]) == 0
     assert [row["ppl"] for row in results_of(offline)["results"]] == [
@@ -130,9 +144,7 @@ def test_a_config_only_push_whose_base_is_not_cached_names_the_base(fake_hub, tm
 def config_alone_cached(fake_hub, tiny_dir) -> str:
     """A model on the Hub of which the cache holds config.json alone (as ``check`` leaves it), read before the Hub
     goes out of reach (it comes first among a test's fixtures); its id."""
-    HfApi(token=TOKEN).create_repo("me/tiny")
-    HfApi(token=TOKEN).upload_folder(repo_id="me/tiny", folder_path=tiny_dir / "model")
-    hf_hub_download("me/tiny", "config.json")
+    hf_hub_download(_upload_tiny(tiny_dir), "config.json")
     return "me/tiny"
 
 
@@ -154,16 +166,13 @@ def test_a_model_whose_config_alone_is_cached_fails_at_once_naming_its_weights(
 
 
 def test_with_no_connection_a_cached_model_loads_at_once_and_offline_mode_is_restored(
-    fake_hub, tiny_dir, tmp_path, monkeypatch, retries, caplog
+    evaluated_online, fake_hub, tmp_path, monkeypatch, retries, caplog
 ):
     """No connection and HF_HUB_OFFLINE not set: the run reads the cache alone, as HF_HUB_OFFLINE=1 would (before:
     huggingface_hub's five retries of a download, ~25 s, then the cache), to the same numbers, with a warning; the
     process is online again after it."""
-    HfApi(token=TOKEN).create_repo("me/tiny")
-    HfApi(token=TOKEN).upload_folder(repo_id="me/tiny", folder_path=tiny_dir / "model")
-    online, cut_off = tmp_path / "online", tmp_path / "cut-off"
-    run = ["eval", "--model", "me/tiny", "--dataset", str(tiny_dir / "texts"), "--method", "none", "--lengths", "32"]
-    assert main([*run, "--output", str(online)]) == 0
+    run, online = evaluated_online
+    cut_off = tmp_path / "cut-off"
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     template = constants.HUGGINGFACE_CO_URL_TEMPLATE.replace(fake_hub.endpoint, CLOSED)
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)

@@ -60,7 +60,7 @@ def cache_only_if_unreachable(name: str | None, revision: str | None = None) -> 
     block, as ``HF_HUB_OFFLINE=1`` would, with a warning. A cached model then loads at once rather than after
     huggingface_hub's retries of a download (about 25 s), and one not cached fails at once (:func:`require_reachable`,
     naming the connection error). Offline mode is restored after the block."""
-    if name is None or is_offline_mode() or not is_hub_id(name) or not _valid_repo_id(name) or Path(name).exists():
+    if is_offline_mode() or not _hub_repo(name):
         yield
         return
     reason = hub_unreachable(name, revision)
@@ -106,7 +106,7 @@ def require_reachable(
     nothing is refused (:func:`~hf_posenc.hub_errors.refuse_missing_folder`); a local folder or file, a name no repo
     can have, a cached model and a Hub that answers pass, for the loaders to read as ever."""
     refuse_missing_folder(name)
-    if not is_hub_id(name) or not _valid_repo_id(name):
+    if not _hub_repo(name):
         return
     missing = _not_cached(name, revision, filename, weights)
     if missing is None:
@@ -129,8 +129,11 @@ def _not_cached(name: str, revision: str | None, filename: str, weights: bool) -
     return None
 
 
-def _valid_repo_id(name: str) -> bool:
-    """Whether ``name`` can be a repo id (one that cannot is left for the loaders to refuse)."""
+def _hub_repo(name: str | None) -> bool:
+    """Whether ``name`` is a Hub id (not a local folder or file) that a repo can have (one that cannot is left for
+    the loaders to refuse)."""
+    if not is_hub_id(name):
+        return False
     try:
         validate_repo_id(name)
     except HFValidationError:

@@ -178,7 +178,7 @@ def _held_names(stored: Any, held: dict[str, torch.Tensor], model: torch.nn.Modu
     prefix = getattr(model, "base_model_prefix", "")
     names = {}
     for name in stored:
-        for candidate in (name, f"{prefix}.{name}" if prefix else name):
+        for candidate in (name, f"{prefix}.{name}"):  # no prefix: ".name", which no model holds
             if candidate in held:
                 names[name] = candidate
                 break

@@ -155,7 +155,7 @@ def run_lm_eval(
             )
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
         raise ValueError(f"`max_length` must be a positive integer (tokens), got {max_length!r}.")
-    if not re.fullmatch(r"[1-9]\d*|auto(:[1-9]\d*)?", str(batch_size)) or isinstance(batch_size, bool):
+    if not re.fullmatch(r"[1-9]\d*|auto(:[1-9]\d*)?", str(batch_size)):  # True reads "True": refused
         raise ValueError(
             f"`batch_size` must be a positive integer, 'auto' or 'auto:N' (as HFLM reads it), got {batch_size!r}."
         )

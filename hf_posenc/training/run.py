@@ -27,13 +27,14 @@ import accelerate
 import torch
 import transformers
 from accelerate import PartialState
-from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArguments, default_data_collator
+from transformers import PreTrainedModel, TrainerCallback, TrainingArguments, default_data_collator
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from .._version import __version__
 from ..files import atomic_write_text, json_text, refuse_dangling_link, same_place
 from ..patching import get_patch, learned_table_rows, unpatch
 from ..spec import MethodSpec
+from .optimizer import PositionRateTrainer
 from .packing import PackedWindows, pack_texts
 from .settings import TrainSettings, training_arguments
 from .trainable import apply_method, release_gguf, select_trainable, unused_parameters
@@ -139,14 +140,15 @@ def train(
         _write_json(output_dir / RUN_FILE, identity)
     checkpoint = get_last_checkpoint(str(output_dir)) if settings.resume else None
     clock = _Clock(_seconds_at(checkpoint))
-    trainer = Trainer(
+    trainer = PositionRateTrainer(
         model=model,
         args=args,
         train_dataset=data,
         data_collator=default_data_collator,
         processing_class=tokenizer,
         callbacks=[clock, _StopIfFinished(), *(callbacks or [])],
-        optimizers=(_optimizer(model, added, settings, args), None),
+        position_parameters=added,
+        position_learning_rate=settings.position_learning_rate,
     )
     clock.start()
     with contextlib.suppress(_Finished):  # then the model holds its last checkpoint's weights: saved again below
@@ -209,27 +211,6 @@ def _check_backward(model: PreTrainedModel, spec: MethodSpec, device: torch.devi
             f"`method` {spec.text!r}: the flex backend has no backward on a CPU (torch's flex attention); train with "
             "backend=sdpa (or leave the backend to auto), or on a GPU."
         )
-
-
-def _optimizer(
-    model: PreTrainedModel, added: frozenset[str], settings: TrainSettings, args: TrainingArguments
-) -> torch.optim.Optimizer | None:
-    """The Trainer's own AdamW (None: it builds it) unless the parameters the patch added take their own
-    ``position_learning_rate``: then the same AdamW with two parameter groups (the schedule scales both)."""
-    if settings.position_learning_rate is None:  # given, it has added parameters to move (checked in train)
-        return None
-    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for name, p in trainable if name not in added], "lr": settings.learning_rate},
-        {"params": [p for name, p in trainable if name in added], "lr": settings.position_learning_rate},
-    ]
-    betas = (args.adam_beta1, args.adam_beta2)
-    return torch.optim.AdamW(
-        [group for group in groups if group["params"]],
-        betas=betas,
-        eps=args.adam_epsilon,
-        weight_decay=args.weight_decay,
-    )
 
 
 class _Finished(Exception):

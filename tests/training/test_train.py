@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import transformers
 from conftest import make_tiny
 from helpers import assert_same, snapshot
 from torch import nn
@@ -183,6 +184,43 @@ def test_the_position_learning_rate_moves_the_t5_table_and_nothing_else(tmp_path
         moved[name] = (table, rest)
     assert 0.05 < moved["own"][0] <= 0.31 and moved["own"][1] <= 3.1e-4  # three steps of about the rate each
     assert moved["shared"][0] <= 3.1e-4 and moved["shared"][1] == pytest.approx(moved["own"][1], rel=0.1)
+
+
+class _Groups(TrainerCallback):
+    """Each run's optimizer at its start: its type, options, and per group (lr, weight decay, parameter names)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        names = {id(p): name for name, p in model.named_parameters()}
+        groups = [
+            (g["initial_lr"], g["weight_decay"], {names[id(p)] for p in g["params"]}) for g in optimizer.param_groups
+        ]
+        self.seen.append((type(optimizer), optimizer.defaults, groups))
+
+
+def test_the_position_learning_rate_is_set_in_the_trainers_own_optimizer(tmp_path, monkeypatch):
+    """The position rate splits the Trainer's own optimizer (its class, options and weight-decay groups) where the
+    Trainer builds it: under FSDP, after wrapping, since Trainer refuses `optimizers` there (as this test's Trainer
+    does). Before, train built a plain AdamW itself, passed it in `optimizers`, and FSDP runs with the rate failed."""
+    refuse = transformers.Trainer.__init__
+
+    def fsdp_like(self, *args, **kwargs):  # transformers' rule under FSDP
+        if any(item is not None for item in kwargs.get("optimizers", (None, None))):
+            raise RuntimeError("Passing `optimizers` is not allowed if PyTorch FSDP is enabled.")
+        refuse(self, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.Trainer, "__init__", fsdp_like)
+    groups = _Groups()
+    for name, rate in {"shared": None, "own": 0.5}.items():
+        settings = _settings(steps=1, learning_rate=1e-3, position_learning_rate=rate, save_steps=100)
+        train(make_tiny("llama"), None, DATA, tmp_path / name, settings, "t5-bias", callbacks=[groups])
+    (shared_type, shared_options, shared), (own_type, own_options, own) = groups.seen
+    assert own_type is shared_type and own_options == shared_options
+    table = {"model.position_bias.weight"}
+    assert [decay for _, decay, names in shared if table & names] == [0.0]
+    assert own == [(1e-3, decay, names - table) for _, decay, names in shared] + [(0.5, 0.0, table)]
 
 
 @pytest.mark.parametrize("method", ["alibi", "nope", "sinusoidal", "t5-bias"])
@@ -525,3 +563,17 @@ def test_an_output_of_another_run_or_other_files_is_refused(tiny_dir, tmp_path, 
     assert main(_train_args(tiny_dir, other, "--resume")) == 2
     assert f"--output {other} holds other files (no train_run.json)" in _one_line_error(capsys)
     assert _snapshot(other) == {"notes.txt": b"mine"}
+
+
+def test_position_parameters_are_found_by_their_names_in_a_wrapped_model():
+    """FSDP (version 1, original parameters kept) and activation checkpointing insert module names; FSDP without
+    original parameters flattens them into one, where no rate can be set: that is refused, naming the cause."""
+    from hf_posenc.training.optimizer import _split_groups, unwrapped_name
+
+    wrapped = "_fsdp_wrapped_module.model.layers.0._checkpoint_wrapped_module.self_attn.position_bias.weight"
+    assert unwrapped_name(wrapped) == "model.layers.0.self_attn.position_bias.weight"
+    flat = nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.AdamW([flat], lr=1e-3)
+    with pytest.raises(RuntimeError, match="FSDP without use_orig_params"):
+        _split_groups(optimizer, lambda p: False, 0.5)
+    assert optimizer.param_groups[0]["params"] == [flat] and optimizer.param_groups[0]["lr"] == 1e-3

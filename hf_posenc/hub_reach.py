@@ -39,16 +39,17 @@ WEIGHT_FILES = (
 def hub_unreachable(
     repo_id: str, revision: str | None = None, *, filename: str = CONFIG_FILE, token: str | bool | None = None
 ) -> str | None:
-    """Why no connection to the Hub can be made (offline mode; no network, DNS or route: one HEAD request for
-    ``filename`` without retries), or None. Any answer (not found, a server error) or a timeout is None: the
-    download handles it as ever, its retries included."""
+    """Why no connection to the Hub can be made (offline mode; no network, DNS or route, a connection that times
+    out or a proxy that refuses it: one HEAD request for ``filename`` without retries), or None. Any answer (not
+    found, a server error) or a connection that then waits for one is None: the download handles it as ever, its
+    retries included."""
     if is_offline_mode():
         return _CACHE_ONLY_SINCE[-1] if _CACHE_ONLY_SINCE else "HF_HUB_OFFLINE is set"
     try:
         get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=revision), token=token)
-    except httpx2.ConnectError as error:
+    except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.ProxyError) as error:
         return f"{type(error).__name__}: {error}"
-    except httpx2.HTTPError:  # an answer or a timeout: for the download to handle
+    except httpx2.HTTPError:  # an answer, or a connection made that waits for one: for the download to handle
         pass
     return None
 

@@ -186,3 +186,24 @@ def test_with_no_connection_a_cached_model_loads_at_once_and_offline_mode_is_res
     assert [row["ppl"] for row in results_of(cut_off)["results"]] == [
         row["ppl"] for row in results_of(online)["results"]
     ]
+
+
+@pytest.mark.parametrize(
+    ("error", "unreachable"),
+    [("ConnectError", True), ("ConnectTimeout", True), ("ProxyError", True), ("ReadTimeout", False)],
+)
+def test_a_connection_that_cannot_be_made_is_unreachable_and_one_made_is_not(monkeypatch, error, unreachable):
+    """A connection refused, timed out before it was made (a firewall dropping packets) or refused by the proxy
+    means no connection can be made: the run says so at once. Before, only the first did, and the other two went
+    through huggingface_hub's retries. A connection made that waits for its answer is the download's to handle."""
+    import httpx2
+
+    from hf_posenc import hub_reach
+
+    def head(*args, **kwargs):
+        raise getattr(httpx2, error)("the network said no")
+
+    monkeypatch.setattr(hub_reach, "get_hf_file_metadata", head)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    reason = hub_reach.hub_unreachable("me/model")
+    assert reason == (f"{error}: the network said no" if unreachable else None)

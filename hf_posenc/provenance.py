@@ -150,15 +150,16 @@ def weights_commit(model: torch.nn.Module, repo_id: str, revision: str | None) -
     """The commit of ``repo_id`` whose weights ``model`` holds, for a push of them: ``revision`` where it is a commit
     (the caller's word), else the commit the cache's ``revision`` (None: ``main``) pointed at when last resolved (by
     the model's load, where it came from this cache), if the first row of each of its safetensors weights that the
-    model holds in that shape is the model's (weights the patch changed or added differ in shape, or are not there).
-    None where that cannot be told (transformers keeps no commit of a model loaded): not in the default cache, no
-    weights there to compare, or other weights (another commit loaded, or the cache resolved the branch again)."""
+    model holds in that shape is the model's (weights the patch changed or added differ in shape, or are not there;
+    weights a ``device_map`` offloaded are read from accelerate's hooks). None where that cannot be told
+    (transformers keeps no commit of a model loaded): not in the default cache, no weights there to compare, or
+    other weights (another commit loaded, or the cache resolved the branch again)."""
     if revision and FULL_COMMIT.fullmatch(revision):
         return revision.lower()
     config = try_to_load_from_cache(repo_id, "config.json", revision=revision)
     if not isinstance(config, str) or not FULL_COMMIT.fullmatch(Path(config).parent.name):
         return None
-    held = {name: tensor for name, tensor in model.state_dict().items() if not tensor.is_meta and tensor.dim()}
+    held = {name: tensor for name, tensor in model.state_dict().items() if tensor.dim()}
     compared = 0
     for file in sorted(Path(config).parent.glob("*.safetensors")):
         with safe_open(file, framework="pt") as weights:
@@ -166,10 +167,26 @@ def weights_commit(model: torch.nn.Module, repo_id: str, revision: str | None) -
                 tensor, stored = held[name], weights.get_slice(stored_name)
                 if not tensor.numel() or tuple(tensor.shape) != tuple(stored.get_shape()):
                     continue
+                tensor = offloaded_values(model, name) if tensor.is_meta else tensor
                 if not torch.equal(stored[:1].to(tensor.dtype), tensor[:1].cpu()):
                     return None
                 compared += 1
     return Path(config).parent.name.lower() if compared else None
+
+
+def offloaded_values(model: torch.nn.Module, name: str) -> torch.Tensor:
+    """The values of the meta tensor ``name`` of ``model``, from the ``weights_map`` of accelerate's hook on its
+    module (CPU or disk offload: the offload folder's file mapped, not loaded whole)."""
+    module_name, _, key = name.rpartition(".")
+    hook = getattr(model.get_submodule(module_name), "_hf_hook", None)
+    for each in getattr(hook, "hooks", None) or [hook]:  # a SequentialHook holds several
+        weights = getattr(each, "weights_map", None)
+        if weights is not None and key in weights:
+            return weights[key]
+    raise ValueError(
+        f"{name} of {type(model).__name__} is on the meta device with its values nowhere (a model built on the "
+        "meta device, not loaded): its values cannot be read."
+    )
 
 
 def _held_names(stored: Any, held: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, str]:

@@ -91,3 +91,18 @@ def test_a_checkpoint_of_the_base_model_without_its_prefix_still_tells_the_commi
     with torch.no_grad():
         model.transformer.h[0].mlp.c_fc.weight[0, 0] += 1  # another first row: not these weights
     assert weights_commit(model, "org/tiny-gpt2", None) is None
+
+
+def test_weights_offloaded_by_a_device_map_still_tell_the_commit(fake_hub, tmp_path):
+    """A model whose weights a device_map put on disk (or the CPU beside it) holds meta tensors, their values in
+    accelerate's hooks: those are compared. Before, they were skipped, and a model offloaded whole recorded none."""
+    first = upload_base()
+    for budget in ("1KB", "60KB"):  # all on disk; some on the CPU
+        loaded = AutoModelForCausalLM.from_pretrained(
+            BASE_REPO, device_map="auto", max_memory={"cpu": budget}, offload_folder=tmp_path / budget
+        )
+        assert any(parameter.is_meta for parameter in loaded.parameters()), budget
+        assert weights_commit(patched(loaded), BASE_REPO, None) == first, budget
+    upload_base(seed=1)
+    AutoModelForCausalLM.from_pretrained(BASE_REPO)  # the cache's main moves to other weights
+    assert weights_commit(loaded, BASE_REPO, None) is None

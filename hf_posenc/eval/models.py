@@ -17,7 +17,7 @@ from ..hub_errors import HubError, call_hub
 from ..hub_reach import CONFIG_FILE, require_reachable
 from ..offline import smollm2_gguf
 from ..patching import learned_table_rows
-from ..provenance import FULL_COMMIT, is_hub_id
+from ..provenance import FULL_COMMIT, is_hub_id, offloaded_values
 from ..saved import SavedPatch, load_base_model, loading_errors, saved_patch, saved_tensors
 
 FINGERPRINT_SAMPLES = 1024  # values read from each tensor for :func:`model_fingerprint`
@@ -251,28 +251,13 @@ def model_fingerprint(model: nn.Module, samples: int = FINGERPRINT_SAMPLES) -> s
     named = [*model.named_parameters(), *model.named_buffers(), *sorted(saved_tensors(model).items())]
     for name, tensor in named:
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
-        flat = (_offloaded(model, name) if tensor.is_meta else tensor).reshape(-1)
+        flat = (offloaded_values(model, name) if tensor.is_meta else tensor).reshape(-1)
         if not flat.numel():
             continue
         count = min(samples, flat.numel())
         index = torch.arange(count, device=flat.device) * (flat.numel() - 1) // max(count - 1, 1)
         digest.update(flat[index].double().cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
-
-
-def _offloaded(model: nn.Module, name: str) -> torch.Tensor:
-    """The values of the meta tensor ``name`` of ``model``, from the ``weights_map`` of accelerate's hook on its
-    module (CPU or disk offload: the offload folder's file mapped, not loaded whole)."""
-    module_name, _, key = name.rpartition(".")
-    hook = getattr(model.get_submodule(module_name), "_hf_hook", None)
-    for each in getattr(hook, "hooks", None) or [hook]:  # a SequentialHook holds several
-        weights = getattr(each, "weights_map", None)
-        if weights is not None and key in weights:
-            return weights[key]
-    raise ValueError(
-        f"{name} of {type(model).__name__} is on the meta device with its values nowhere (a model built on the "
-        "meta device, not loaded): it has no fingerprint."
-    )
 
 
 def model_details(model_source: ModelSource, saved: SavedPatch | None, dtype: str) -> dict[str, Any]:

@@ -5,6 +5,8 @@ Targets (issue 13, on an H100, H=32, D=128, bf16, 32k and 128k): >= 0.5x causal 
 (two or three segments: their published kernels pay about two attention passes), >= 0.95x for log-n; memory
 linear in n. GPU run, both CUDA backends of the remaps in the same rounds, and a cached step (--decode):
     python scripts/bench_extension.py --device cuda --dtype bfloat16 --lengths 32k,128k --backend flex,sdpa --decode
+With flex among the backends, a prefill also times ``flex-causal``: flex on the plain causal mask, compiled as the
+remaps' flex calls are (the flex kernel's own speed against SDPA's, apart from what a method adds).
 With --profile DIR, one more call of each under torch.profiler: DIR/<length>_<variant>.txt.
 CPU (the offline model's shape, SmolLM2-135M: 9 heads, 3 key/value heads, D=64; --backend blocked for the other):
     python scripts/bench_extension.py --device cpu --dtype float32 --heads 9 --kv-heads 3 --head-dim 64 \
@@ -14,12 +16,14 @@ CPU (the offline model's shape, SmolLM2-135M: 9 heads, 3 key/value heads, D=64; 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from torch.profiler import ProfilerActivity
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -28,7 +32,9 @@ from bench_common import environment, synchronize, time_rounds, write_json  # no
 
 import hf_posenc  # noqa: E402, F401  (registers the attention functions)
 from hf_posenc.attention import EXTENSION_FUNCTIONS, TEMPERATURE_FUNCTIONS  # noqa: E402
+from hf_posenc.attention.compiled_flex import compiled_flex  # noqa: E402
 from hf_posenc.attention.extension import ExtensionState, extension_mask  # noqa: E402
+from hf_posenc.attention.extension_flex import _compiles  # noqa: E402
 from hf_posenc.eval.data import parse_lengths  # noqa: E402
 from hf_posenc.registry import get_method  # noqa: E402
 
@@ -84,6 +90,8 @@ def variants_for(
     plain = fake_module(args.heads, args.kv_heads, None)
     variants = {"sdpa": lambda: sdpa(plain, query, key, value, None, scaling=scale, is_causal=causal)}
     backends = args.backend.split(",")
+    if "flex" in backends and causal:  # flex's own speed on the plain causal mask: what the remaps' flex calls cost
+        variants["flex-causal"] = causal_flex(query, key, value, scale)
     for name, module in method_modules(args, rotary).items():
         if module.hf_posenc_extension.remap is None:
             function = TEMPERATURE_FUNCTIONS["sdpa"]
@@ -96,6 +104,16 @@ def variants_for(
             label = name if len(backends) == 1 else f"{name}/{backend}"
             variants[label] = lambda f=function, m=module: f(m, query, key, value, mask, scaling=scale)
     return variants
+
+
+def causal_flex(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> Callable[[], object]:
+    """Causal attention by flex with a block mask, compiled where the remaps' flex calls are, as they are (a
+    prefill: for its shapes): against causal SDPA, the flex kernel's own speed, apart from what a method adds to it."""
+    blocks = create_block_mask(lambda b, h, q, k: q >= k, None, None, query.shape[2], key.shape[2], device=query.device)
+    compiled = _compiles(query.device, query.shape[2] * key.shape[2])
+    attend = functools.partial(compiled_flex, "causal reference") if compiled else flex_attention
+    gqa = query.shape[1] != key.shape[1]
+    return lambda: attend(query, key, value, block_mask=blocks, scale=scale, enable_gqa=gqa)
 
 
 def ratios(seconds: dict[str, float]) -> dict[str, float]:

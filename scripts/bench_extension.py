@@ -138,7 +138,7 @@ def run_length(args: argparse.Namespace, length: int, device: torch.device, dtyp
 def profile(variants: dict[str, Callable[[], object]], device: torch.device, prefix: Path) -> None:
     """One more call of each variant under ``torch.profiler``: its operators and kernels by device time, in
     ``<prefix>_<variant>.txt`` (where the time beyond the attention kernel goes; ``method-backend`` for a method
-    timed on several backends)."""
+    timed on several backends), then each kernel in launch order."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -148,7 +148,18 @@ def profile(variants: dict[str, Callable[[], object]], device: torch.device, pre
             run()
             synchronize(device)
         table = profiler.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=90)
-        Path(f"{prefix}_{name.replace('/', '-')}.txt").write_text(table + "\n")  # self-extend/sdpa: one file
+        Path(f"{prefix}_{name.replace('/', '-')}.txt").write_text(table + "\n" + kernels_in_order(profiler))
+
+
+def kernels_in_order(profiler: torch.profiler.profile) -> str:
+    """The device kernels one by one, in launch order, with their times: which of a method's calls (DCA's three
+    segments) costs what, where the table adds up the calls of one kernel. Empty on a CPU."""
+    kernels = sorted(
+        (event for event in profiler.events() if event.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda event: event.time_range.start,
+    )
+    lines = [f"{event.device_time:12.1f}  {event.name[:100]}" for event in kernels]
+    return "".join(f"{line}\n" for line in ["\nDevice kernels in launch order (us, name):", *lines]) if lines else ""
 
 
 def main() -> None:

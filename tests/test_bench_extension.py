@@ -28,3 +28,30 @@ def test_several_backends_with_decode_and_profile_write_every_variant(tmp_path):
     assert result["arguments"]["profile"] == str(profile)
     written = {path.name for path in profile.iterdir()}
     assert written == {f"256_{name.replace('/', '-')}.txt" for name in variants | {"sdpa"}}
+
+
+def test_device_kernels_are_listed_in_launch_order_with_their_times():
+    """What tells DCA's three flex calls apart on a GPU (the table adds up the calls of one kernel); a CPU's
+    profile has no device kernel and no list."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("bench_extension", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def event(name, start, micros, device=torch.autograd.DeviceType.CUDA):
+        return SimpleNamespace(
+            name=name, device_type=device, time_range=SimpleNamespace(start=start), device_time=micros
+        )
+
+    events = [
+        event("flex_1", 20, 300.0),
+        event("aten::mm", 5, 0.0, torch.autograd.DeviceType.CPU),
+        event("flex_0", 10, 12.5),
+    ]
+    listed = bench.kernels_in_order(SimpleNamespace(events=lambda: events)).splitlines()
+    assert listed == ["", "Device kernels in launch order (us, name):", "        12.5  flex_0", "       300.0  flex_1"]
+    assert bench.kernels_in_order(SimpleNamespace(events=lambda: events[1:2])) == ""

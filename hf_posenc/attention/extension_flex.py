@@ -33,16 +33,9 @@ except ImportError:  # pragma: no cover - older torch
     AuxRequest = None
 
 from .compiled_flex import compiled_flex
-from .extension import ExtensionState, PositionMask, prepared, rotate, segment_states
+from .extension import ExtensionState, PositionMask, prepared, rotate, segment_states, torch_compiled
 
 CPU_COMPILE_FROM = 4096 * 4096
-
-
-@functools.cache
-def _compiled(function: Any, dynamic: bool) -> Any:
-    """Dynamic shapes on CUDA (one compilation for every length); static on a CPU, where inductor's C++ code for
-    flex with dynamic shapes does not compile (torch 2.13): a compilation per length there."""
-    return torch.compile(function, dynamic=dynamic)
 
 
 def _compiles(device: torch.device, pairs: int) -> bool:
@@ -56,7 +49,7 @@ def _on_cuda(mask: PositionMask) -> bool:
 def _block_mask(mask: PositionMask, key: Any, mask_mod: Callable[[], Any], kv_length: int, compiled: bool) -> BlockMask:
     """The block mask of ``mask_mod()``, built once per call of the model (all layers share the mask)."""
     if key not in mask.block_masks:
-        build = _compiled(create_block_mask, _on_cuda(mask)) if compiled else create_block_mask
+        build = torch_compiled(create_block_mask, _on_cuda(mask)) if compiled else create_block_mask
         shape = dict(B=mask.query_positions.shape[0], H=None, Q_LEN=mask.query_positions.shape[1], KV_LEN=kv_length)
         mask.block_masks[key] = build(mask_mod=mask_mod(), device=mask.query_positions.device, **shape)
     return mask.block_masks[key]
@@ -113,7 +106,7 @@ def _per_segment(state: ExtensionState, mask: PositionMask, query, key, value, s
     """CUDA's strategy: one flex call per segment, merged by log-sum-exp (compiled there, as ``compiled``)."""
     rule, kv_length = _pair_rule(state, mask), key.shape[2]
     attend = functools.partial(compiled_flex, "remap segment") if compiled else flex_attention
-    turn = _compiled(rotate, True) if compiled else rotate
+    turn = torch_compiled(rotate, True) if compiled else rotate
     outputs, lses = [], []
     for segment, (seg_query, seg_key) in enumerate(segment_states(state, mask, query, key, query.dtype, turn)):
         mask_mod = _segment_mask_mod(rule, segment, query.device)
@@ -128,7 +121,7 @@ def _per_segment(state: ExtensionState, mask: PositionMask, query, key, value, s
         )
         outputs.append(output)
         lses.append(lse)
-    return (_compiled(_merged, True) if compiled else _merged)(outputs, lses)  # (B, H, q, D)
+    return (torch_compiled(_merged, True) if compiled else _merged)(outputs, lses)  # (B, H, q, D)
 
 
 def _side_by_side(state: ExtensionState, mask: PositionMask, query, key, value, scaling: float, compiled: bool):
@@ -142,7 +135,7 @@ def _side_by_side(state: ExtensionState, mask: PositionMask, query, key, value, 
     def mask_mod(batch, head, q_idx, kv_idx):
         return rule(batch, q_idx, kv_idx % kv_length, kv_idx // kv_length)
 
-    attend = _compiled(flex_attention, query.is_cuda) if compiled else flex_attention
+    attend = torch_compiled(flex_attention, query.is_cuda) if compiled else flex_attention
     output = attend(
         torch.cat(queries, -1),  # (B, H, q, S * D)
         keys,  # (B, H_kv, S * kv, S * D)

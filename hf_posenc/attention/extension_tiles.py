@@ -26,7 +26,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from ..methods.remap import Tiles
-from .extension import ExtensionState, PositionMask, segment_keys, segment_queries
+from .extension import ExtensionState, PositionMask, rotate, segment_keys, segment_queries, torch_compiled
 
 
 def tile_starts(mask: PositionMask, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> list[int] | None:
@@ -197,15 +197,21 @@ def _tile(tile: Tiles, query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     return _unstacked(output, batch), _unstacked(lse, batch)
 
 
-def _merge(total: torch.Tensor, total_lse: torch.Tensor, output: torch.Tensor, lse: torch.Tensor) -> None:
+def _merge(total: torch.Tensor, total_lse: torch.Tensor, seen: torch.Tensor, output: torch.Tensor, lse: torch.Tensor):
     """Fold one call's ``output`` and ``lse`` into the running ``total`` and ``total_lse`` (float32, float64 for a
-    float64 model; views of the rows it covers), in place: both become the softmax over the keys of both."""
-    lse = lse.to(total.dtype)
-    merged = torch.logaddexp(total_lse, lse)
-    total.mul_(torch.exp(total_lse - merged)[..., None]).add_(
-        output.to(total.dtype) * torch.exp(lse - merged)[..., None]
-    )
-    total_lse.copy_(merged)
+    float64 model; views of the rows it covers, 0 and -inf where no call has reached them), in place: both become
+    the softmax over the keys of both. ``seen`` (``(count, rows)`` bool, on the CPU) marks the rows an earlier call
+    reached. A call reaching none of them is copied; otherwise it is a ``lerp`` by its share of the softmax,
+    ``exp(lse - merged)``, as the two shares add up to 1: one pass over the running output, which is memory-bound
+    on a GPU, where scaling, widening, weighting and adding took four."""
+    if not seen.any():
+        total.copy_(output)
+        total_lse.copy_(lse)
+    else:
+        merged = torch.logaddexp(total_lse, lse.to(total.dtype))
+        total.lerp_(output.to(total.dtype), torch.exp(lse - merged)[..., None])
+        total_lse.copy_(merged)
+    seen.fill_(True)
 
 
 def _rows(states: torch.Tensor, tile: Tiles, rows: int) -> torch.Tensor:
@@ -235,12 +241,14 @@ def tiled_attention(
     repeat = heads // key.shape[1]  # the kernels want as many key heads as query heads
     value = _repeated(value[:, :, :length], repeat)
     groups = _rows_by_start(starts or [0] * batch, length, query.device)
+    turn = torch_compiled(rotate, True) if query.is_cuda else rotate  # as flex turns them there
     keys: dict[int, torch.Tensor] = {}  # each turn of the keys, repeated (by key_source: segments share one)
     merged = torch.promote_types(value.dtype, torch.float32)
-    totals = {
+    totals = {  # each group's running output and log-sum-exp, and which of its rows a call has reached (CPU)
         start: (
             query.new_zeros(len(rows), heads, length - start, value.shape[-1], dtype=merged),
             query.new_full((len(rows), heads, length - start), -torch.inf, dtype=merged),
+            torch.zeros(1, 1, length - start, dtype=torch.bool),
         )
         for start, rows in groups.items()
     }
@@ -250,18 +258,19 @@ def tiled_attention(
             continue
         source = state.remap.key_source(segment)
         if source not in keys:
-            turned = segment_keys(state, mask, source, key, query.dtype)[:, :, :length]
+            turned = segment_keys(state, mask, source, key, query.dtype, turn)[:, :, :length]
             keys[source] = _repeated(turned, repeat)
-        seg_query = segment_queries(state, mask, segment, query, dtype=query.dtype)
+        seg_query = segment_queries(state, mask, segment, query, dtype=query.dtype, turn=turn)
         for start, rows in groups.items():
             q, k, v = (_group(states, rows, start, batch) for states in (seg_query, keys[source], value))
-            total, total_lse = totals[start]
             for tile in tiles[start]:
                 output, lse = _tile(tile, q, k, v, scaling)
-                rows_out = output.shape[3]
-                _merge(_rows(total, tile, rows_out), _rows(total_lse, tile, rows_out), output, lse)
-    if 0 in groups and len(groups[0]) == batch:  # no padding: one group of every row
-        return totals[0][0].to(value.dtype).transpose(1, 2).contiguous()
+                total, total_lse, seen = (_rows(states, tile, output.shape[3]) for states in totals[start])
+                _merge(total, total_lse, seen[0, 0], output, lse)
+    if 0 in groups and len(groups[0]) == batch:  # no padding: one group of every row, written out in one pass
+        result = value.new_empty(batch, length, heads, value.shape[-1])
+        result.transpose(1, 2).copy_(totals[0][0])
+        return result
     result = value.new_zeros(batch, length, heads, value.shape[-1])
     for start, rows in groups.items():
         result[rows, start:] = totals[start][0].to(value.dtype).transpose(1, 2)

@@ -90,7 +90,7 @@ def test_the_cuda_strategy_compiled_equals_the_reference_and_compiles_once(monke
     k, v laid out as a model hands them over (heads transposed out of ``(B, n, H, D)``; the turned ones keep that
     layout). Every segment runs on the one compilation; a later call of the model (new block masks and mask
     functions) and every decoding step after the first run without compiling again."""
-    monkeypatch.setattr(extension_flex, "_compiled", functools.cache(_aot_eager))
+    monkeypatch.setattr(extension_flex, "torch_compiled", functools.cache(_aot_eager))
     monkeypatch.setattr(extension_flex, "_on_cuda", lambda mask: True)  # block masks compiled for dynamic shapes
     monkeypatch.setattr(compiled_flex, "_compiled_flex_attention", functools.cache(_aot_eager_flex))
     monkeypatch.setattr(compiled_flex, "_compiled_static_flex_attention", functools.cache(_aot_eager_static_flex))

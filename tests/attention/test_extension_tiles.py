@@ -410,3 +410,29 @@ def test_tiled_attention_on_cuda_equals_the_eager_reference(method, dtype, backe
         output = extension_sdpa_attention(_module(method, True, "cuda"), query, key, value, mask, DIM**-0.5)[0]
     tolerance = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(output.float().cpu(), expected, rtol=tolerance, atol=tolerance)
+
+
+def test_merging_two_calls_gives_the_softmax_over_both_and_a_first_call_as_it_is():
+    """``_merge`` on its own: a call reaching rows no call reached is copied (bit for bit); a later one gives the
+    softmax over the keys of both (float64 formula); rows reached by one of the two only (a call reaching some
+    rows first) are that call's, as the running output starts at 0 and -inf."""
+    generator = torch.Generator().manual_seed(0)
+    outputs = [torch.randn(1, 2, 3, 4, 8, generator=generator, dtype=torch.bfloat16) for _ in range(2)]
+    lses = [torch.randn(1, 2, 3, 4, generator=generator) * 3 for _ in range(2)]
+    total, total_lse = torch.zeros(1, 2, 3, 4, 8), torch.full((1, 2, 3, 4), -torch.inf)
+    seen = torch.zeros(3, 4, dtype=torch.bool)
+    extension_tiles._merge(total, total_lse, seen, outputs[0], lses[0])
+    assert torch.equal(total, outputs[0].float()) and torch.equal(total_lse, lses[0]) and bool(seen.all())
+    extension_tiles._merge(total, total_lse, seen, outputs[1], lses[1])
+    weights = torch.stack(lses).double().softmax(0)[..., None]
+    expected = (weights * torch.stack(outputs).double()).sum(0)
+    torch.testing.assert_close(total.double(), expected, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(total_lse.double(), torch.stack(lses).double().logsumexp(0), rtol=1e-6, atol=1e-6)
+    total, total_lse = torch.zeros(1, 2, 3, 4, 8), torch.full((1, 2, 3, 4), -torch.inf)
+    seen = torch.zeros(3, 4, dtype=torch.bool)
+    extension_tiles._merge(total[:, :, :1], total_lse[:, :, :1], seen[:1], outputs[0][:, :, :1], lses[0][:, :, :1])
+    extension_tiles._merge(total, total_lse, seen, outputs[1], lses[1])
+    assert torch.equal(total[:, :, 1:], outputs[1][:, :, 1:].float()) and torch.equal(
+        total_lse[:, :, 1:], lses[1][:, :, 1:]
+    )
+    torch.testing.assert_close(total[:, :, :1].double(), expected[:, :, :1], rtol=1e-6, atol=1e-6)

@@ -42,6 +42,9 @@ class Method:
             (a per-position query scale: log-n), ``"replace"`` (the whole encoding: ALiBi; combines with nothing).
         parts (`tuple[Method, ...]`): the methods a combination (``"yarn+logn"``) is made of; empty otherwise.
         adds_parameters (`bool`): the patch adds parameters (the T5 table), which the saved weights hold.
+        filled_in (`Callable`, *optional*): ``fn(name, value) -> bool``, whether a parameter's recorded value is
+            the one ``patch`` fills in for the model where it is not given (ALiBi's paper slopes for the model's
+            heads), which a saved model's method spec then leaves out.
         paper (`str`): reference, shown in errors, the README and model cards.
         summary (`str`): one line on when to use it.
     """
@@ -57,6 +60,7 @@ class Method:
     role: str = "rope"
     parts: tuple[Method, ...] = ()
     adds_parameters: bool = False
+    filled_in: Callable[[str, Any], bool] | None = None
     aliases: tuple[str, ...] = ()
     paper: str = ""
     summary: str = field(default="", compare=False)

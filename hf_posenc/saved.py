@@ -58,12 +58,18 @@ class SavedPatch:
     @property
     def spec(self) -> str:
         """The saved method as a method spec: its parameters that differ from the method's defaults (the resolved
-        ones among them), less those its resolution gives back from the others (YaRN's attention factor from the
+        ones among them) and from what ``patch`` fills in for the model (ALiBi's paper slopes), less those its
+        resolution gives back from the others (YaRN's attention factor from the
         factor). Asked for again, it is the model as saved
         (``yarn:factor=4.0,original_max_position_embeddings=8192``)."""
         method = get_method(self.record.method)
         defaults = {field.name: field.default for field in dataclasses.fields(method.params)}
-        given = {key: value for key, value in self.record.params.items() if defaults.get(key) != value}
+        filled_in = method.filled_in or (lambda name, value: False)
+        given = {
+            key: value
+            for key, value in self.record.params.items()
+            if defaults.get(key) != value and not filled_in(key, value)
+        }
         resolved = method.make_params(**given)
         for key in list(given):
             rest = {name: value for name, value in given.items() if name != key}

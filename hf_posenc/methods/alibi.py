@@ -86,6 +86,7 @@ register(
         applies_to=frozenset({"rope", "learned"}),
         role="replace",
         depends_on_length=False,
+        filled_in=lambda name, value: name == "slopes" and value is not None and are_paper_slopes(value),
         paper="Press, Smith, Lewis 2022, Train Short, Test Long: Attention with Linear Biases (arXiv 2108.12409)",
         summary="Replaces RoPE or learned positions by linear attention biases; a RoPE- or wpe-trained model "
         "needs fine-tuning to work well with it.",

@@ -177,3 +177,19 @@ def test_the_saved_methods_name_leaves_out_what_its_resolution_derives(params, s
     assert SavedPatch(record).spec == spec
     name, parsed = parse_method_spec(spec)
     assert PatchRecord.from_config(hf_posenc.patch(make_tiny("llama"), name, **parsed).config).params == record.params
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_saved_alibis_name_leaves_out_the_paper_slopes_patch_filled_in(family):
+    """ALiBi records the slopes it used; the paper's for the model's heads are what `patch` fills in, so the name is
+    plain `alibi` (before: every slope spelled out, and `--method alibi` beside it refused as the same method).
+    Other slopes stay in the name, which patches the same model again."""
+    heads = make_tiny(family).config.num_attention_heads
+    record = PatchRecord.from_config(hf_posenc.patch(make_tiny(family), "alibi").config)
+    assert record.params["slopes"] is not None and SavedPatch(record).spec == "alibi"
+    slopes = [0.5] * heads
+    record = PatchRecord.from_config(hf_posenc.patch(make_tiny(family), "alibi", slopes=slopes).config)
+    spec = SavedPatch(record).spec
+    assert spec == f"alibi:slopes={slopes}"
+    name, parsed = parse_method_spec(spec)
+    assert PatchRecord.from_config(hf_posenc.patch(make_tiny(family), name, **parsed).config).params == record.params

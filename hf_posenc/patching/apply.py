@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
 from ..architectures import positions_of
 from ..record import PatchRecord, set_config_attribute
@@ -31,7 +32,7 @@ from ..registry import get_method
 from ..serving import Finding, engine_findings
 from ..spec import format_method_spec
 from .dispatch import plan_method
-from .plan import PatchInfo, Plan
+from .plan import UNPATCHED_PREFIX, PatchInfo, Plan
 
 logger = logging.getLogger("hf_posenc")
 
@@ -40,13 +41,13 @@ _MISSING = object()
 
 @dataclass
 class _ModuleState:
-    """A changed module: its attributes before the patch, which of them the patch changed, and a copy of the
-    tensors it left (so that ``unpatch`` puts back only those, following a later ``model.to``, and keeps what was
-    changed since: the train/eval flag, submodules swapped in, hooks added)."""
+    """A changed module: its attributes before the patch and which of them the patch changed (so that ``unpatch``
+    puts back only those, and keeps what was changed since: the train/eval flag, submodules swapped in, hooks
+    added). The tensors it replaced stay on the module (:data:`~hf_posenc.patching.plan.UNPATCHED_PREFIX`), so that
+    they follow a later ``model.to``."""
 
     module: nn.Module
     before: dict[str, Any]
-    installed: dict[str, torch.Tensor] = field(default_factory=dict)  # a copy of each tensor as the patch left it
     # attribute -> None (replaced, added or removed) or, for a dict or set (buffers, submodules, hooks), its entries
     changed: dict[str, set[Any] | None] = field(default_factory=dict)
 
@@ -79,6 +80,11 @@ def _lock_of(model: nn.Module) -> threading.RLock:
 
 def plan_patch(model: nn.Module, method_name: str, params: dict[str, Any]) -> Plan:
     """Validate everything and compute the patch without changing the model."""
+    if not isinstance(getattr(model, "config", None), PretrainedConfig):
+        raise TypeError(
+            f"hf_posenc patches a transformers model (one with a config, as from_pretrained loads it), not a "
+            f"{type(model).__name__}."
+        )
     if model in _APPLIED:
         raise RuntimeError(
             f"This model is already patched with {_APPLIED[model].info.method!r}; call hf_posenc.unpatch(model) first."
@@ -105,9 +111,16 @@ def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _finish(entry: _ModuleState) -> None:
-    """Note what the patch changed on the module (attributes, and the entries of its dicts and sets) and the
-    tensors it left there."""
-    before, after = entry.before, entry.module.__dict__
+    """Keep each tensor the patch replaced or removed on the module as a non-persistent buffer
+    (:data:`~hf_posenc.patching.plan.UNPATCHED_PREFIX`), then note what the patch changed on the module (attributes,
+    and the entries of its dicts and sets: those buffers among them)."""
+    module, before = entry.module, entry.before
+    now = _tensors(module)
+    for kind in ("_buffers", "_parameters"):
+        for name, tensor in before.get(kind, {}).items():
+            if tensor is not None and now.get(name) is not tensor:
+                module.register_buffer(UNPATCHED_PREFIX + name, tensor.detach(), persistent=False)
+    after = module.__dict__
     for key in before.keys() | after.keys():
         old, new = before.get(key, _MISSING), after.get(key, _MISSING)
         if type(old) is type(new) and isinstance(new, (dict, set)):
@@ -116,8 +129,6 @@ def _finish(entry: _ModuleState) -> None:
                 entry.changed[key] = entries
         elif old is not new:
             entry.changed[key] = None
-    changed = entry.changed.get("_buffers", set()) | entry.changed.get("_parameters", set())
-    entry.installed = {name: t.detach().clone() for name, t in _tensors(entry.module).items() if name in changed}
 
 
 def _changed_entries(old: dict | set, new: dict | set) -> set[Any]:
@@ -127,34 +138,16 @@ def _changed_entries(old: dict | set, new: dict | set) -> set[Any]:
     return {key for key in old.keys() | new.keys() if old.get(key, _MISSING) is not new.get(key, _MISSING)}
 
 
-def _follow_moves(
-    entry: _ModuleState, current: dict[str, torch.Tensor], name: str, tensor: torch.Tensor | None
-) -> torch.Tensor | None:
-    """A saved tensor moved to the device / cast to the dtype its ``current`` counterpart took since the
-    patch (``model.to`` between patch and unpatch), and rounded as it was where a cast went there and back
-    (``.to(bfloat16).to(float32)``: what the same calls give the unpatched model); as it was where nothing moved."""
-    now, installed = current.get(name), entry.installed.get(name)
-    if tensor is None or now is None or installed is None:
+def _followed(current: dict[str, torch.Tensor], name: str, tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """The tensor ``tensor`` the patch replaced, as its copy on the module is now: moved and cast as the unpatched
+    model's by the same calls since, a cast there and back (``.to(bfloat16).to(float32)``) rounding it. ``tensor``
+    itself where nothing moved."""
+    kept = current.get(UNPATCHED_PREFIX + name)
+    if tensor is None or kept is None:
         return tensor
-    device = now.device if now.device != installed.device else tensor.device
-    dtype = now.dtype if now.dtype != installed.dtype else tensor.dtype
-    through = _round_trip(installed, now) if dtype == installed.dtype else None
-    if (device, dtype, through) == (tensor.device, tensor.dtype, None):
+    if (kept.data_ptr(), kept.dtype, kept.device) == (tensor.data_ptr(), tensor.dtype, tensor.device):
         return tensor
-    moved = tensor.to(device=device, dtype=through or dtype).to(dtype)
-    return nn.Parameter(moved, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else moved
-
-
-def _round_trip(installed: torch.Tensor, now: torch.Tensor) -> torch.dtype | None:
-    """The lower precision ``now`` went through since the patch left ``installed`` (same dtype, other values that
-    the cast there and back gives), or None (unchanged, or changed otherwise: a dynamic method's per-call update)."""
-    if not now.is_floating_point() or now.shape != installed.shape:
-        return None
-    values = installed.to(now.device)
-    if torch.equal(now, values):
-        return None
-    lower = (low for low in (torch.bfloat16, torch.float16) if torch.finfo(low).bits < torch.finfo(now.dtype).bits)
-    return next((low for low in lower if torch.equal(now, values.to(low).to(now.dtype))), None)
+    return nn.Parameter(kept, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else kept
 
 
 def _apply(model: nn.Module, plan: Plan) -> None:
@@ -222,7 +215,7 @@ def _restore_module(entry: _ModuleState) -> None:
                     attributes[key].pop(name, None)
                 else:
                     in_tensors = key in ("_buffers", "_parameters")
-                    attributes[key][name] = _follow_moves(entry, current, name, value) if in_tensors else value
+                    attributes[key][name] = _followed(current, name, value) if in_tensors else value
 
 
 def patch(model: nn.Module, method: str, **params: Any) -> nn.Module:
@@ -297,6 +290,12 @@ def unpatch(model: nn.Module) -> nn.Module:
     with _lock_of(model):
         applied = _APPLIED.get(model)
         if applied is None:
+            record = PatchRecord.from_config(getattr(model, "config", None), missing_ok=True)
+            if record and not record.baked:
+                raise RuntimeError(
+                    "This model's config carries an hf_posenc patch, but the model was not loaded through hf_posenc, "
+                    "which keeps what unpatch needs; load it with hf_posenc.from_pretrained(...) to unpatch it."
+                )
             raise RuntimeError("This model is not patched by hf_posenc; there is nothing to unpatch.")
         _restore(model, applied)
         del _APPLIED[model]

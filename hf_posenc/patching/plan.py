@@ -12,10 +12,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..registry import Method
 from ..serving import Finding
+
+UNPATCHED_PREFIX = "hf_posenc_unpatched_"
+"""A tensor a patch replaces on a module stays there, until ``unpatch``, as the non-persistent buffer of this
+prefix and its name: every later ``model.to`` / ``.half()`` moves and casts it as it would the unpatched model's."""
+
+
+def unpatched_tensor(module: nn.Module, name: str) -> torch.Tensor:
+    """The tensor ``name`` of ``module`` as the unpatched model would hold it now (:data:`UNPATCHED_PREFIX`)."""
+    return module._buffers[UNPATCHED_PREFIX + name]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from ..architectures import rope_modules, rotary_dim, trained_context
 from ..methods import compute_frequencies
 from ..registry import Method, get_method, params_to_dict
 from .changes import refuse_unsavable_config, updated_config
-from .plan import PatchInfo, Plan, Planner
+from .plan import PatchInfo, Plan, Planner, unpatched_tensor
 from .rope_types import (
     OWN_ROPE_TYPE,
     native_rope_parameters,
@@ -167,14 +167,14 @@ class FrequencySource:
 
 
 def _rescale(method: Method, params: Any, source: FrequencySource, rope_type: str, module: nn.Module) -> None:
-    original = module.inv_freq.clone(), getattr(module, "attention_scaling", 1.0)
+    original_scaling = getattr(module, "attention_scaling", 1.0)
     inv_freq, factor = source(None, module.inv_freq.device)
     module.inv_freq = inv_freq
     module.original_inv_freq = inv_freq.clone()
     module.attention_scaling = factor
     module.rope_type = rope_type
     if method.dynamic:
-        hook = PerCallFrequencies(source, params.context, method.unchanged_within_context, original)
+        hook = PerCallFrequencies(source, params.context, method.unchanged_within_context, original_scaling)
         module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
@@ -187,14 +187,15 @@ class PerCallFrequencies:
     token is rotated with the frequencies of the length at which it was written. The module gets its own
     copy each call, so in-place writes to ``inv_freq`` (transformers' weight init does them) reach neither
     the cache here nor what ``unpatch`` restores. The copy keeps the dtype ``inv_freq`` has when the call
-    comes: a ``model.to(torch.bfloat16)`` rounds these frequencies as it rounds the unpatched model's (so
-    within ``L`` the two stay equal), and ``unpatch`` sees the cast.
+    comes. Within ``L`` where the method is the unpatched model it is the unpatched frequencies as the module keeps
+    them (:func:`~hf_posenc.patching.plan.unpatched_tensor`): moved and rounded by every ``model.to`` as the
+    unpatched model's, so that the two stay equal after ``.to(torch.bfloat16).to(torch.float32)`` too.
     """
 
     source: FrequencySource
     context: int
     unchanged_within_context: bool
-    original: tuple[torch.Tensor, float]  # the unpatched module's frequencies and attention scaling
+    original_scaling: float  # the unpatched module's attention scaling
     cache: dict[tuple[int, torch.device, torch.dtype], tuple[torch.Tensor, float]] = field(
         default_factory=dict, repr=False
     )
@@ -206,10 +207,7 @@ class PerCallFrequencies:
         if key not in self.cache:
             if len(self.cache) >= self.CACHE_SIZE:
                 del self.cache[next(iter(self.cache))]  # the oldest length
-            if self.unchanged_within_context and seq_len <= self.context:
-                inv_freq, factor = self.original
-            else:
-                inv_freq, factor = self.source(seq_len, device)
+            inv_freq, factor = self.source(seq_len, device)
             self.cache[key] = inv_freq.to(device=device, dtype=dtype), factor
         return self.cache[key]
 
@@ -217,7 +215,10 @@ class PerCallFrequencies:
         x = args[0] if args else kwargs["x"]
         position_ids = args[1] if len(args) > 1 else kwargs["position_ids"]
         length = int(position_ids.max()) + 1
-        inv_freq, module.attention_scaling = self.frequencies(length, x.device, module.inv_freq.dtype)
+        if self.unchanged_within_context and length <= self.context:
+            inv_freq, module.attention_scaling = unpatched_tensor(module, "inv_freq"), self.original_scaling
+        else:
+            inv_freq, module.attention_scaling = self.frequencies(length, x.device, module.inv_freq.dtype)
         module.inv_freq = inv_freq.clone()
 
 

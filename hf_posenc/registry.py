@@ -14,6 +14,11 @@ FrequencyFn = Callable[..., tuple[torch.Tensor, float]]
 TransformersRopeFn = Callable[[Any, int, float], "dict[str, Any] | None"]
 
 
+def _required(item: dataclasses.Field) -> bool:
+    """A parameter without a default."""
+    return item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
+
+
 @dataclass(frozen=True)
 class Method:
     """A position-encoding method: its parameters, its math and how transformers can say it.
@@ -96,9 +101,15 @@ class Method:
         if unknown:
             valid = f"Valid parameters: {', '.join(names)}." if names else f"{self.name!r} takes no parameters."
             raise TypeError(f"Unknown parameter(s) {', '.join(map(repr, unknown))} for method {self.name!r}. {valid}")
+        missing = [item.name for item in dataclasses.fields(self.params) if _required(item) and item.name not in kwargs]
+        if missing:
+            raise TypeError(
+                f"Method {self.name!r}: {', '.join(map(repr, missing))} must be given ({self.name}:{missing[0]}=... "
+                f"in a method spec, {missing[0]}=... in patch). Valid parameters: {', '.join(names)}."
+            )
         try:
             return self.params(**kwargs)
-        except TypeError as error:  # a required parameter is missing
+        except TypeError as error:  # a value of the wrong type
             message = str(error).rstrip(".")
             raise TypeError(f"Method {self.name!r}: {message}. Valid parameters: {', '.join(names)}.") from None
 
@@ -129,6 +140,9 @@ def get_method(name: str) -> Method:
     """The registered method called ``name`` (or an alias of it)."""
     if not isinstance(name, str):
         raise TypeError(f"A method name must be a string, got {type(name).__name__}: {name!r}.")
+    if ":" in name:  # a method spec (the command line's --method), not a name
+        hint = _SPEC_HINT.format(name=name.partition(":")[0])
+        raise ValueError(f"Unknown method {name!r}.{hint} Available methods: {', '.join(available_methods())}.")
     if "+" in name:
         return combine(*(get_method(part) for part in name.split("+")))
     key = name.strip().lower().replace("_", "-")
@@ -136,6 +150,12 @@ def get_method(name: str) -> Method:
     if key not in _METHODS:
         raise ValueError(f"Unknown method {name!r}. Available methods: {', '.join(available_methods())}.")
     return _METHODS[key]
+
+
+_SPEC_HINT = (
+    " 'name:param=value' is a method spec (the command line's --method); patch takes the name and the parameters"
+    " apart: patch(model, {name!r}, param=value)."
+)
 
 
 def available_methods() -> list[str]:

@@ -176,7 +176,7 @@ def test_ratio_ramp_differs_from_transformers_yarn():
         ("pi", {"factor": float("nan")}, ValueError, "finite"),
         ("pi", {"factor": "4"}, TypeError, "must be a number"),
         ("pi", {"factor": True}, TypeError, "must be a number"),
-        ("pi", {}, TypeError, "factor"),
+        ("pi", {}, TypeError, r"^Method 'pi': 'factor' must be given \(pi:factor=\.\.\. in a method spec, factor=\.\.\. in patch\)\. Valid"),
         ("yarn", {"factor": 4, "beta_fast": 1, "beta_slow": 32}, ValueError, "beta_fast must be greater"),
         ("yarn", {"factor": 4, "beta_fast": 2, "beta_slow": 2}, ValueError, "beta_fast must be greater"),
         ("yarn", {"factor": 4, "ramp": "cosine"}, ValueError, "ramp must be one of"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import paper_formulas as paper
@@ -246,6 +247,25 @@ def test_unpatch_after_a_cast_there_and_back_gives_what_the_casts_give_the_unpat
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("method", ["nope", "alibi", "t5-bias", "dynamic-ntk", "dynamic-yarn", "longrope"])
+def test_a_cast_there_and_back_is_followed_whatever_the_patch_installed(method, dtype, ids):
+    """The round trip rounds what unpatch gives back, and a forward between it and unpatch changes nothing: the
+    tensors a patch replaces stay on their module, cast with the model. Before, a round trip was told from the
+    values the patch left, which nope's, ALiBi's and the T5 bias's zero frequencies and a dynamic method's
+    per-call ones (after a forward) do not show: unpatch gave the frequencies unrounded, and within L dynamic NTK
+    and YaRN used them so, no longer the unpatched model (red-team)."""
+    reference = make_tiny("llama").to(dtype).to(torch.float32)
+    model = hf_posenc.patch(make_tiny("llama"), method, **method_params(method, 8))
+    model.to(dtype).to(torch.float32)
+    with torch.no_grad():
+        if get_method(method).unchanged_within_context:
+            assert torch.equal(model(ids[:, : L - 4]).logits, reference(ids[:, : L - 4]).logits)
+        model(ids)
+    hf_posenc.unpatch(model)
+    assert_same(snapshot(reference), snapshot(model))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("method", [name for name in ROPE_SCALING if get_method(name).dynamic])
 def test_dynamic_patch_follows_a_dtype_cast(method, dtype, ids):
     """``model.to(dtype)`` after a dynamic patch rounds its per-call frequencies as it rounds the unpatched
@@ -428,3 +448,34 @@ def test_the_resolved_parameters_patch_the_same_model(family, method):
             config["hf_posenc"]["params"]["backend"] = first.params["backend"]
         assert again == config
         assert torch.equal(model(ids).logits, logits)
+
+
+def test_unpatch_of_a_patched_model_loaded_without_hf_posenc_says_how_to_unpatch_it(tmp_path):
+    """A saved YaRN model loads with plain transformers (native): unpatch names the cause and the way (before: "not
+    patched by hf_posenc", which its config contradicts), and changes nothing; a model never patched is told so."""
+    hf_posenc.patch(make_tiny("llama"), "yarn", factor=4).save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    before = snapshot(loaded)
+    with pytest.raises(
+        RuntimeError, match=r"not loaded through hf_posenc.*hf_posenc\.from_pretrained\(\.\.\.\) to unpatch"
+    ):
+        hf_posenc.unpatch(loaded)
+    assert_same(before, snapshot(loaded))
+    with pytest.raises(RuntimeError, match="is not patched by hf_posenc; there is nothing to unpatch"):
+        hf_posenc.unpatch(make_tiny("llama"))
+
+
+@pytest.mark.parametrize("spec", ["yarn:factor=4", "yarn+logn:factor=4"])
+def test_a_method_spec_given_to_patch_is_told_apart(spec):
+    """patch takes a name and parameters; a spec string from the command line gets the call that means it."""
+    model = make_tiny("llama")
+    name = spec.partition(":")[0]
+    with pytest.raises(ValueError, match=rf"is a method spec .*patch\(model, '{re.escape(name)}', param=value\)"):
+        hf_posenc.patch(model, spec)
+    assert hf_posenc.get_patch(model) is None
+
+
+def test_a_module_without_a_config_is_refused_by_name():
+    """Before: AttributeError: 'Linear' object has no attribute 'config'."""
+    with pytest.raises(TypeError, match=r"patches a transformers model .*, not a Linear\.$"):
+        hf_posenc.patch(torch.nn.Linear(2, 2), "yarn", factor=2)

@@ -9,7 +9,7 @@ from typing import Any
 from ..architectures import rotary_dim
 from ..encoding_data import TrainedT5Table
 from ..encoding_plots import write_bias_plot, write_frequency_plot
-from ..eval.models import trained_context
+from ..eval.models import reachable_saved_patch, trained_context
 from ..files import nearest_existing
 from ..patching.attention import T5_TABLE
 from ..patching.loading import read_checkpoint_tensors
@@ -151,7 +151,7 @@ def with_bucketing_of(table: TrainedT5Table, spec: str) -> str:
 def model_geometry(name: str) -> dict[str, Any]:
     """``head_dim`` (rotary), ``base``, ``trained_context`` and ``num_heads`` of the model ``name``'s config (its
     base's, for a model saved or pushed patched); a model without RoPE (GPT-2) has no ``base``."""
-    config = base_config(name, saved_patch(name))
+    config = base_config(name, reachable_saved_patch(name, weights=False))
     rope = getattr(config, "rope_parameters", None) or {}
     geometry = {"trained_context": trained_context(config), "num_heads": config.num_attention_heads}
     if "rope_theta" not in rope:

@@ -167,3 +167,19 @@ def test_an_output_that_is_a_file_or_under_one_is_one_line_naming_the_flag(tmp_p
         f"error: --output {output} names the folder for the plot and its CSV, and {tmp_path / 'afile'} is a file" in err
     )
     assert (tmp_path / "afile").read_text() == "mine" and "Errno" not in err
+
+
+def test_a_hub_model_not_cached_with_the_hub_out_of_reach_fails_at_once(tmp_path, monkeypatch, capsys):
+    """As check and card: one line naming the model and the reason, exit 2, nothing written. Before, plot went
+    through huggingface_hub's retries (about 23 s) and failed with exit 1 on an OSError it did not name."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    output = tmp_path / "plot.png"
+    assert main(["plot", "frequencies", "--model", "me/never-cached", "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "hf-posenc plot: error: --model 'me/never-cached' cannot be loaded: the Hub cannot be reached "
+        "(HF_HUB_OFFLINE is set), and its config.json is not in the cache.\n"
+    )
+    assert not any(tmp_path.iterdir())

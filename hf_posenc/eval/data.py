@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..hub_errors import refuse_missing_folder
 from .local_files import LOCAL_SPLIT, local_rows
 
 PROTOCOLS = ("sliding", "disjoint", "truncate")
@@ -165,6 +166,10 @@ def load_texts(source: TextSource) -> list[str]:
             )
         dataset = local_rows(local, source.streaming)
     else:
+        try:
+            refuse_missing_folder(source.path)
+        except FileNotFoundError as error:
+            raise ValueError(f"Cannot load dataset {error}.") from None
         try:
             dataset = load_dataset(source.path, source.config, split=source.read_split, streaming=source.streaming)
         except Exception as error:  # datasets raises many types (not found, offline, bad config)

@@ -144,6 +144,16 @@ def test_unknown_hub_dataset_is_a_clear_error(monkeypatch):
         load_texts(TextSource("no-such-user/no-such-dataset"))
 
 
+@pytest.mark.parametrize("name", ["./nope.txt", "/no/such/folder", "~/nope.jsonl", "a/b/c"])
+def test_a_path_to_nothing_is_said_so_not_taken_for_a_hub_id(name):
+    """Before: datasets' "Repo id must use alphanumeric chars ..." led the message for a mistyped local file."""
+    with pytest.raises(
+        ValueError,
+        match=rf"^Cannot load dataset '{re.escape(name)}': no such file or folder \(a path, not a Hub id\)\.$",
+    ):
+        load_texts(TextSource(name))
+
+
 def test_streaming_reads_only_the_first_documents_and_checks_the_column(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(json.dumps({"body": str(i)}) for i in range(100)))

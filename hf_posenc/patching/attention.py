@@ -143,9 +143,8 @@ def _install_t5(model: nn.Module, resolved: Any, modules: list[nn.Module]) -> li
         init=resolved.init,
     )
     reference = next(model.parameters())
-    table = nn.Embedding(*init.shape, device=reference.device, dtype=reference.dtype)  # (num_buckets, H)
-    with torch.no_grad():
-        table.weight.copy_(init)
+    # (num_buckets, H), given its weight: no random initialisation, which would draw from torch's global generator
+    table = nn.Embedding(*init.shape, _weight=init.to(device=reference.device, dtype=reference.dtype))
     bucketing = (resolved.num_buckets, resolved.max_distance)
     share = functools.partial(_share_table, table, bucketing)
     return [(model.base_model, functools.partial(_register_table, table))] + [(module, share) for module in modules]

@@ -211,3 +211,15 @@ def test_compiled_flex_on_cuda_equals_eager_with_padding():
         with torch.no_grad():
             logits[backend] = model(ids, attention_mask=mask).logits[mask.bool()]
     torch.testing.assert_close(logits["flex"], logits["eager"], rtol=1e-4, atol=1e-4)
+
+
+def test_patching_draws_nothing_from_torchs_global_generator():
+    """The table is made with its values: a seeded run draws the same numbers after the patch as without it (before,
+    nn.Embedding's random initialisation, overwritten at once, moved the generator on)."""
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    model = make_tiny("llama")
+    torch.manual_seed(3)
+    hf_posenc.patch(model, "t5-bias")
+    assert torch.equal(torch.rand(4), expected)
+    assert model.model.position_bias.weight.requires_grad

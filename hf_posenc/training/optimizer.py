@@ -13,9 +13,14 @@ from typing import Any
 import torch
 from transformers import Trainer
 
-# The module names FSDP (version 1, with use_orig_params) and activation checkpointing insert in parameter names
-# (torch.distributed.fsdp's FSDP_WRAPPED_MODULE and checkpoint_wrapper's _CHECKPOINT_WRAPPED_MODULE).
-_WRAPPER_NAMES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+POSITION_GROUPS_LAYOUT = 2
+"""How a run with a position learning rate lays out its optimizer's groups, recorded in ``train_run.json``: 2, the
+Trainer's own split (1, unrecorded: hf_posenc's own AdamW of two groups, whose checkpoints a resume cannot load)."""
+
+# The module names FSDP (version 1, with use_orig_params), activation checkpointing and torch.compile insert in
+# parameter names (torch.distributed.fsdp's FSDP_WRAPPED_MODULE, checkpoint_wrapper's _CHECKPOINT_WRAPPED_MODULE,
+# OptimizedModule's _orig_mod).
+_WRAPPER_NAMES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 
 
 def unwrapped_name(name: str) -> str:

@@ -34,7 +34,7 @@ from .._version import __version__
 from ..files import atomic_write_text, json_text, refuse_dangling_link, same_place
 from ..patching import get_patch, learned_table_rows, unpatch
 from ..spec import MethodSpec
-from .optimizer import PositionRateTrainer
+from .optimizer import POSITION_GROUPS_LAYOUT, PositionRateTrainer
 from .packing import PackedWindows, pack_texts
 from .settings import TrainSettings, training_arguments
 from .trainable import apply_method, release_gguf, select_trainable, unused_parameters
@@ -261,12 +261,14 @@ def _seconds_at(checkpoint: str | None) -> float:
 def run_identity(model_name: str, spec: MethodSpec, settings: TrainSettings, data: PackedWindows) -> dict[str, Any]:
     """What a run is (``train_run.json``): a resumed run must match it."""
     run_settings = {key: value for key, value in dataclasses.asdict(settings).items() if key != "resume"}
+    layout = {} if settings.position_learning_rate is None else {"optimizer_groups": POSITION_GROUPS_LAYOUT}
     return {
         "format": RUN_FORMAT,
         "model": str(model_name),
         "method": spec.text,
         "settings": run_settings,
         "data_sha256": data.fingerprint(),
+        **layout,
     }
 
 
@@ -311,6 +313,11 @@ def _differences(recorded: dict[str, Any], identity: dict[str, Any]) -> list[str
     said = [f"`{name}`: {old!r} there, {new!r} here" for name, old, new in pairs]
     if recorded.get("data_sha256") != identity["data_sha256"]:
         said.append("the tokens of `texts` differ")
+    if recorded.get("optimizer_groups") != identity.get("optimizer_groups"):
+        said.append(
+            "its optimizer's parameter groups are laid out otherwise (an earlier hf_posenc's position learning rate): "
+            "its checkpoints' optimizer state does not load here"
+        )
     return said
 
 

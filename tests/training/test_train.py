@@ -3,6 +3,7 @@ trains, saving and reloading, resuming a killed run, GGUF-loaded models, and the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -577,3 +578,21 @@ def test_position_parameters_are_found_by_their_names_in_a_wrapped_model():
     with pytest.raises(RuntimeError, match="FSDP without use_orig_params"):
         _split_groups(optimizer, lambda p: False, 0.5)
     assert optimizer.param_groups[0]["params"] == [flat] and optimizer.param_groups[0]["lr"] == 1e-3
+
+
+def test_a_run_with_an_earlier_hf_posencs_position_groups_is_refused_before_its_resume(tmp_path):
+    """A run with a position learning rate started by hf_posenc before the Trainer's own optimizer was split (two
+    groups; its train_run.json records no layout) cannot load its checkpoints' optimizer state here: the resume is
+    refused up front, naming that, and nothing is written (before: "loaded state dict has a different number of
+    parameter groups" from inside the Trainer). Runs without the rate resume as ever."""
+    settings = _settings(steps=2, position_learning_rate=0.5, save_steps=1)
+    train(make_tiny("llama"), None, DATA, tmp_path / "out", settings, "t5-bias")
+    run_file = tmp_path / "out" / "train_run.json"
+    recorded = json.loads(run_file.read_text())
+    assert recorded.pop("optimizer_groups") == 2
+    run_file.write_text(json.dumps(recorded))
+    before = _snapshot(tmp_path / "out")
+    resumed = dataclasses.replace(settings, resume=True)
+    with pytest.raises(ValueError, match=r"optimizer's parameter groups are laid out otherwise"):
+        train(make_tiny("llama"), None, DATA, tmp_path / "out", resumed, "t5-bias")
+    assert _snapshot(tmp_path / "out") == before

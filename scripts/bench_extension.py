@@ -33,7 +33,7 @@ from bench_common import environment, synchronize, time_rounds, write_json  # no
 import hf_posenc  # noqa: E402, F401  (registers the attention functions)
 from hf_posenc.attention import EXTENSION_FUNCTIONS, TEMPERATURE_FUNCTIONS  # noqa: E402
 from hf_posenc.attention.compiled_flex import compiled_flex  # noqa: E402
-from hf_posenc.attention.extension import ExtensionState, extension_mask  # noqa: E402
+from hf_posenc.attention.extension import ExtensionState, extension_mask, torch_compiled  # noqa: E402
 from hf_posenc.attention.extension_flex import _compiles  # noqa: E402
 from hf_posenc.eval.data import parse_lengths  # noqa: E402
 from hf_posenc.registry import get_method  # noqa: E402
@@ -108,9 +108,11 @@ def variants_for(
 
 def causal_flex(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> Callable[[], object]:
     """Causal attention by flex with a block mask, compiled where the remaps' flex calls are, as they are (a
-    prefill: for its shapes): against causal SDPA, the flex kernel's own speed, apart from what a method adds to it."""
-    blocks = create_block_mask(lambda b, h, q, k: q >= k, None, None, query.shape[2], key.shape[2], device=query.device)
+    prefill: for its shapes; the block mask too, which uncompiled goes through a dense n x n mask): against causal
+    SDPA, the flex kernel's own speed, apart from what a method adds to it."""
     compiled = _compiles(query.device, query.shape[2] * key.shape[2])
+    build = torch_compiled(create_block_mask, query.is_cuda) if compiled else create_block_mask
+    blocks = build(lambda b, h, q, k: q >= k, None, None, query.shape[2], key.shape[2], device=query.device)
     attend = functools.partial(compiled_flex, "causal reference") if compiled else flex_attention
     gqa = query.shape[1] != key.shape[1]
     return lambda: attend(query, key, value, block_mask=blocks, scale=scale, enable_gqa=gqa)

@@ -293,8 +293,9 @@ def unpatch(model: nn.Module) -> nn.Module:
             record = PatchRecord.from_config(getattr(model, "config", None), missing_ok=True)
             if record and not record.baked:
                 raise RuntimeError(
-                    "This model's config carries an hf_posenc patch, but the model was not loaded through hf_posenc, "
-                    "which keeps what unpatch needs; load it with hf_posenc.from_pretrained(...) to unpatch it."
+                    "This model's config carries an hf_posenc patch, but hf_posenc neither patched nor loaded this "
+                    "model object (loaded with plain transformers, or a copy of a patched model), so it keeps nothing "
+                    "to unpatch; load it with hf_posenc.from_pretrained(...) to unpatch it."
                 )
             raise RuntimeError("This model is not patched by hf_posenc; there is nothing to unpatch.")
         _restore(model, applied)

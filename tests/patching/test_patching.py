@@ -457,7 +457,8 @@ def test_unpatch_of_a_patched_model_loaded_without_hf_posenc_says_how_to_unpatch
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     before = snapshot(loaded)
     with pytest.raises(
-        RuntimeError, match=r"not loaded through hf_posenc.*hf_posenc\.from_pretrained\(\.\.\.\) to unpatch"
+        RuntimeError,
+        match=r"neither patched nor loaded this model object .*hf_posenc\.from_pretrained\(\.\.\.\) to unpatch",
     ):
         hf_posenc.unpatch(loaded)
     assert_same(before, snapshot(loaded))

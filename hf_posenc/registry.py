@@ -65,7 +65,7 @@ class Method:
     role: str = "rope"
     parts: tuple[Method, ...] = ()
     adds_parameters: bool = False
-    filled_in: Callable[[str, Any], bool] | None = None
+    filled_in: Callable[[str, Any], bool] | None = field(default=None, compare=False)
     aliases: tuple[str, ...] = ()
     paper: str = ""
     summary: str = field(default="", compare=False)

@@ -79,6 +79,11 @@ class AlibiParams:
             object.__setattr__(self, "slopes", slopes)
 
 
+def paper_slopes_filled_in(name: str, value: object) -> bool:
+    """Whether a recorded ALiBi parameter is what ``patch`` fills in: the paper's slopes for the model's heads."""
+    return name == "slopes" and value is not None and are_paper_slopes(value)
+
+
 register(
     Method(
         name="alibi",
@@ -86,7 +91,7 @@ register(
         applies_to=frozenset({"rope", "learned"}),
         role="replace",
         depends_on_length=False,
-        filled_in=lambda name, value: name == "slopes" and value is not None and are_paper_slopes(value),
+        filled_in=paper_slopes_filled_in,
         paper="Press, Smith, Lewis 2022, Train Short, Test Long: Attention with Linear Biases (arXiv 2108.12409)",
         summary="Replaces RoPE or learned positions by linear attention biases; a RoPE- or wpe-trained model "
         "needs fine-tuning to work well with it.",

@@ -285,8 +285,8 @@ def check_output(output_dir: Path, identity: dict[str, Any] | None, resume: bool
         raise ValueError(f"`output_dir` {output_dir} holds other files (no {RUN_FILE}); choose an empty or new folder.")
     if not resume:
         raise ValueError(
-            f"`output_dir` {output_dir} already holds a training run; pass `resume` to continue it, or choose an "
-            "empty or new folder."
+            f"`output_dir` {output_dir} already holds a training run; pass `resume` to continue it (with the arguments "
+            f"it was started with, in its {RUN_FILE}), or choose an empty or new folder."
         )
     recorded = json.loads(run_file.read_text(encoding="utf-8"))
     differences = [] if identity is None else _differences(recorded, identity)

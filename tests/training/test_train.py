@@ -450,7 +450,11 @@ def test_the_command_trains_saves_and_eval_scores_the_result(tiny_dir, tmp_path,
 
     before = _snapshot(out)
     assert main(_train_args(tiny_dir, out)) == 2  # the same command again: it asks for --resume
-    assert "--output" in (line := _one_line_error(capsys)) and "already holds a training run; pass --resume" in line
+    assert (
+        "--output" in (line := _one_line_error(capsys))
+        and "already holds a training run; pass --resume to continue it (with the arguments it was started with, in its train_run.json)"
+        in line
+    )
     assert main(_train_args(tiny_dir, out, "--resume")) == 0  # finished: nothing left to train
     assert json.loads((out / "train_summary.json").read_text())["losses"] == summary["losses"]
     assert _snapshot(out).keys() == before.keys()

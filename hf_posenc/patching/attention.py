@@ -98,7 +98,10 @@ def choose_backend(model: nn.Module, requested: str, slopes: tuple[float, ...]) 
         return "sdpa"
     problem = _fused_problem(model, slopes)
     if requested == "cudnn" and problem is not None:
-        raise ValueError(f"The ALiBi cudnn backend cannot be used: {problem}. Use backend='flex' or 'auto'.")
+        raise ValueError(
+            f"The ALiBi cudnn backend cannot be used: {problem}. Use backend 'flex' or 'auto' (backend='auto' in "
+            "patch, alibi:backend=auto in a method spec)."
+        )
     if problem is None:
         return "cudnn"
     if next(model.parameters()).is_cuda:

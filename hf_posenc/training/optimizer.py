@@ -65,8 +65,9 @@ def _split_groups(optimizer: torch.optim.Optimizer, selected: Any, rate: float) 
             optimizer.param_groups.remove(group)
     if not moved:
         raise RuntimeError(
-            "position_learning_rate: none of the parameters the patch added is among the optimizer's (FSDP without "
-            "use_orig_params flattens them into one); leave position_learning_rate out, or keep original parameters."
+            "position_learning_rate: none of the parameters the patch added is among the optimizer's (they do not "
+            "train, or FSDP without use_orig_params flattened them into one); leave position_learning_rate out, or "
+            "train them as they are."
         )
     for group in moved:
         optimizer.add_param_group(group)

@@ -23,7 +23,7 @@ from ..eval.results import (
     format_table,
 )
 from ..eval.runner import MAX_TRIALS, run_passkey, run_perplexity
-from ..eval.specs import DEFAULT_METHODS
+from ..eval.specs import DEFAULT_METHODS, parse_methods
 from ..offline import essays_dir
 from .model_options import add_dtype_argument, add_loading_arguments, model_source_of, reads_cache_if_unreachable
 
@@ -215,6 +215,7 @@ def eval_command(args: argparse.Namespace) -> int:
     )
     note = _offline_note(args) if offline else None
     if args.model is None and args.dataset is None and _is_main_process():
+        parse_methods(args.methods)  # a bad spec is refused before the banner announces it
         print(
             f"Offline default: {model_source.gguf_file} ({_dtype_shown(model_source)}) on the "
             f"{f'first {args.max_documents} ' if args.max_documents else ''}bundled essays joined into one document; "

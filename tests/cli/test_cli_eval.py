@@ -431,3 +431,16 @@ def test_passkey_refuses_more_trials_than_it_runs(capsys):
         exit_.value.code == 2
         and "'100000000000' is more than 10000 keys per length and depth" in capsys.readouterr().err
     )
+
+
+def test_a_bad_method_is_refused_before_the_offline_banner(tiny_dir, tmp_path, capsys, monkeypatch):
+    from hf_posenc.cli import eval as eval_cli
+    from hf_posenc.eval import models
+
+    monkeypatch.setattr(models, "smollm2_gguf", lambda: (tiny_dir / "model", None))
+    monkeypatch.setattr(eval_cli, "essays_dir", lambda: tiny_dir / "texts")
+    assert main(["eval", "--output", str(tmp_path / "out"), "--method", "rope-magic", "--lengths", "32"]) == 2
+    captured = capsys.readouterr()
+    assert "Unknown method 'rope-magic'" in captured.err
+    assert "Offline default" not in captured.out
+    assert not (tmp_path / "out").exists()

@@ -67,7 +67,7 @@ from .resume import (
     remove_stale_temporaries,
 )
 from .scoring import LengthScore, input_shape, passkey_flags, score_lengths, serves_every_length
-from .specs import method_applied, parse_methods, refuse_duplicates, warn_past_reach
+from .specs import method_applied, notes_once, parse_methods, refuse_duplicates, warn_past_reach
 
 logger = logging.getLogger("hf_posenc")
 
@@ -95,11 +95,12 @@ def load_checked(
     }
     check_head_decomposition(model, torch.tensor([ids[:16]], dtype=torch.long, device=input_device(model)))
     resolved = {}
-    for spec in specs:
-        with method_applied(model, spec, spec.params):
-            resolved[spec.text] = {} if spec.unpatched else dict(get_patch(model).params)
-            check_position_table(model, spec.text, longest)
-            warn_past_reach(spec, resolved[spec.text], longest)
+    with notes_once():
+        for spec in specs:
+            with method_applied(model, spec, spec.params):
+                resolved[spec.text] = {} if spec.unpatched else dict(get_patch(model).params)
+                check_position_table(model, spec.text, longest)
+                warn_past_reach(spec, resolved[spec.text], longest)
     return model, resolved, loaded
 
 

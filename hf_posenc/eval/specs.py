@@ -90,6 +90,26 @@ def warn_past_reach(spec: MethodSpec, resolved: dict[str, Any], longest: int) ->
 
 
 @contextmanager
+def notes_once() -> Iterator[None]:
+    """Within the block, a message the ``hf_posenc`` logger gives again (the trained context assumed, the same for
+    every method a run checks) is dropped: each note is read once."""
+    seen: set[str] = set()
+
+    def first(record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in seen:
+            return False
+        seen.add(message)
+        return True
+
+    logger.addFilter(first)
+    try:
+        yield
+    finally:
+        logger.removeFilter(first)
+
+
+@contextmanager
 def method_applied(model, spec: MethodSpec, params: dict[str, Any]) -> Iterator[None]:
     """The model patched with ``spec`` for the duration, from the parameters it resolved when checked (so
     nothing is resolved, or logged, twice); ``none``: unchanged. A saved model's own method gets the tensors it

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import os
 import shutil
@@ -360,11 +361,13 @@ def test_join_is_suggested_only_when_not_given(tiny_dir, tmp_path, capsys, no_mo
     assert ("--join" in err) == suggested
 
 
-def test_each_note_on_the_trained_context_is_logged_once_per_method(tiny_dir, tmp_path, caplog):
+def test_the_note_on_the_trained_context_is_logged_once_per_run(tiny_dir, tmp_path, caplog):
+    """Every method assumes the same L: one note says so, not one per method (and none from the run's patching)."""
     argv = _args(tiny_dir, tmp_path / "out") + ["--lengths", "32,48", "--method", "none"]
     assert main(argv + ["--method", "yarn:factor=2", "--method", "ntk:factor=2"]) == 0
     notes = [r for r in caplog.records if "original_max_position_embeddings not given" in r.getMessage()]
-    assert len(notes) == 2
+    assert len(notes) == 1
+    assert not logging.getLogger("hf_posenc").filters  # the run's filter is gone with it
 
 
 @pytest.mark.parametrize(

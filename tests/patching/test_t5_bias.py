@@ -223,3 +223,32 @@ def test_patching_draws_nothing_from_torchs_global_generator():
     hf_posenc.patch(model, "t5-bias")
     assert torch.equal(torch.rand(4), expected)
     assert model.model.position_bias.weight.requires_grad
+
+
+def test_a_model_offloaded_whole_gets_its_table_where_it_computes(tmp_path):
+    """With every weight offloaded to disk (accelerate leaves the parameters on the meta device), the table is made
+    on the hooks' execution device, not on meta (before: "Cannot copy out of meta tensor" at the first forward), and
+    the model computes what the same model placed whole does; a model built on meta keeps its table there."""
+    from transformers import AutoModelForCausalLM
+
+    make_tiny("llama").save_pretrained(tmp_path / "model")
+    ids = torch.randint(1, 97, (1, 40), generator=torch.Generator().manual_seed(0))
+    whole = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32), "t5-bias")
+    offloaded = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "model",
+        dtype=torch.float32,
+        device_map="auto",
+        max_memory={"cpu": "60KB"},
+        offload_folder=tmp_path / "offload",
+    )
+    assert all(parameter.is_meta for parameter in offloaded.parameters())
+    hf_posenc.patch(offloaded, "t5-bias")
+    assert offloaded.model.position_bias.weight.device == torch.device("cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(offloaded(ids).logits, whole(ids).logits, rtol=0, atol=0)
+        hf_posenc.unpatch(offloaded)
+        hf_posenc.unpatch(whole)
+        torch.testing.assert_close(offloaded(ids).logits, whole(ids).logits, rtol=0, atol=0)
+    with torch.device("meta"):
+        built = AutoModelForCausalLM.from_config(make_tiny("llama").config)
+    assert hf_posenc.patch(built, "t5-bias").model.position_bias.weight.is_meta

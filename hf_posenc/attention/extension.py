@@ -62,7 +62,7 @@ class PositionMask:
     key_positions: torch.Tensor  # (B, kv) int64
     key_valid: torch.Tensor | None  # (B, kv) bool, None without padding
     query_valid: torch.Tensor | None = None  # (B, q) bool, None without padding
-    block_masks: dict[Any, BlockMask] = field(default_factory=dict)  # flex's, built on first use
+    block_masks: dict[Any, BlockMask] = field(default_factory=dict)  # (remap, ...) -> flex's, built on first use
     # (remap, "query" or "key", segment) -> the cos/sin turning those to its positions: one per call of the model
     rotations: dict[Any, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 

@@ -47,7 +47,9 @@ def _on_cuda(mask: PositionMask) -> bool:
 
 
 def _block_mask(mask: PositionMask, key: Any, mask_mod: Callable[[], Any], kv_length: int, compiled: bool) -> BlockMask:
-    """The block mask of ``mask_mod()``, built once per call of the model (all layers share the mask)."""
+    """The block mask of ``mask_mod()``, built once per call of the model (all layers share the mask). ``key`` names
+    the remap with its parameters, as the mask's rotations do: a mask given to two methods (a benchmark's) gives
+    each its own."""
     if key not in mask.block_masks:
         build = torch_compiled(create_block_mask, _on_cuda(mask)) if compiled else create_block_mask
         shape = dict(B=mask.query_positions.shape[0], H=None, Q_LEN=mask.query_positions.shape[1], KV_LEN=kv_length)
@@ -115,7 +117,7 @@ def _per_segment(state: ExtensionState, mask: PositionMask, query, key, value, s
             seg_query,
             seg_key,
             value,
-            block_mask=_block_mask(mask, ("segment", segment), mask_mod, kv_length, compiled),
+            block_mask=_block_mask(mask, (state.remap, "segment", segment), mask_mod, kv_length, compiled),
             scale=scaling,
             enable_gqa=query.shape[1] != key.shape[1],
         )
@@ -140,7 +142,7 @@ def _side_by_side(state: ExtensionState, mask: PositionMask, query, key, value, 
         torch.cat(queries, -1),  # (B, H, q, S * D)
         keys,  # (B, H_kv, S * kv, S * D)
         value.repeat(1, 1, segments, 1),  # (B, H_kv, S * kv, D)
-        block_mask=_block_mask(mask, ("side by side", segments), lambda: mask_mod, segments * kv_length, compiled),
+        block_mask=_block_mask(mask, (state.remap, "side by side"), lambda: mask_mod, segments * kv_length, compiled),
         scale=scaling,
         enable_gqa=query.shape[1] != key.shape[1],
     )

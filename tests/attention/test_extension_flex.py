@@ -68,6 +68,25 @@ def test_flex_strategies_equal_the_eager_reference(strategy, method, padded):
     torch.testing.assert_close(output[real], expected[real], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("strategy", ["_per_segment", "_side_by_side"])
+def test_methods_sharing_one_mask_each_get_their_own_block_masks(strategy):
+    """The mask keeps the block masks it builds for every layer; a mask given to several methods (as
+    bench_extension gives one to each method it times) must not hand one method's block masks to another (before:
+    they were keyed by segment alone, and DCA after Self-Extend ran Self-Extend's masks on CUDA). Self-Extend with
+    another window, then DCA, then the first again, each against its own eager reference."""
+    query, key, value, mask, real = _inputs(padded=True)
+    other = _module("self-extend", temperature=False)
+    other.hf_posenc_extension.remap = get_method("self-extend").make_params(
+        original_max_position_embeddings=32, group_size=4, window=16
+    )
+    for module in (_module("self-extend", False), other, _module("dca", False), _module("self-extend", False)):
+        state = module.hf_posenc_extension
+        expected = extension_eager_attention(module, query, key, value, mask, DIM**-0.5)[0]
+        with torch.no_grad():
+            output = getattr(extension_flex, strategy)(state, mask, query, key, value, DIM**-0.5, False)
+        torch.testing.assert_close(output.transpose(1, 2)[real], expected[real], rtol=1e-5, atol=1e-5)
+
+
 @gpu
 @pytest.mark.parametrize("method", sorted(CASES))
 @pytest.mark.parametrize("padded", [False, True])

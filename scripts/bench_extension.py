@@ -200,9 +200,8 @@ def main() -> None:
             row["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         print(row, flush=True)
         rows.append(row)
-    result = {"environment": environment(device), "arguments": vars(args), "rows": rows}
-    if args.output is not None:
-        write_json(args.output, result)
+        if args.output is not None:  # after each length: a later one that fails or times out keeps the rows done
+            write_json(args.output, {"environment": environment(device), "arguments": vars(args), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -30,17 +30,42 @@ def test_several_backends_with_decode_and_profile_write_every_variant(tmp_path):
     assert written == {f"256_{name.replace('/', '-')}.txt" for name in variants | {"sdpa"}}
 
 
-def test_device_kernels_are_listed_in_launch_order_with_their_times():
-    """What tells DCA's three flex calls apart on a GPU (the table adds up the calls of one kernel); a CPU's
-    profile has no device kernel and no list."""
+def _bench():
     import importlib.util
-    from types import SimpleNamespace
-
-    import torch
 
     spec = importlib.util.spec_from_file_location("bench_extension", SCRIPT)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_rows_done_are_written_before_a_later_length_fails(tmp_path, monkeypatch):
+    """A GPU run is cut by its timeout or fails at 128k: the 32k row is in the JSON already (before: written only
+    at the end, and the 2026-11-27 flex rows were copied from the log)."""
+    import pytest
+
+    bench, output = _bench(), tmp_path / "bench.json"
+
+    def run_length(args, length, device, dtype):
+        if length > 256:
+            raise RuntimeError("out of memory")
+        return {"length": length}
+
+    monkeypatch.setattr(bench, "run_length", run_length)
+    monkeypatch.setattr(sys, "argv", ["bench", "--device", "cpu", "--lengths", "256,512", "--output", str(output)])
+    with pytest.raises(RuntimeError, match="out of memory"):
+        bench.main()
+    assert json.loads(output.read_text())["rows"] == [{"length": 256}]
+
+
+def test_device_kernels_are_listed_in_launch_order_with_their_times():
+    """What tells DCA's three flex calls apart on a GPU (the table adds up the calls of one kernel); a CPU's
+    profile has no device kernel and no list."""
+    from types import SimpleNamespace
+
+    import torch
+
+    bench = _bench()
 
     def event(name, start, micros, device=torch.autograd.DeviceType.CUDA):
         return SimpleNamespace(

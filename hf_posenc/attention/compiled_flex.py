@@ -71,7 +71,12 @@ def compiled_flex(label: str, query: torch.Tensor, key: torch.Tensor, value: tor
     if query.shape[2] == key.shape[2] and _STATIC.admits(_kind(label, query, key, kwargs.get("scale"))):
         try:
             return _compiled_static_flex_attention()(query, key, value, **kwargs)
-        except (torch._dynamo.exc.FailOnRecompileLimitHit, torch._dynamo.exc.TorchDynamoException) as error:
+        except torch._dynamo.exc.FailOnRecompileLimitHit as error:  # as many lengths as dynamo allows: expected
             _STATIC.closed = True
             logger.info("flex attention compiled for fixed shapes no more (%s); dynamic shapes from here", error)
+        except torch._dynamo.exc.TorchDynamoException as error:  # a failed compilation: the runs slow down, say why
+            _STATIC.closed = True
+            logger.warning(
+                "flex attention could not be compiled for fixed shapes (%s); dynamic shapes from here (slower)", error
+            )
     return _compiled_flex_attention()(query, key, value, **kwargs)

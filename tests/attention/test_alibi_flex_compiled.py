@@ -9,6 +9,7 @@ inductor as in the library. Compiling takes tens of seconds on CPU, so the test 
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import pytest
@@ -117,3 +118,25 @@ def test_at_dynamos_recompile_limit_prefills_go_to_the_dynamic_compilation(monke
     # Forwards 1..limit on fixed shapes (one compilation each, all layers); the next one's first layer refused
     # there, and it and every later forward on the dynamic compilation.
     assert calls == {"static": layers * limit + 1, "dynamic": layers * (12 - limit)}
+
+
+def test_a_failed_compilation_for_fixed_shapes_is_a_warning_and_the_call_goes_on(monkeypatch, caplog):
+    """Reaching dynamo's recompile limit is expected (a note); a compilation that fails slows every later call (on
+    the dynamic compilation), which a benchmark would show without a cause: a warning."""
+    query = torch.randn(1, 2, 16, 8)
+
+    def failing():
+        def run(*args, **kwargs):
+            raise torch._dynamo.exc.InternalTorchDynamoError("inductor failed")
+
+        return run
+
+    monkeypatch.setattr(compiled_flex, "_STATIC", compiled_flex.StaticPrefills())
+    monkeypatch.setattr(compiled_flex, "_compiled_static_flex_attention", failing)
+    monkeypatch.setattr(compiled_flex, "_compiled_flex_attention", lambda: functions.flex_attention)
+    with caplog.at_level(logging.INFO, logger=compiled_flex.__name__):
+        output = compiled_flex.compiled_flex("test", query, query, query)
+    torch.testing.assert_close(output, functions.flex_attention(query, query, query))
+    assert compiled_flex._STATIC.closed
+    [record] = [r for r in caplog.records if "could not be compiled for fixed shapes" in r.getMessage()]
+    assert record.levelno == logging.WARNING and "inductor failed" in record.getMessage()

@@ -18,6 +18,8 @@ import importlib
 import re
 import sys
 
+from safetensors import SafetensorError
+
 from .._startup import INTERRUPTED_EXIT, quiet_interrupt
 from ..hub_errors import HubError, redact
 
@@ -82,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     except HubError as error:  # the Hub refused or failed: the input may be fine
         _report(args, str(error))
         return 1
-    except (ValueError, TypeError, OSError, NotImplementedError) as error:  # bad input, files, model loading
+    except (ValueError, TypeError, OSError, SafetensorError, NotImplementedError) as error:
+        # bad input, files (safetensors' own error: a weights file written to a full disk), model loading
         _report(args, f"error: {error}")
         return 2
 

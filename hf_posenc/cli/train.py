@@ -13,7 +13,8 @@ from ..eval.models import ModelSource, load_model, load_tokenizer
 from ..offline import essays_dir
 from ..spec import MethodSpec
 from ..training.packing import PackedWindows, pack_texts
-from ..training.run import SUMMARY_FILE, TrainResult, TrainSettings, check_output, train
+from ..training.resume import check_output
+from ..training.run import SUMMARY_FILE, TrainResult, TrainSettings, train
 from ..training.trainable import TRAINABLE
 from .eval import _is_main_process, _length, _positive_int
 from .model_options import model_source_of, reads_cache_if_unreachable

@@ -28,23 +28,22 @@ import torch
 import transformers
 from accelerate import PartialState
 from transformers import PreTrainedModel, TrainerCallback, TrainingArguments, default_data_collator
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .._version import __version__
-from ..files import atomic_write_text, json_text, refuse_dangling_link, same_place
+from ..files import atomic_write_text, json_text
 from ..patching import get_patch, learned_table_rows, unpatch
 from ..spec import MethodSpec
-from .optimizer import POSITION_GROUPS_LAYOUT, PositionRateTrainer
+from .optimizer import PositionRateTrainer
 from .packing import PackedWindows, pack_texts
+from .resume import RUN_FILE, check_output, last_checkpoint, run_identity
 from .settings import TrainSettings, training_arguments
 from .trainable import apply_method, release_gguf, select_trainable, unused_parameters
 
 logger = logging.getLogger(__name__)
 
-RUN_FILE = "train_run.json"
 SUMMARY_FILE = "train_summary.json"
 CLOCK_FILE = "hf_posenc_seconds.json"  # in each checkpoint: the training time of the run up to it
-RUN_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -104,7 +103,7 @@ def train(
         raise ValueError(f"`texts` are packed in windows of {data.length} tokens, not `length` {settings.length}.")
     if settings.bf16 and model.dtype != torch.float32:
         raise ValueError(f"`bf16` autocast trains float32 weights; the model is in {model.dtype}: load it in float32.")
-    identity = run_identity(model.name_or_path, spec, settings, data)
+    identity = run_identity(model, spec, settings, data)
     check_output(output_dir, identity, settings.resume)
     release_gguf(model)
     args = training_arguments(model, output_dir, settings)
@@ -138,7 +137,7 @@ def train(
     PartialState().wait_for_everyone()  # every process has checked output_dir before the first file is written
     if args.should_save:
         _write_json(output_dir / RUN_FILE, identity)
-    checkpoint = get_last_checkpoint(str(output_dir)) if settings.resume else None
+    checkpoint = last_checkpoint(output_dir) if settings.resume else None
     clock = _Clock(_seconds_at(checkpoint))
     trainer = PositionRateTrainer(
         model=model,
@@ -256,79 +255,6 @@ def _seconds_at(checkpoint: str | None) -> float:
         logger.warning("%s records no training time; the summary counts this session's alone.", checkpoint)
         return 0.0
     return json.loads(clock.read_text(encoding="utf-8"))["seconds"]
-
-
-def run_identity(model_name: str, spec: MethodSpec, settings: TrainSettings, data: PackedWindows) -> dict[str, Any]:
-    """What a run is (``train_run.json``): a resumed run must match it."""
-    run_settings = {key: value for key, value in dataclasses.asdict(settings).items() if key != "resume"}
-    layout = {} if settings.position_learning_rate is None else {"optimizer_groups": POSITION_GROUPS_LAYOUT}
-    return {
-        "format": RUN_FORMAT,
-        "model": str(model_name),
-        "method": spec.text,
-        "settings": run_settings,
-        "data_sha256": data.fingerprint(),
-        **layout,
-    }
-
-
-def check_output(output_dir: Path, identity: dict[str, Any] | None, resume: bool) -> None:
-    """Raise ``ValueError`` unless ``output_dir`` can take the run ``identity``: new or empty, or (with ``resume``)
-    holding the same run. ``identity`` None checks only what needs no data: the folder holds nothing else."""
-    refuse_dangling_link(output_dir, "output_dir")
-    if output_dir.exists() and not output_dir.is_dir():
-        raise ValueError(f"`output_dir` {output_dir} is a file; give a folder.")
-    if not output_dir.is_dir() or not any(output_dir.iterdir()):
-        return
-    run_file = output_dir / RUN_FILE
-    if not run_file.is_file():
-        raise ValueError(f"`output_dir` {output_dir} holds other files (no {RUN_FILE}); choose an empty or new folder.")
-    if not resume:
-        raise ValueError(
-            f"`output_dir` {output_dir} already holds a training run; pass `resume` to continue it (with the arguments "
-            f"it was started with, in its {RUN_FILE}), or choose an empty or new folder."
-        )
-    recorded = json.loads(run_file.read_text(encoding="utf-8"))
-    differences = [] if identity is None else _differences(recorded, identity)
-    if differences:
-        raise ValueError(
-            f"`resume`: the run in `output_dir` {output_dir} had other arguments ({'; '.join(differences)}); "
-            "repeat them, or choose an empty or new folder."
-        )
-
-
-def _differences(recorded: dict[str, Any], identity: dict[str, Any]) -> list[str]:
-    """```name`: <there> there, <here> here`` for each differing argument, settings one by one. The model compares
-    as a place (``tiny/model`` and its absolute path are one), the method as what it computes (an alias, or a
-    default written out, is the same method)."""
-    if recorded.get("format") != identity["format"] or not isinstance(recorded.get("settings"), dict):
-        return [f"{RUN_FILE} is of another format"]
-    there, here = recorded["settings"], identity["settings"]
-    pairs = []
-    if not (isinstance(recorded.get("model"), str) and same_place(recorded["model"], identity["model"])):
-        pairs.append(("model", recorded.get("model"), identity["model"]))
-    if not _same_method(recorded.get("method"), identity["method"]):
-        pairs.append(("method", recorded.get("method"), identity["method"]))
-    pairs += [(name, there.get(name), value) for name, value in here.items() if there.get(name) != value]
-    said = [f"`{name}`: {old!r} there, {new!r} here" for name, old, new in pairs]
-    if recorded.get("data_sha256") != identity["data_sha256"]:
-        said.append("the tokens of `texts` differ")
-    if recorded.get("optimizer_groups") != identity.get("optimizer_groups"):
-        said.append(
-            "its optimizer's parameter groups are laid out otherwise (an earlier hf_posenc's position learning rate): "
-            "its checkpoints' optimizer state does not load here"
-        )
-    return said
-
-
-def _same_method(recorded: Any, now: str) -> bool:
-    """Whether a recorded method specification computes what ``now`` does (:meth:`MethodSpec.identity`)."""
-    if recorded == now:
-        return True
-    try:
-        return MethodSpec.parse(str(recorded)).identity() == MethodSpec.parse(now).identity()
-    except ValueError:
-        return False
 
 
 def _summary(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -600,3 +601,70 @@ def test_a_run_with_an_earlier_hf_posencs_position_groups_is_refused_before_its_
     with pytest.raises(ValueError, match=r"optimizer's parameter groups are laid out otherwise"):
         train(make_tiny("llama"), None, DATA, tmp_path / "out", resumed, "t5-bias")
     assert _snapshot(tmp_path / "out") == before
+
+
+def test_a_checkpoint_cut_short_is_passed_over_and_written_again(tmp_path, caplog):
+    """A run stopped while the Trainer wrote a checkpoint (killed, interrupted, a full disk) leaves a folder without
+    its trainer_state.json, written last: the resume names it and continues from the checkpoint before it, to the
+    same weights as the run never stopped (before: transformers' newest folder was taken, and the resume failed on
+    the missing file, with the whole checkpoint before it unused)."""
+    settings = _settings(batch_size=2)
+    whole = make_tiny("llama")
+    expected = train(whole, None, DATA, tmp_path / "whole", settings, "alibi")
+    killed = tmp_path / "killed"
+    with pytest.raises(KeyboardInterrupt):
+        train(make_tiny("llama"), None, DATA, killed, settings, "alibi", callbacks=[_Kill(11)])
+    (killed / "checkpoint-10" / "trainer_state.json").unlink()  # as the stop left it
+    resumed = make_tiny("llama")
+    with caplog.at_level(logging.WARNING, logger="hf_posenc.training.resume"):
+        result = train(resumed, None, DATA, killed, dataclasses.replace(settings, resume=True), "alibi")
+    assert f"{killed / 'checkpoint-10'} was not finished (the run stopped while writing it)" in caplog.text
+    assert result.losses == expected.losses
+    assert all(torch.equal(a, b) for a, b in zip(whole.parameters(), resumed.parameters(), strict=True))
+    assert json.loads((killed / "checkpoint-10" / "trainer_state.json").read_text())["global_step"] == 10
+
+
+def test_a_resume_on_other_weights_or_another_dtype_is_refused(tmp_path):
+    """The run's record names the weights as handed in (dtype and fingerprint): a resume with the model in another
+    dtype, or other weights under the same name (another GGUF file of the folder), is refused, naming it, and
+    nothing is written (before: it went on, and the steps after the checkpoint trained other weights). A record
+    written before these were kept resumes as ever."""
+    settings = _settings(steps=2, save_steps=1)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        train(make_tiny("llama"), None, DATA, out, settings, "alibi", callbacks=[_Kill(1)])
+    before = _snapshot(out)
+    resumed = dataclasses.replace(settings, resume=True)
+    with pytest.raises(ValueError, match=r"`dtype`: 'float32' there, 'bfloat16' here"):
+        train(make_tiny("llama").to(torch.bfloat16), None, DATA, out, resumed, "alibi")
+    with pytest.raises(ValueError, match=r"the model's weights differ \(another checkpoint or GGUF file"):
+        train(make_tiny("llama", seed=1), None, DATA, out, resumed, "alibi")
+    assert _snapshot(out) == before
+    run_file = out / "train_run.json"
+    recorded = json.loads(run_file.read_text())
+    del recorded["weights"]
+    run_file.write_text(json.dumps(recorded))
+    assert train(make_tiny("llama"), None, DATA, out, resumed, "alibi").steps == 2
+
+
+def test_a_full_disk_is_one_line_and_the_run_resumes_after(tiny_dir, tmp_path, capsys, monkeypatch):
+    """Writing a checkpoint's weights fails (safetensors' own error for a full disk, not an OSError): one line, exit 2,
+    not a traceback; once there is room, --resume passes over the checkpoint cut short and finishes."""
+    import transformers.modeling_utils as modeling_utils
+    from safetensors import SafetensorError
+
+    out, save = tmp_path / "out", modeling_utils.safe_save_file
+
+    def full(tensors, filename, *args, **kwargs):
+        if "checkpoint-2" in str(filename):
+            Path(filename).write_bytes(b"\0" * 8)  # what reached the disk
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        return save(tensors, filename, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_utils, "safe_save_file", full)
+    argv = _train_args(tiny_dir, out, "--steps", "3", "--save-steps", "1")
+    assert main(argv) == 2
+    assert "error: Error while serializing: I/O error: No space left on device" in _one_line_error(capsys)
+    monkeypatch.setattr(modeling_utils, "safe_save_file", save)
+    assert main([*argv, "--resume"]) == 0
+    assert json.loads((out / "train_summary.json").read_text())["steps"] == 3

@@ -1,0 +1,140 @@
+"""What a training run is and where it resumes: ``train_run.json`` (written first, compared on ``resume``) and
+the newest checkpoint the Trainer finished writing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedModel
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from ..eval.models import model_fingerprint
+from ..files import refuse_dangling_link, same_place
+from ..spec import MethodSpec
+from .optimizer import POSITION_GROUPS_LAYOUT
+from .packing import PackedWindows
+from .settings import TrainSettings
+
+logger = logging.getLogger(__name__)
+
+RUN_FILE = "train_run.json"
+RUN_FORMAT = 1
+
+
+def run_identity(
+    model: PreTrainedModel, spec: MethodSpec, settings: TrainSettings, data: PackedWindows
+) -> dict[str, Any]:
+    """What a run is (``train_run.json``): a resumed run must match it. The model is its name, and its weights as
+    handed in: their dtype and :func:`~hf_posenc.eval.models.model_fingerprint` (another GGUF file of one folder,
+    or the same model loaded in another dtype, is another run)."""
+    run_settings = {key: value for key, value in dataclasses.asdict(settings).items() if key != "resume"}
+    layout = {} if settings.position_learning_rate is None else {"optimizer_groups": POSITION_GROUPS_LAYOUT}
+    return {
+        "format": RUN_FORMAT,
+        "model": str(model.name_or_path),
+        "weights": {"dtype": str(model.dtype).removeprefix("torch."), "fingerprint": model_fingerprint(model)},
+        "method": spec.text,
+        "settings": run_settings,
+        "data_sha256": data.fingerprint(),
+        **layout,
+    }
+
+
+def check_output(output_dir: Path, identity: dict[str, Any] | None, resume: bool) -> None:
+    """Raise ``ValueError`` unless ``output_dir`` can take the run ``identity``: new or empty, or (with ``resume``)
+    holding the same run. ``identity`` None checks only what needs no data: the folder holds nothing else."""
+    refuse_dangling_link(output_dir, "output_dir")
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ValueError(f"`output_dir` {output_dir} is a file; give a folder.")
+    if not output_dir.is_dir() or not any(output_dir.iterdir()):
+        return
+    run_file = output_dir / RUN_FILE
+    if not run_file.is_file():
+        raise ValueError(f"`output_dir` {output_dir} holds other files (no {RUN_FILE}); choose an empty or new folder.")
+    if not resume:
+        raise ValueError(
+            f"`output_dir` {output_dir} already holds a training run; pass `resume` to continue it (with the arguments "
+            f"it was started with, in its {RUN_FILE}), or choose an empty or new folder."
+        )
+    recorded = json.loads(run_file.read_text(encoding="utf-8"))
+    differences = [] if identity is None else _differences(recorded, identity)
+    if differences:
+        raise ValueError(
+            f"`resume`: the run in `output_dir` {output_dir} had other arguments ({'; '.join(differences)}); "
+            "repeat them, or choose an empty or new folder."
+        )
+
+
+def _differences(recorded: dict[str, Any], identity: dict[str, Any]) -> list[str]:
+    """```name`: <there> there, <here> here`` for each differing argument, settings one by one. The model compares
+    as a place (``tiny/model`` and its absolute path are one), the method as what it computes (an alias, or a
+    default written out, is the same method)."""
+    if recorded.get("format") != identity["format"] or not isinstance(recorded.get("settings"), dict):
+        return [f"{RUN_FILE} is of another format"]
+    there, here = recorded["settings"], identity["settings"]
+    pairs = []
+    if not (isinstance(recorded.get("model"), str) and same_place(recorded["model"], identity["model"])):
+        pairs.append(("model", recorded.get("model"), identity["model"]))
+    if not _same_method(recorded.get("method"), identity["method"]):
+        pairs.append(("method", recorded.get("method"), identity["method"]))
+    weights, loaded = recorded.get("weights"), identity["weights"]
+    weights = weights if isinstance(weights, dict) else loaded  # recorded since 2026-11-28; earlier runs: not compared
+    other_weights = weights.get("dtype") == loaded["dtype"] and weights.get("fingerprint") != loaded["fingerprint"]
+    if weights.get("dtype") != loaded["dtype"]:
+        pairs.append(("dtype", weights.get("dtype"), loaded["dtype"]))
+    pairs += [(name, there.get(name), value) for name, value in here.items() if there.get(name) != value]
+    said = [f"`{name}`: {old!r} there, {new!r} here" for name, old, new in pairs]
+    if other_weights:
+        said.append("the model's weights differ (another checkpoint or GGUF file under its name)")
+    if recorded.get("data_sha256") != identity["data_sha256"]:
+        said.append("the tokens of `texts` differ")
+    if recorded.get("optimizer_groups") != identity.get("optimizer_groups"):
+        said.append(
+            "its optimizer's parameter groups are laid out otherwise (an earlier hf_posenc's position learning rate): "
+            "its checkpoints' optimizer state does not load here"
+        )
+    return said
+
+
+def _same_method(recorded: Any, now: str) -> bool:
+    """Whether a recorded method specification computes what ``now`` does (:meth:`MethodSpec.identity`)."""
+    if recorded == now:
+        return True
+    try:
+        return MethodSpec.parse(str(recorded)).identity() == MethodSpec.parse(now).identity()
+    except ValueError:
+        return False
+
+
+def last_checkpoint(output_dir: Path) -> str | None:
+    """The newest checkpoint the Trainer finished writing (its ``trainer_state.json``, written last, reads as JSON),
+    or None. A newer one it did not finish (the run stopped while writing it: killed, interrupted, a full disk) is
+    named in a warning and left as it is: the Trainer writes it again when the run reaches its step."""
+    steps = {}
+    for folder in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+        step = folder.name.removeprefix(f"{PREFIX_CHECKPOINT_DIR}-")
+        if step.isdigit() and folder.is_dir():
+            steps[int(step)] = folder
+    for step in sorted(steps, reverse=True):
+        if _finished(steps[step]):
+            return str(steps[step])
+        logger.warning(
+            "%s was not finished (the run stopped while writing it): resuming from the checkpoint before it, or from "
+            "the start; it is written again at step %d.",
+            steps[step],
+            step,
+        )
+    return None
+
+
+def _finished(checkpoint: Path) -> bool:
+    try:
+        json.loads((checkpoint / TRAINER_STATE_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return True

@@ -101,7 +101,7 @@ def push_to_hub(
         commit_message (`str`, *optional*): defaults to ``"Add <method> patch of <base> (hf_posenc)"``.
         token (`str`, *optional*): Hub token; defaults to the saved login (``hf auth login``, ``HF_TOKEN``).
         weights_fingerprint (`str`, *optional*): with ``with_weights``, the fingerprint of the model before the patch
-            (:func:`hf_posenc.eval.models.model_fingerprint`, as ``hf-posenc push`` takes it); eval results that
+            (:func:`hf_posenc.fingerprint.model_fingerprint`, as ``hf-posenc push`` takes it); eval results that
             record one in the model's dtype must have it, whatever the commit they name.
 
     Returns:

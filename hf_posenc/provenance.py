@@ -5,7 +5,7 @@ A results file records the model it loaded (``model``; ``model_details``: ``name
 config-only repo), the revision asked for (``model_details.revision``: a branch, tag or commit; none recorded: the
 default branch, ``main``), the commit of a Hub model as loaded (``model_details.commit``; null: not a Hub model, or a
 model object passed in Python, whose origin is not known) and, for ``hf-posenc eval``, a fingerprint of the weights as
-loaded (:func:`hf_posenc.eval.models.model_fingerprint`) in the dtype it records. A config-only push knows the
+loaded (:func:`hf_posenc.fingerprint.model_fingerprint`) in the dtype it records. A config-only push knows the
 commit its base resolves to now, which its repo loads; a push of weights the commit they were loaded at, where that can
 be told (:func:`weights_commit`), else none: results are then let through with a warning. A recorded commit is
 compared with it. A file that records only a branch or tag (written before

@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import hf_posenc
 from hf_posenc import hub
-from hf_posenc.eval.models import model_fingerprint
+from hf_posenc.fingerprint import model_fingerprint
 from hf_posenc.hub_errors import refuse_missing_folder
 from hf_posenc.saved import saved_patch
 

@@ -14,8 +14,9 @@ import torch
 from huggingface_hub import HfApi
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from ..eval.models import model_fingerprint, reachable_saved_patch
+from ..eval.models import reachable_saved_patch
 from ..files import atomic_write_text
+from ..fingerprint import model_fingerprint
 from ..hub import build_card, push_to_hub
 from ..hub_commit import TOKENIZER_SOURCES
 from ..hub_errors import HubError, call_hub

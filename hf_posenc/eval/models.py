@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from huggingface_hub import hf_hub_download
-from torch import nn
 from transformers import AutoTokenizer
 
 from ..hub_errors import HubError, call_hub
 from ..hub_reach import CONFIG_FILE, require_reachable
 from ..offline import smollm2_gguf
 from ..patching import learned_table_rows
-from ..provenance import FULL_COMMIT, is_hub_id, offloaded_values
-from ..saved import SavedPatch, load_base_model, loading_errors, saved_patch, saved_tensors
+from ..provenance import FULL_COMMIT, is_hub_id
+from ..saved import SavedPatch, load_base_model, loading_errors, saved_patch
 
-FINGERPRINT_SAMPLES = 1024  # values read from each tensor for :func:`model_fingerprint`
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -236,28 +233,6 @@ def check_position_table(model, method: str, longest: int, shorter: str = EVAL_S
             f"input here has {longest} tokens. {shorter.format(rows=rows)}, or use a method that extends or replaces "
             "the table (pi:factor=..., alibi, sinusoidal)."
         )
-
-
-@torch.no_grad()
-def model_fingerprint(model: nn.Module, samples: int = FINGERPRINT_SAMPLES) -> str:
-    """A short SHA-256 of the base model as loaded: each parameter's and buffer's name, shape and dtype, and
-    ``samples`` evenly spaced values of each (RoPE's ``inv_freq`` is a buffer: ``rope_theta`` and a shipped
-    scaling count), with a saved patch's added tensors (:func:`~hf_posenc.saved.saved_tensors`: a trained T5 table).
-    A results file keeps it, so that a resume notices a model retrained or replaced under the same name. A tensor
-    offloaded by a ``device_map`` (on the meta device, its values in accelerate's hook) is read from the hook, so
-    the fingerprint is the model's placed whole. Raises ``ValueError`` for a tensor whose values are nowhere (a
-    model built on the meta device)."""
-    digest = hashlib.sha256()
-    named = [*model.named_parameters(), *model.named_buffers(), *sorted(saved_tensors(model).items())]
-    for name, tensor in named:
-        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
-        flat = (offloaded_values(model, name) if tensor.is_meta else tensor).reshape(-1)
-        if not flat.numel():
-            continue
-        count = min(samples, flat.numel())
-        index = torch.arange(count, device=flat.device) * (flat.numel() - 1) // max(count - 1, 1)
-        digest.update(flat[index].double().cpu().numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 def model_details(model_source: ModelSource, saved: SavedPatch | None, dtype: str) -> dict[str, Any]:

@@ -133,7 +133,7 @@ def check_same_bos(before: dict[str, Any], bos: bool, path: Path) -> None:
 def check_same_model(before: dict[str, Any], now: dict[str, Any], path: Path) -> None:
     """Raise ``ValueError`` if the ``model_details`` of the results in ``path`` (``before``) describe another model
     than the one loaded now (``now``) under the same arguments: another fingerprint
-    (:func:`~hf_posenc.eval.models.model_fingerprint`: weights retrained or replaced in the same folder, another
+    (:func:`~hf_posenc.fingerprint.model_fingerprint`: weights retrained or replaced in the same folder, another
     commit of a branch) or trained context (its config edited). Files written before fingerprints were recorded
     compare what they hold."""
     for key, what in (("fingerprint", "weights"), ("trained_context", "trained context")):

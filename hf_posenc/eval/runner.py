@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
+from ..fingerprint import model_fingerprint
 from ..patching import get_patch
 from ..saved import SavedPatch
 from ..spec import MethodSpec
@@ -37,7 +38,6 @@ from .models import (
     load_model_at_commit,
     load_tokenizer,
     model_details,
-    model_fingerprint,
     resolve_bos,
     trained_context,
 )
@@ -83,7 +83,7 @@ def load_checked(
     """Load the (base) model, check the chunked head applies to it, and that every method patches it and
     takes inputs of ``longest`` tokens; returns the model, each method's parameters as resolved on it, and what the
     results' ``model_details`` say of the model as loaded: its trained context, fingerprint
-    (:func:`~hf_posenc.eval.models.model_fingerprint`, which a resume compares) and Hub commit
+    (:func:`~hf_posenc.fingerprint.model_fingerprint`, which a resume compares) and Hub commit
     (:func:`~hf_posenc.eval.models.loaded_commit`, which a push compares). The notes of patching about
     what was not given (the trained context assumed) are logged here only: the run patches again from the
     resolved parameters."""

@@ -13,8 +13,8 @@ from transformers import PreTrainedModel
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..eval.models import model_fingerprint
 from ..files import refuse_dangling_link, same_place
+from ..fingerprint import model_fingerprint
 from ..spec import MethodSpec
 from .optimizer import POSITION_GROUPS_LAYOUT
 from .packing import PackedWindows
@@ -30,7 +30,7 @@ def run_identity(
     model: PreTrainedModel, spec: MethodSpec, settings: TrainSettings, data: PackedWindows
 ) -> dict[str, Any]:
     """What a run is (``train_run.json``): a resumed run must match it. The model is its name, and its weights as
-    handed in: their dtype and :func:`~hf_posenc.eval.models.model_fingerprint` (another GGUF file of one folder,
+    handed in: their dtype and :func:`~hf_posenc.fingerprint.model_fingerprint` (another GGUF file of one folder,
     or the same model loaded in another dtype, is another run)."""
     run_settings = {key: value for key, value in dataclasses.asdict(settings).items() if key != "resume"}
     layout = {} if settings.position_learning_rate is None else {"optimizer_groups": POSITION_GROUPS_LAYOUT}

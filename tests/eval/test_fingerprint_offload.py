@@ -7,7 +7,7 @@ import torch
 from conftest import make_tiny
 from transformers import AutoModelForCausalLM
 
-from hf_posenc.eval.models import model_fingerprint
+from hf_posenc.fingerprint import model_fingerprint
 
 
 def test_an_offloaded_model_has_the_fingerprint_of_the_model_placed_whole(tmp_path):

@@ -181,7 +181,7 @@ def test_the_fingerprint_reads_weights_and_rope_buffers_and_survives_a_patch_und
     from conftest import make_tiny
 
     import hf_posenc
-    from hf_posenc.eval.models import model_fingerprint
+    from hf_posenc.fingerprint import model_fingerprint
 
     model = make_tiny("llama")
     fingerprint = model_fingerprint(model)

@@ -61,7 +61,16 @@ def check_output(output_dir: Path, identity: dict[str, Any] | None, resume: bool
             f"`output_dir` {output_dir} already holds a training run; pass `resume` to continue it (with the arguments "
             f"it was started with, in its {RUN_FILE}), or choose an empty or new folder."
         )
-    recorded = json.loads(run_file.read_text(encoding="utf-8"))
+    try:
+        recorded = json.loads(run_file.read_text(encoding="utf-8"))
+        problem = None if isinstance(recorded, dict) else "JSON, but not an object"
+    except ValueError as error:  # not UTF-8, or not JSON
+        problem = f"not JSON: {error}"
+    if problem is not None:
+        raise ValueError(
+            f"`resume`: {run_file} is not the record of a run ({problem}); the run in `output_dir` cannot be "
+            "checked, so it is not continued. Choose an empty or new folder."
+        )
     differences = [] if identity is None else _differences(recorded, identity)
     if differences:
         raise ValueError(

@@ -139,6 +139,7 @@ def train(
         _write_json(output_dir / RUN_FILE, identity)
     checkpoint = last_checkpoint(output_dir) if settings.resume else None
     clock = _Clock(_seconds_at(checkpoint))
+    use_cache = getattr(model.config, "use_cache", None)  # the Trainer sets its own (False) on the config
     trainer = PositionRateTrainer(
         model=model,
         args=args,
@@ -150,8 +151,12 @@ def train(
         position_learning_rate=settings.position_learning_rate,
     )
     clock.start()
-    with contextlib.suppress(_Finished):  # then the model holds its last checkpoint's weights: saved again below
-        trainer.train(resume_from_checkpoint=checkpoint)
+    try:
+        with contextlib.suppress(_Finished):  # then the model holds its last checkpoint's weights: saved again below
+            trainer.train(resume_from_checkpoint=checkpoint)
+    finally:  # the model saved, or handed back stopped, generates with its KV cache as before
+        if use_cache is not None:
+            model.config.use_cache = use_cache
     seconds = clock.seconds()
     trainer.save_model(str(output_dir))
     model.eval()

@@ -668,3 +668,34 @@ def test_a_full_disk_is_one_line_and_the_run_resumes_after(tiny_dir, tmp_path, c
     monkeypatch.setattr(modeling_utils, "safe_save_file", save)
     assert main([*argv, "--resume"]) == 0
     assert json.loads((out / "train_summary.json").read_text())["steps"] == 3
+
+
+def test_the_model_trained_keeps_its_cache_setting(tmp_path):
+    """The Trainer turns ``use_cache`` off on the model's config for training; the model handed back, and the one
+    saved, generate with their KV cache as the base did (before: the saved config said ``use_cache: false``), also
+    after a run stopped midway."""
+    model = make_tiny("llama")
+    assert model.config.use_cache is True
+    train(model, None, DATA, tmp_path / "out", _settings(steps=2, save_steps=1), "alibi")
+    assert model.config.use_cache is True
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["use_cache"] is True
+    stopped = make_tiny("llama")
+    with pytest.raises(KeyboardInterrupt):
+        train(
+            stopped, None, DATA, tmp_path / "stopped", _settings(steps=2, save_steps=1), "alibi", callbacks=[_Kill(1)]
+        )
+    assert stopped.config.use_cache is True
+
+
+@pytest.mark.parametrize(("text", "said"), [("{broken", "not JSON: Expecting"), ("[1, 2]", "JSON, but not an object")])
+def test_a_damaged_run_record_is_refused_naming_it(tmp_path, text, said):
+    out = tmp_path / "out"
+    train(make_tiny("llama"), None, DATA, out, _settings(steps=1, save_steps=1), "alibi")
+    (out / "train_run.json").write_text(text)
+    before = _snapshot(out)
+    resumed = _settings(steps=1, save_steps=1, resume=True)
+    with pytest.raises(
+        ValueError, match=rf"`resume`: {re.escape(str(out / 'train_run.json'))} is not the record of a run \({said}"
+    ):
+        train(make_tiny("llama"), None, DATA, out, resumed, "alibi")
+    assert _snapshot(out) == before

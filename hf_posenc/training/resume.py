@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,10 @@ def check_output(output_dir: Path, identity: dict[str, Any] | None, resume: bool
     refuse_dangling_link(output_dir, "output_dir")
     if output_dir.exists() and not output_dir.is_dir():
         raise ValueError(f"`output_dir` {output_dir} is a file; give a folder.")
+    existing = next(folder for folder in (output_dir, *output_dir.absolute().parents) if folder.exists())
+    if not os.access(existing, os.W_OK):  # before the model and the data load, not at the first file written
+        where = "" if existing == output_dir else f": {existing} is not writable"
+        raise ValueError(f"`output_dir` {output_dir} cannot be written{where}; choose a folder you can write to.")
     if not output_dir.is_dir() or not any(output_dir.iterdir()):
         return
     run_file = output_dir / RUN_FILE

@@ -12,7 +12,6 @@ the hf_posenc record, so ``hf_posenc.from_pretrained(output_dir)`` rebuilds the 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -152,12 +151,13 @@ def train(
     )
     clock.start()
     try:
-        with contextlib.suppress(_Finished):  # then the model holds its last checkpoint's weights: saved again below
-            trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.train(resume_from_checkpoint=checkpoint)
+        seconds = clock.seconds()
+    except _Finished:  # the model holds its last checkpoint's weights (saved again below); no time was trained
+        seconds = clock.earlier
     finally:  # the model saved, or handed back stopped, generates with its KV cache as before
         if use_cache is not None:
             model.config.use_cache = use_cache
-    seconds = clock.seconds()
     trainer.save_model(str(output_dir))
     model.eval()
     losses = [(entry["step"], entry["loss"]) for entry in trainer.state.log_history if "loss" in entry]

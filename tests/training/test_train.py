@@ -4,6 +4,7 @@ trains, saving and reloading, resuming a killed run, GGUF-loaded models, and the
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import re
@@ -43,6 +44,7 @@ def _settings(**changes) -> TrainSettings:
         ({"batch_size": 1.5}, "`batch_size` must be a positive integer, not 1.5."),
         ({"gradient_accumulation_steps": 2.0}, "`gradient_accumulation_steps` must be a positive integer, not 2.0."),
         ({"warmup_steps": 0.5}, "`warmup_steps` must be a whole number, 0 or more, not 0.5."),
+        ({"warmup_steps": 12}, "`warmup_steps` 12 is not below `steps` 12: the learning rate would not reach"),
         ({"bf16": "no"}, "`bf16` must be True or False, not 'no'."),  # a truthy string would turn autocast on
         ({"resume": 1}, "`resume` must be True or False, not 1."),
         ({"gradient_checkpointing": "yes"}, "`gradient_checkpointing` must be True or False, not 'yes'."),
@@ -355,7 +357,10 @@ def test_a_killed_run_resumes_where_it_stopped(tmp_path, monkeypatch, family):
     assert result.losses == expected.losses and result.steps == 12
     for (name, value), other in zip(whole.named_parameters(), resumed.parameters(), strict=True):
         assert torch.equal(value, other), name
-    # a finished run resumed: its last checkpoint loaded, no step more (the Trainer alone would take one)
+    # a finished run resumed: its last checkpoint loaded, no step more (the Trainer alone would take one), and no
+    # time added, though loading it takes some (a clock that moves 3 s at each reading)
+    readings = itertools.count(start=1000, step=3)
+    monkeypatch.setattr(run_module, "time", SimpleNamespace(perf_counter=lambda: next(readings)))
     again = make_tiny(family)
     finished = train(again, None, DATA, killed, _settings(batch_size=2, resume=True), "alibi", callbacks=[tick])
     assert finished.losses == expected.losses
@@ -480,6 +485,7 @@ def test_streaming_reads_the_same_windows(tiny_dir, tmp_path):
         (["--length", "1"], "error: --length 1 leaves no token to predict in a window; use a --length of 2 or more"),
         (["--method", "no-such-method"], "error: Unknown method 'no-such-method'"),
         (["--warmup-steps", "-1"], "error: --warmup-steps must be a whole number, 0 or more, not -1."),
+        (["--warmup-steps", "50"], "error: --warmup-steps 50 is not below --steps 4: the learning rate would not"),
         (["--gguf-file", "missing.gguf"], "--gguf-file 'missing.gguf' is not a file in the folder"),  # as eval
         (["--model", "./no/such/folder"], "'./no/such/folder': no such file or folder (a path, not a Hub id)"),
         (["--dtype", "bfloat16", "--bf16"], "--bf16 autocast trains float32 weights; the model is in torch.bfloat16"),
@@ -699,3 +705,20 @@ def test_a_damaged_run_record_is_refused_naming_it(tmp_path, text, said):
     ):
         train(make_tiny("llama"), None, DATA, out, resumed, "alibi")
     assert _snapshot(out) == before
+
+
+def test_an_output_folder_that_cannot_be_written_is_refused_before_anything_loads(
+    tiny_dir, tmp_path, capsys, monkeypatch
+):
+    """A read-only place (a read-only mount: root, as the tests may run, passes permission bits) is named before the
+    model and the data load (before: a bare "[Errno 30] Read-only file system" after both)."""
+    from hf_posenc.training import resume
+
+    read_only = tmp_path / "mount"
+    read_only.mkdir()
+    monkeypatch.setattr(resume.os, "access", lambda path, mode: Path(path) != read_only)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("loaded"))
+    assert main(_train_args(tiny_dir, read_only / "run")) == 2
+    assert f"--output {read_only / 'run'} cannot be written: {read_only} is not writable" in _one_line_error(capsys)
+    assert main(_train_args(tiny_dir, read_only)) == 2
+    assert f"--output {read_only} cannot be written; choose a folder you can write to." in _one_line_error(capsys)

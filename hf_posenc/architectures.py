@@ -251,7 +251,8 @@ def unsupported(model: nn.Module, method: Method, positions: Positions) -> Value
         return ValueError(
             f"{type(model).__name__} (model_type {model_type!r}) has no rotary-embedding module hf_posenc can "
             f"patch (one with an `inv_freq` buffer, a `rope_type` and the config; per-layer-type RoPE such as "
-            f"Gemma 3's is not supported yet), so method {method.name!r} does not apply."
+            f"Gemma 3's is not supported yet), so method {method.name!r} does not apply. hf_posenc patches rotary "
+            "embeddings, and GPT-2's learned position table."
         )
     applicable = methods_for(positions.kind) if positions.supported else []
     alternatives = (

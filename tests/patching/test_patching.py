@@ -9,6 +9,7 @@ import numpy as np
 import paper_formulas as paper
 import pytest
 import torch
+import transformers
 from conftest import make_tiny
 from helpers import assert_same, method_params, snapshot
 from transformers import AutoModelForCausalLM, OPTConfig
@@ -185,6 +186,18 @@ def test_gpt2_error_names_what_applies():
         match=r"model_type 'gpt2'\) encodes position as learned \(transformer.wpe\).*Methods for learned positions: alibi, nope, pi, sinusoidal, t5-bias\.",
     ):
         hf_posenc.patch(model, "yarn", factor=4)
+    assert_same(before, snapshot(model))
+
+
+@pytest.mark.parametrize("method", ["alibi", "t5-bias"])
+def test_a_learned_table_other_than_gpt2s_is_told_what_hf_posenc_patches(method):
+    """A BERT decoder (a learned table, no rotary module, not a listed family): the methods that replace positions
+    name what they patch, not only what the model lacks."""
+    config = transformers.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, is_decoder=True)  # fmt: skip
+    model = transformers.BertLMHeadModel(config)
+    before = snapshot(model)
+    with pytest.raises(ValueError, match="patches rotary embeddings, and GPT-2's learned position table"):
+        hf_posenc.patch(model, method)
     assert_same(before, snapshot(model))
 
 
@@ -408,8 +421,6 @@ def test_phi3_longrope_at_a_trained_context_other_than_its_class_default(tmp_pat
 
 
 def test_per_layer_type_rope_is_refused_clearly():
-    import transformers
-
     config = transformers.Gemma3TextConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)  # fmt: skip
     model = transformers.AutoModelForCausalLM.from_config(config)
     before = snapshot(model)

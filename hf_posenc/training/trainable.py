@@ -9,6 +9,7 @@ added, ``t5-bias``'s bucket table; or GPT-2's table as ``pi`` interpolated it) a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection
 
 from torch import nn
@@ -18,8 +19,10 @@ from transformers.utils.quantization_config import QuantizationMethod
 from ..architectures import position_table, positions_of
 from ..patching import added_tensors, get_patch, patch
 from ..registry import get_method
-from ..saved import restore_saved_tensors
+from ..saved import restore_saved_tensors, saved_tensors
 from ..spec import MethodSpec
+
+logger = logging.getLogger(__name__)
 
 TRAINABLE = ("all", "position")
 
@@ -41,7 +44,14 @@ def apply_method(model: nn.Module, spec: MethodSpec) -> frozenset[str]:
     if spec.unpatched:
         return frozenset()
     patch(model, spec.name, **spec.params)
-    restore_saved_tensors(model)  # training on from a saved model of the same method: its trained T5 table
+    if not restore_saved_tensors(model) and saved_tensors(model):  # trained on from a saved model of the same
+        # method, its trained T5 table; of another (other parameters), none: say so
+        logger.warning(
+            "The model was saved with trained %s of another method or parameters than %s: they are not used, and "
+            "training starts from the patch's own values.",
+            ", ".join(sorted(saved_tensors(model))),
+            spec.text,
+        )
     added = set(added_tensors(model)).intersection(dict(model.named_parameters()))
     if get_method(spec.method).role != "replace" and positions_of(model).kind == "learned":
         added |= _table_parameter(model)  # GPT-2's table, interpolated by pi: the position encoding as patched

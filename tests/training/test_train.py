@@ -722,3 +722,34 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_anything_load
     assert f"--output {read_only / 'run'} cannot be written: {read_only} is not writable" in _one_line_error(capsys)
     assert main(_train_args(tiny_dir, read_only)) == 2
     assert f"--output {read_only} cannot be written; choose a folder you can write to." in _one_line_error(capsys)
+
+
+def test_training_on_from_a_saved_t5_model_takes_its_table_or_says_why_not(tmp_path, caplog):
+    """A saved t5-bias model trained on with its own method starts from its trained table; with other parameters
+    the table cannot serve, and a warning says that training starts afresh (before: silently)."""
+    from hf_posenc.eval.models import ModelSource, load_model
+    from hf_posenc.spec import MethodSpec
+    from hf_posenc.training.trainable import apply_method
+
+    saved = tmp_path / "saved"
+    trained = make_tiny("llama")
+    train(trained, None, DATA, saved, _settings(steps=2, save_steps=1, learning_rate=0.5), "t5-bias:num_buckets=8")
+    table = trained.model.position_bias.weight.detach().clone()
+    source = ModelSource(str(saved))
+
+    def loaded():
+        return load_model(source, torch.device("cpu"), source.saved_patch())
+
+    same, other = loaded(), loaded()
+
+    def notes() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "hf_posenc.training.trainable"]
+
+    with caplog.at_level(logging.WARNING, logger="hf_posenc.training.trainable"):
+        apply_method(same, MethodSpec.parse("t5-bias:num_buckets=8"))
+        assert not notes()
+        apply_method(other, MethodSpec.parse("t5-bias:num_buckets=16"))
+    assert torch.equal(same.model.position_bias.weight, table)
+    [note] = notes()
+    assert "saved with trained model.position_bias.weight of another method or parameters than" in note
+    assert other.model.position_bias.weight.shape == (16, 4)

@@ -19,7 +19,7 @@ from ..fingerprint import model_fingerprint
 from ..spec import MethodSpec
 from .optimizer import POSITION_GROUPS_LAYOUT
 from .packing import PackedWindows
-from .settings import TrainSettings
+from .settings import TrainSettings, resolved_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,7 @@ def run_identity(
     handed in: their dtype and :func:`~hf_posenc.fingerprint.model_fingerprint` (another GGUF file of one folder,
     or the same model loaded in another dtype, is another run)."""
     run_settings = {key: value for key, value in dataclasses.asdict(settings).items() if key != "resume"}
+    run_settings["bf16"] = resolved_bf16(model, settings)  # as it trains: the default depends on the machine
     layout = {} if settings.position_learning_rate is None else {"optimizer_groups": POSITION_GROUPS_LAYOUT}
     return {
         "format": RUN_FORMAT,
@@ -101,6 +102,8 @@ def _differences(recorded: dict[str, Any], identity: dict[str, Any]) -> list[str
     other_weights = weights.get("dtype") == loaded["dtype"] and weights.get("fingerprint") != loaded["fingerprint"]
     if weights.get("dtype") != loaded["dtype"]:
         pairs.append(("dtype", weights.get("dtype"), loaded["dtype"]))
+    if there.get("bf16", False) is None:  # recorded as asked before 2026-11-28 (None: the machine's default)
+        here = {**here, "bf16": None}
     pairs += [(name, there.get(name), value) for name, value in here.items() if there.get(name) != value]
     said = [f"`{name}`: {old!r} there, {new!r} here" for name, old, new in pairs]
     if other_weights:

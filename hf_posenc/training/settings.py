@@ -95,13 +95,18 @@ def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def resolved_bf16(model: PreTrainedModel, settings: TrainSettings) -> bool:
+    """``settings.bf16``, where None is: on a CUDA GPU that has bfloat16, for a float32 model."""
+    if settings.bf16 is not None:
+        return settings.bf16
+    return torch.cuda.is_available() and model.dtype == torch.float32 and torch.cuda.is_bf16_supported()
+
+
 def training_arguments(model: PreTrainedModel, output_dir: Path, settings: TrainSettings) -> TrainingArguments:
     """The Trainer's arguments for ``settings``: bf16 autocast where asked (by default on a CUDA GPU that has it),
     checkpoints every ``save_steps`` (the last two kept), a loss logged every step."""
     cuda = torch.cuda.is_available()
-    bf16 = settings.bf16
-    if bf16 is None:
-        bf16 = cuda and model.dtype == torch.float32 and torch.cuda.is_bf16_supported()
+    bf16 = resolved_bf16(model, settings)
     return TrainingArguments(
         output_dir=str(output_dir),
         max_steps=settings.steps,

@@ -753,3 +753,20 @@ def test_training_on_from_a_saved_t5_model_takes_its_table_or_says_why_not(tmp_p
     [note] = notes()
     assert "saved with trained model.position_bias.weight of another method or parameters than" in note
     assert other.model.position_bias.weight.shape == (16, 4)
+
+
+def test_bf16_is_compared_as_the_run_trains_not_as_asked(tmp_path):
+    """A run started with the default (on a CPU: no autocast) resumes with --no-bf16 said out loud (before: refused,
+    "None there, False here"), and not with --bf16, which would change how it trains."""
+    settings = _settings(steps=2, save_steps=1)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        train(make_tiny("llama"), None, DATA, out, settings, "alibi", callbacks=[_Kill(1)])
+    with pytest.raises(ValueError, match=r"`bf16`: False there, True here"):
+        train(make_tiny("llama"), None, DATA, out, dataclasses.replace(settings, resume=True, bf16=True), "alibi")
+    assert (
+        train(
+            make_tiny("llama"), None, DATA, out, dataclasses.replace(settings, resume=True, bf16=False), "alibi"
+        ).steps
+        == 2
+    )

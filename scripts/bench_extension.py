@@ -122,18 +122,38 @@ def ratios(seconds: dict[str, float]) -> dict[str, float]:
     return {name: seconds["sdpa"] / value for name, value in seconds.items() if name != "sdpa"}
 
 
+def differences(variants: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """For each method timed on several backends (``method/backend``), the largest difference of each later
+    backend's output from the first one's, in float32: a backend that computes something else shows beside its
+    time (DCA on flex ran Self-Extend's block masks for two of its segments in the 2026-11-27 H100 run)."""
+    first: dict[str, torch.Tensor] = {}
+    found = {}
+    for label, run in variants.items():
+        method, _, backend = label.partition("/")
+        if not backend:
+            continue
+        output = run()[0].float()
+        if method in first:
+            found[label] = (output - first[method]).abs().max().item()
+        else:
+            first[method] = output
+    return found
+
+
 def run_length(args: argparse.Namespace, length: int, device: torch.device, dtype: torch.dtype) -> dict:
     row: dict = {"length": length, "backend": args.backend}
     with torch.inference_mode():
         variants = variants_for(args, length, length, device, dtype)
         seconds = time_rounds(variants, device, args.repeats)
-        row |= {"seconds": seconds, "ratio_vs_sdpa": ratios(seconds)}
+        row |= {"seconds": seconds, "ratio_vs_sdpa": ratios(seconds), "max_abs_difference": differences(variants)}
         if args.profile is not None:
             profile(variants, device, args.profile / f"{length}")
         del variants
         if args.decode:
-            decode = time_rounds(variants_for(args, 1, length, device, dtype), device, args.repeats)
+            decoding = variants_for(args, 1, length, device, dtype)
+            decode = time_rounds(decoding, device, args.repeats)
             row |= {"decode_seconds": decode, "decode_ratio_vs_sdpa": ratios(decode)}
+            row["decode_max_abs_difference"] = differences(decoding)
     return row
 
 

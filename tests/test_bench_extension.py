@@ -24,6 +24,8 @@ def test_several_backends_with_decode_and_profile_write_every_variant(tmp_path):
     (row,) = result["rows"]
     assert set(row["seconds"]) == variants | {"sdpa"} and set(row["ratio_vs_sdpa"]) == variants
     assert set(row["decode_ratio_vs_sdpa"]) == variants - {"flex-causal"}  # a prefill's reference
+    for key in ("max_abs_difference", "decode_max_abs_difference"):  # flex against sdpa, the first backend
+        assert set(row[key]) == {"self-extend/flex", "dca/flex"} and max(row[key].values()) < 1e-4
     assert all(value > 0 for value in [*row["ratio_vs_sdpa"].values(), *row["decode_ratio_vs_sdpa"].values()])
     assert result["arguments"]["profile"] == str(profile)
     written = {path.name for path in profile.iterdir()}
@@ -80,3 +82,17 @@ def test_device_kernels_are_listed_in_launch_order_with_their_times():
     listed = bench.kernels_in_order(SimpleNamespace(events=lambda: events)).splitlines()
     assert listed == ["", "Device kernels in launch order (us, name):", "        12.5  flex_0", "       300.0  flex_1"]
     assert bench.kernels_in_order(SimpleNamespace(events=lambda: events[1:2])) == ""
+
+
+def test_a_backend_computing_something_else_shows_its_difference():
+    import torch
+
+    bench, ones = _bench(), torch.ones(1, 4, 2, 8)
+    variants = {
+        "sdpa": lambda: (ones * 5, None),  # the reference alone: not compared
+        "dca/sdpa": lambda: (ones, None),
+        "dca/flex": lambda: (ones * 2, None),
+        "self-extend/sdpa": lambda: (ones, None),
+        "self-extend/flex": lambda: (ones.clone(), None),
+    }
+    assert bench.differences(variants) == {"dca/flex": 1.0, "self-extend/flex": 0.0}

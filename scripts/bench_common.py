@@ -16,6 +16,7 @@ import transformers
 
 from hf_posenc.attention import cudnn
 from hf_posenc.eval.results import device_description
+from hf_posenc.files import atomic_write_text
 
 # Llama-2-7B's shape (random weights) and a tiny one for a CPU smoke run.
 SHAPES = {
@@ -91,6 +92,7 @@ def _path_as_text(value: object) -> str:
 
 
 def write_json(path: Path, payload: dict) -> None:
+    """``payload`` as JSON at ``path``, replaced whole (a run cut by its timeout mid-write keeps the file before)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, default=_path_as_text) + "\n")
+    atomic_write_text(path, json.dumps(payload, indent=2, default=_path_as_text) + "\n")
     print(f"wrote {path}")

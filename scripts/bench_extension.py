@@ -145,14 +145,17 @@ def run_length(args: argparse.Namespace, length: int, device: torch.device, dtyp
     with torch.inference_mode():
         variants = variants_for(args, length, length, device, dtype)
         seconds = time_rounds(variants, device, args.repeats)
-        row |= {"seconds": seconds, "ratio_vs_sdpa": ratios(seconds), "max_abs_difference": differences(variants)}
+        row |= {"seconds": seconds, "ratio_vs_sdpa": ratios(seconds)}
         if args.profile is not None:
             profile(variants, device, args.profile / f"{length}")
-        del variants
-        if args.decode:
-            decoding = variants_for(args, 1, length, device, dtype)
+        decoding = variants_for(args, 1, length, device, dtype) if args.decode else {}
+        if decoding:
             decode = time_rounds(decoding, device, args.repeats)
             row |= {"decode_seconds": decode, "decode_ratio_vs_sdpa": ratios(decode)}
+        if device.type == "cuda":  # the calls' peak, before the comparison below holds their outputs
+            row["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        row["max_abs_difference"] = differences(variants)
+        if decoding:
             row["decode_max_abs_difference"] = differences(decoding)
     return row
 
@@ -216,8 +219,6 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         row = run_length(args, length, device, dtype)
-        if device.type == "cuda":
-            row["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         print(row, flush=True)
         rows.append(row)
         if args.output is not None:  # after each length: a later one that fails or times out keeps the rows done

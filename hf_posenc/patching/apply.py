@@ -66,7 +66,8 @@ class _AppliedPatch:
     """A patch applied to one model instance: what ``get_patch`` reports and what ``unpatch`` restores."""
 
     info: PatchInfo
-    config_before: dict[str, Any]
+    owner: nn.Module = field(repr=False)  # the model patched; a deepcopy or pickle of it, the copy
+    config_before: dict[str, Any] = field(default_factory=dict)
     modules: list[_ModuleState] = field(default_factory=list)
     report: Callable[[nn.Module, PatchInfo], PatchInfo] | None = None
     added: frozenset[str] = frozenset()  # state-dict names the patch added (the T5 bias table)
@@ -80,8 +81,11 @@ _LOCKS_LOCK = threading.Lock()  # guards making a model's lock
 
 
 def _applied(model: nn.Module) -> _AppliedPatch | None:
-    """The patch applied to ``model`` (this instance, or the one it was copied from), or None."""
-    return model.__dict__.get(_APPLIED) if isinstance(model, nn.Module) else None
+    """The patch applied to ``model``, or None: to this instance, or to the one it is a deepcopy or pickle of (they
+    copy the record with its owner); not to a shallow copy (``copy.copy``, accelerate's regional compilation), which
+    shares the original's modules and record, and is not the record's owner."""
+    applied = model.__dict__.get(_APPLIED) if isinstance(model, nn.Module) else None
+    return applied if applied is not None and applied.owner is model else None
 
 
 def _lock_of(model: nn.Module) -> threading.RLock:
@@ -168,6 +172,7 @@ def _apply(model: nn.Module, plan: Plan) -> None:
     config = model.config
     applied = _AppliedPatch(
         info=plan.info,
+        owner=model,
         config_before={
             key: copy.deepcopy(config.__dict__[key]) if key in config.__dict__ else _MISSING for key in plan.updates
         },
@@ -308,8 +313,9 @@ def unpatch(model: nn.Module) -> nn.Module:
             if record and not record.baked:
                 raise RuntimeError(
                     "This model's config carries an hf_posenc patch, but hf_posenc neither patched nor loaded this "
-                    "model object (loaded with plain transformers), so it keeps nothing "
-                    "to unpatch; load it with hf_posenc.from_pretrained(...) to unpatch it."
+                    "model object (loaded with plain transformers, or a shallow copy of a patched model), so it "
+                    "keeps nothing to unpatch; load it with hf_posenc.from_pretrained(...), or unpatch the model it "
+                    "was copied from."
                 )
             raise RuntimeError("This model is not patched by hf_posenc; there is nothing to unpatch.")
         _restore(model, applied)

@@ -34,7 +34,6 @@ def run_identity(
     handed in: their dtype and :func:`~hf_posenc.fingerprint.model_fingerprint` (another GGUF file of one folder,
     or the same model loaded in another dtype, is another run)."""
     run_settings = {key: value for key, value in dataclasses.asdict(settings).items() if key != "resume"}
-    run_settings["bf16"] = resolved_bf16(model, settings)  # as it trains: the default depends on the machine
     layout = {} if settings.position_learning_rate is None else {"optimizer_groups": POSITION_GROUPS_LAYOUT}
     return {
         "format": RUN_FORMAT,
@@ -42,6 +41,7 @@ def run_identity(
         "weights": {"dtype": str(model.dtype).removeprefix("torch."), "fingerprint": model_fingerprint(model)},
         "method": spec.text,
         "settings": run_settings,
+        "bf16": resolved_bf16(model, settings),  # as it trains: the default (None) depends on the machine
         "data_sha256": data.fingerprint(),
         **layout,
     }
@@ -102,8 +102,8 @@ def _differences(recorded: dict[str, Any], identity: dict[str, Any]) -> list[str
     other_weights = weights.get("dtype") == loaded["dtype"] and weights.get("fingerprint") != loaded["fingerprint"]
     if weights.get("dtype") != loaded["dtype"]:
         pairs.append(("dtype", weights.get("dtype"), loaded["dtype"]))
-    if there.get("bf16", False) is None:  # recorded as asked before 2026-11-28 (None: the machine's default)
-        here = {**here, "bf16": None}
+    if "bf16" in recorded:  # since 2026-11-28 bf16 compares as the run trains; before, as it was asked
+        there, here = {**there, "bf16": recorded["bf16"]}, {**here, "bf16": identity["bf16"]}
     pairs += [(name, there.get(name), value) for name, value in here.items() if there.get(name) != value]
     said = [f"`{name}`: {old!r} there, {new!r} here" for name, old, new in pairs]
     if other_weights:

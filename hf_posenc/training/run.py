@@ -102,6 +102,13 @@ def train(
         raise ValueError(f"`texts` are packed in windows of {data.length} tokens, not `length` {settings.length}.")
     if settings.bf16 and model.dtype != torch.float32:
         raise ValueError(f"`bf16` autocast trains float32 weights; the model is in {model.dtype}: load it in float32.")
+    if settings.warmup_steps >= settings.steps:  # allowed (a run started so resumes), but hardly what was meant
+        logger.warning(
+            "warmup_steps %d is not below steps %d: the learning rate does not reach learning_rate %g in this run.",
+            settings.warmup_steps,
+            settings.steps,
+            settings.learning_rate,
+        )
     identity = run_identity(model, spec, settings, data)
     check_output(output_dir, identity, settings.resume)
     release_gguf(model)

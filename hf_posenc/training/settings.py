@@ -71,11 +71,6 @@ class TrainSettings:
                 raise ValueError(f"`{name}` must be a positive integer, not {getattr(self, name)!r}.")
         if not _whole(self.warmup_steps) or self.warmup_steps < 0:
             raise ValueError(f"`warmup_steps` must be a whole number, 0 or more, not {self.warmup_steps!r}.")
-        if self.warmup_steps >= self.steps:
-            raise ValueError(
-                f"`warmup_steps` {self.warmup_steps} is not below `steps` {self.steps}: the learning rate would not "
-                "reach `learning_rate` before the run ends; warm up for fewer steps."
-            )
         for name in ("gradient_checkpointing", "bf16", "resume"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name == "bf16" and value is None):

@@ -142,6 +142,21 @@ def test_a_copy_carries_the_patch_and_unpatches_on_its_own(family, method, how):
     torch.testing.assert_close(logits(model, 3 * L), expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(("family", "method"), [("llama", "yarn"), ("llama", "t5-bias"), ("gpt2", "alibi")])
+def test_a_shallow_copy_is_not_the_patched_model(family, method):
+    """``copy.copy`` (and accelerate's regional compilation, which copies ``__dict__``) shares the original's modules
+    and record: it is not reported patched and cannot unpatch the modules it shares, so the original stays patched
+    and unpatches to the model never patched."""
+    model = patched(family, method)
+    shallow = copy.copy(model)
+    assert hf_posenc.get_patch(shallow) is None
+    with pytest.raises(RuntimeError, match="or a shallow copy of a patched model"):
+        hf_posenc.unpatch(shallow)
+    assert hf_posenc.get_patch(model).method == method
+    hf_posenc.unpatch(model)
+    assert_same(snapshot(make_tiny(family)), snapshot(model))
+
+
 @pytest.mark.filterwarnings("ignore:.*(gradient|activation)_checkpointing:FutureWarning")  # renamed in 5.x
 @pytest.mark.parametrize("mode", ["eval", "train"])
 @pytest.mark.parametrize(("family", "method"), AFTER_CASES)

@@ -469,7 +469,7 @@ def test_unpatch_of_a_patched_model_loaded_without_hf_posenc_says_how_to_unpatch
     before = snapshot(loaded)
     with pytest.raises(
         RuntimeError,
-        match=r"neither patched nor loaded this model object .*hf_posenc\.from_pretrained\(\.\.\.\) to unpatch",
+        match=r"neither patched nor loaded this model object .*load it with hf_posenc\.from_pretrained\(\.\.\.\)",
     ):
         hf_posenc.unpatch(loaded)
     assert_same(before, snapshot(loaded))

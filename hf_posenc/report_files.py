@@ -168,7 +168,31 @@ def _passkey_problem(report: dict[str, Any]) -> str | None:
         or _model_details_problem(report.get("model_details"))
         or _rows_problem(report["trials"], PASSKEY_TRIAL, "trials")
         or _rows_problem(report["accuracy"], PASSKEY_CELL, "accuracy")
+        or _passkey_cells_problem(report["trials"], report["accuracy"])
     )
+
+
+def _passkey_cells_problem(trials: list[dict[str, Any]], cells: list[dict[str, Any]]) -> str | None:
+    """A depth that is no fraction of the prompt (0 to 1), or accuracy cells that are not the trials' (one per
+    method, length and depth, each with as many trials as the rows there and their share correct): a file edited
+    so would be scored wrong, or written back as read."""
+    groups: dict[tuple, list[bool]] = {}
+    for i, trial in enumerate(trials):
+        if not 0 <= trial["depth"] <= 1:
+            return f"trials[{i}] has depth {trial['depth']!r}, not a fraction of the prompt from 0 to 1"
+        groups.setdefault((trial["method"], trial["length"], trial["depth"]), []).append(trial["correct"])
+    seen: dict[tuple, int] = {}
+    for i, cell in enumerate(cells):
+        key = (cell["method"], cell["length"], cell["depth"])
+        said = f"{key[0]!r} at {key[1]} tokens, depth {key[2]}"
+        if key in seen:
+            return f"accuracy[{i}] repeats accuracy[{seen[key]}], {said}"
+        seen[key] = i
+        correct = groups.get(key, [])
+        if cell["trials"] != len(correct) or not correct or cell["accuracy"] != sum(correct) / len(correct):
+            return f"accuracy[{i}] ({said}) is not the share correct of its {len(correct)} trials"
+    missing = next((key for key in groups if key not in seen), None)
+    return None if missing is None else f"the trials of {missing[0]!r} at {missing[1]} tokens have no accuracy cell"
 
 
 def _lm_eval_problem(report: dict[str, Any]) -> str | None:

@@ -31,6 +31,7 @@ from .lm_eval_report import plain_json, run_entry
 from .models import ModelSource, check_position_table, load_model_at_commit, load_tokenizer, model_details
 from .perplexity import each_call_alone
 from .results import device_description, versions
+from .resume import check_output
 from .runner import method_applied
 from .scoring import serves_every_length
 from .specs import parse_methods, refuse_duplicates
@@ -173,6 +174,8 @@ def run_lm_eval(
             f"`output` {output} holds the {LM_EVAL_JSON} of an earlier run, which this run would replace (it does not "
             "resume or add to it); choose another `output` folder, or move the file away."
         )
+    if output is not None:  # a place it cannot write to: found before the tasks run, not after
+        check_output(Path(output), (LM_EVAL_JSON,))
     if task_manager is None:
         metadata = _with_tokenizer_name(metadata, _tokenizer_name(source, saved, tokenizer))
         task_manager, resolved_tasks = _resolve_tasks(tasks, include_path, metadata)

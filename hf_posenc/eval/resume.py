@@ -40,6 +40,12 @@ def check_output(folder: Path, files: Sequence[str]) -> None:
             f"Cannot write results to {folder}{place}: {error.strerror}. Choose another `output`."
         ) from None
     report, *made = files
+    blocked = next((name for name in files if (folder / name).exists() and not (folder / name).is_file()), None)
+    if blocked is not None:  # found before the run, not when it writes there at the end
+        raise ValueError(
+            f"{folder / blocked} is not a file, and this run writes its {blocked} there. Move it away or choose "
+            "another `output` folder."
+        )
     foreign = [name for name in made if (folder / name).exists()]
     if existing == folder and foreign and not (folder / report).exists():
         raise ValueError(
@@ -136,10 +142,10 @@ def check_same_model(before: dict[str, Any], now: dict[str, Any], path: Path) ->
     (:func:`~hf_posenc.fingerprint.model_fingerprint`: weights retrained or replaced in the same folder, another
     commit of a branch) or trained context (its config edited). Files written before fingerprints were recorded
     compare what they hold."""
-    for key, what in (("fingerprint", "weights"), ("trained_context", "trained context")):
+    for key, what in (("fingerprint", "weights differ"), ("trained_context", "trained context differs")):
         if key in before and key in now and before[key] != now[key]:
             raise ValueError(
-                f"The results in {path} were computed on another model under the same name: its {what} differ "
+                f"The results in {path} were computed on another model under the same name: its {what} "
                 f"({before[key]} then, {now[key]} now). Choose another `output` folder."
             )
 

@@ -107,3 +107,21 @@ def test_without_lm_eval_its_help_says_what_the_command_is_and_what_to_install(m
     assert main(["lm-eval", "--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: hf-posenc lm-eval --tasks") and "pip install 'hf-posenc[lm-eval]'" in out
+
+
+def test_an_output_it_cannot_write_is_refused_before_any_task_runs(tiny_dir, tasks, tmp_path, capsys, monkeypatch):
+    """A read-only place (root passes permission bits, so it is simulated) is found before the tasks run (before:
+    after every method was evaluated, as the bare "[Errno 30] Read-only file system")."""
+    import tempfile
+
+    from hf_posenc.eval import lm_eval
+
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    monkeypatch.setattr(lm_eval, "_load", lambda *a, **k: pytest.fail("the model was loaded"))
+    argv = ["lm-eval", "--model", str(tiny_dir / "model"), "--include_path", tasks, "--tasks", "tiny_choice"]
+    assert main([*argv, "--output", str(tmp_path / "out")]) == 2
+    said = f"Cannot write results to {tmp_path / 'out'} (cannot create a folder in {tmp_path}): Read-only file system"
+    assert said in _one_line_error(capsys)

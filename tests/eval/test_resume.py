@@ -4,6 +4,7 @@ data by content) and the one cleanup (a killed run's temporaries)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -125,6 +126,16 @@ def test_a_malformed_results_file_is_one_line_naming_the_file_and_the_field(tmp_
         (_without(PASSKEY, "accuracy"), "the file has no 'accuracy'"),
         ({**PASSKEY, "model_details": []}, "the file has a list as 'model_details', not an object"),
         ({**PASSKEY, "model_details": {"fingerprint": None}}, "'model_details' has null as 'fingerprint'"),
+        # cells that are not the trials' (a file written back as read would keep them), and depths past the prompt
+        ({**PASSKEY, "accuracy": []}, "the trials of 'none' at 1024 tokens have no accuracy cell"),
+        ({**PASSKEY, "trials": [TRIAL, TRIAL]}, "accuracy[0] ('none' at 1024 tokens, depth 0.5) is not the share"),
+        (
+            {**PASSKEY, "accuracy": [{**CELL, "accuracy": 0.0}]},
+            "accuracy[0] ('none' at 1024 tokens, depth 0.5) is not the share correct of its 1 trials",
+        ),
+        ({**PASSKEY, "accuracy": [CELL, CELL]}, "accuracy[1] repeats accuracy[0], 'none' at 1024 tokens, depth 0.5"),
+        ({**PASSKEY, "trials": [{**TRIAL, "depth": 1.5}]}, "trials[0] has depth 1.5, not a fraction of the prompt"),
+        ({**PASSKEY, "trials": [{**TRIAL, "depth": math.nan}]}, "trials[0] has depth nan, not a fraction"),
     ],
 )
 def test_a_malformed_passkey_file_is_one_line_naming_the_field(tmp_path, report, problem):
@@ -199,3 +210,14 @@ def test_the_fingerprint_reads_weights_and_rope_buffers_and_survives_a_patch_und
     assert model_fingerprint(model) != fingerprint
     with torch.device("meta"), pytest.raises(ValueError, match="is on the meta device with its values nowhere"):
         model_fingerprint(make_tiny("llama"))
+
+
+@pytest.mark.parametrize("files", [PERPLEXITY_FILES, PASSKEY_FILES])
+def test_a_folder_where_the_run_writes_a_file_is_refused_up_front(tmp_path, files):
+    """A folder (or anything not a file) where a run writes one of its files: refused before the run (before: the
+    run computed, replaced its report, then failed on a bare "[Errno 21] Is a directory")."""
+    report, csv_file, _ = files
+    (tmp_path / report).write_text("{}")
+    (tmp_path / csv_file).mkdir()
+    with pytest.raises(ValueError, match=rf"{re.escape(str(tmp_path / csv_file))} is not a file, and this run writes"):
+        check_output(tmp_path, files)

@@ -13,6 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
 
 def refuse_dangling_link(folder: Path, name: str = "output") -> None:
     """Raise ``ValueError`` if the output folder ``folder`` is a link to nothing (making it would fail with "File
@@ -48,13 +53,36 @@ def _temporary(path: Path) -> Path:
 
 
 def remove_temporaries(path: Path) -> None:
-    """Remove the temporary files a killed :func:`atomic_write` of ``path`` left beside it (none other)."""
+    """Remove the temporary files a killed :func:`atomic_write` of ``path`` left beside it (none other), but not one
+    another run is writing now: it holds a lock on it, which the system releases when that run is killed."""
     if not path.parent.is_dir():
         return
     pattern = re.compile(rf"\.{re.escape(path.stem)}\.[0-9a-f]{{32}}{re.escape(path.suffix)}")
     for leftover in path.parent.iterdir():
         if leftover.is_file() and pattern.fullmatch(leftover.name):
-            leftover.unlink(missing_ok=True)
+            try:
+                handle = os.open(leftover, os.O_RDONLY)
+            except OSError:  # gone since, or not ours to read
+                continue
+            try:
+                if _locked(handle, blocking=False):
+                    leftover.unlink(missing_ok=True)
+            finally:
+                os.close(handle)
+
+
+def _locked(handle: int, blocking: bool = True) -> bool:
+    """An exclusive advisory lock on the open file ``handle`` (released when it is closed, or its process dies):
+    whether it was taken. Where the system has none (Windows), every lock is taken."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    except OSError:  # a file system without locks: as if there were none
+        pass
+    return True
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -64,15 +92,17 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(path)
     try:
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # mode 0666 & ~umask, as a new file gets
+        handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode 0666 & ~umask, as a new file gets
     except OSError as error:  # named by the file asked for, not the temporary one
         raise OSError(error.errno, f"Cannot write {path} (in {path.parent}): {error.strerror}") from None
     try:
+        _locked(handle)  # held while it is written: another run's remove_temporaries passes it over
         write(tmp)
         if path.exists():  # after writing: a read-only file's mode would stop the write
             shutil.copymode(path, tmp)
         os.replace(tmp, path)
     finally:
+        os.close(handle)
         tmp.unlink(missing_ok=True)
 
 

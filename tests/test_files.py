@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_posenc.files import atomic_write, atomic_write_text
+from hf_posenc.files import atomic_write, atomic_write_text, remove_temporaries
 
 
 def test_a_writer_killed_midway_leaves_the_previous_file(tmp_path):
@@ -64,3 +64,21 @@ def test_a_replaced_file_keeps_its_permissions(tmp_path):
     path.chmod(0o600)
     atomic_write_text(path, '{"results": []}')
     assert path.stat().st_mode & 0o777 == 0o600 and path.read_text() == '{"results": []}'
+
+
+def test_a_temporary_another_run_is_writing_is_not_removed_as_a_leftover(tmp_path):
+    """A run starting on a folder removes what a killed run left there, but not the temporary file another run is
+    writing at that moment (before: removed, and that run failed with "No such file or directory")."""
+    path = tmp_path / "ppl_vs_length.png"
+
+    def write(tmp):
+        remove_temporaries(path)  # another run starts on the folder meanwhile
+        assert tmp.exists()
+        tmp.write_bytes(b"new")
+
+    atomic_write(path, write)
+    assert path.read_bytes() == b"new"
+    leftover = tmp_path / ".ppl_vs_length.0123456789abcdef0123456789abcdef.png"  # a killed run's: no lock held
+    leftover.write_bytes(b"half")
+    remove_temporaries(path)
+    assert not leftover.exists()

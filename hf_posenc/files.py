@@ -8,6 +8,7 @@ import math
 import os
 import re
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,19 @@ def nearest_existing(folder: Path, name: str = "output") -> Path:
     Raises ``ValueError`` if ``folder`` is a link to nothing (:func:`refuse_dangling_link`)."""
     refuse_dangling_link(folder, name)
     return next(path for path in (folder, *folder.absolute().parents) if path.exists())
+
+
+CHECK_PREFIX = ".hf-posenc-check-"  # the folders write_problem makes and removes
+
+
+def write_problem(folder: Path) -> str | None:
+    """Why nothing can be made in the existing folder ``folder`` (the system's reason), or None: a folder is made
+    there and removed to find out (permissions alone mislead root, and know nothing of a read-only mount's)."""
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=folder, prefix=CHECK_PREFIX))
+    except OSError as error:
+        return error.strerror
+    return None
 
 
 def same_place(one: str, other: str) -> bool:

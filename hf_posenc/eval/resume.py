@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
-import tempfile
 from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..files import nearest_existing, remove_temporaries, same_place
+from ..files import CHECK_PREFIX, nearest_existing, remove_temporaries, same_place, write_problem
 from ..report_files import RUN_DETAILS, RUN_FIELDS, fields_problem, read_report
 
-_CHECK_PREFIX = ".hf-posenc-check-"  # the folders check_output makes and removes
 _ADVICE = "move it away or choose another `output` folder"
 
 
@@ -32,13 +29,10 @@ def check_output(folder: Path, files: Sequence[str]) -> None:
     existing = nearest_existing(folder)
     if not existing.is_dir():
         raise ValueError(f"Cannot write results to {folder}: {existing} is a file. Choose another `output`.")
-    try:
-        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=_CHECK_PREFIX))
-    except OSError as error:
+    problem = write_problem(existing)
+    if problem is not None:
         place = "" if existing == folder else f" (cannot create a folder in {existing})"
-        raise ValueError(
-            f"Cannot write results to {folder}{place}: {error.strerror}. Choose another `output`."
-        ) from None
+        raise ValueError(f"Cannot write results to {folder}{place}: {problem}. Choose another `output`.")
     report, *made = files
     blocked = next((name for name in files if (folder / name).exists() and not (folder / name).is_file()), None)
     if blocked is not None:  # found before the run, not when it writes there at the end
@@ -178,7 +172,7 @@ def remove_stale_temporaries(folder: Path, files: Sequence[str]) -> None:
         return
     for name in files:
         remove_temporaries(folder / name)
-    for path in folder.glob(f"{_CHECK_PREFIX}*"):
+    for path in folder.glob(f"{CHECK_PREFIX}*"):
         if path.is_dir():
             with contextlib.suppress(OSError):  # not empty: not one of ours
                 path.rmdir()

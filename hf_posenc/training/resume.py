@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ from transformers import PreTrainedModel
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..files import refuse_dangling_link, same_place
+from ..files import nearest_existing, same_place, write_problem
 from ..fingerprint import model_fingerprint
 from ..spec import MethodSpec
 from .optimizer import POSITION_GROUPS_LAYOUT
@@ -50,11 +49,10 @@ def run_identity(
 def check_output(output_dir: Path, identity: dict[str, Any] | None, resume: bool) -> None:
     """Raise ``ValueError`` unless ``output_dir`` can take the run ``identity``: new or empty, or (with ``resume``)
     holding the same run. ``identity`` None checks only what needs no data: the folder holds nothing else."""
-    refuse_dangling_link(output_dir, "output_dir")
+    existing = nearest_existing(output_dir, "output_dir")  # a link to nothing refused
     if output_dir.exists() and not output_dir.is_dir():
         raise ValueError(f"`output_dir` {output_dir} is a file; give a folder.")
-    existing = next(folder for folder in (output_dir, *output_dir.absolute().parents) if folder.exists())
-    if not os.access(existing, os.W_OK):  # before the model and the data load, not at the first file written
+    if write_problem(existing) is not None:  # before the model and the data load, not at the first file written
         where = "" if existing == output_dir else f": {existing} is not writable"
         raise ValueError(f"`output_dir` {output_dir} cannot be written{where}; choose a folder you can write to.")
     if not output_dir.is_dir() or not any(output_dir.iterdir()):

@@ -710,11 +710,17 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_anything_load
 ):
     """A read-only place (a read-only mount: root, as the tests may run, passes permission bits) is named before the
     model and the data load (before: a bare "[Errno 30] Read-only file system" after both)."""
-    from hf_posenc.training import resume
+    import tempfile
 
-    read_only = tmp_path / "mount"
+    read_only, make = tmp_path / "mount", tempfile.mkdtemp
     read_only.mkdir()
-    monkeypatch.setattr(resume.os, "access", lambda path, mode: Path(path) != read_only)
+
+    def mkdtemp(*args, dir, **kwargs):
+        if Path(dir) == read_only:
+            raise OSError(30, "Read-only file system")
+        return make(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("loaded"))
     assert main(_train_args(tiny_dir, read_only / "run")) == 2
     assert f"--output {read_only / 'run'} cannot be written: {read_only} is not writable" in _one_line_error(capsys)

@@ -44,12 +44,12 @@ def apply_method(model: nn.Module, spec: MethodSpec) -> frozenset[str]:
     if spec.unpatched:
         return frozenset()
     patch(model, spec.name, **spec.params)
-    if not restore_saved_tensors(model) and saved_tensors(model):  # trained on from a saved model of the same
-        # method, its trained T5 table; of another (other parameters), none: say so
+    saved = saved_tensors(model)  # a saved model's trained T5 table: kept where the method and parameters are its own
+    if not restore_saved_tensors(model) and saved:
         logger.warning(
             "The model was saved with trained %s of another method or parameters than %s: they are not used, and "
             "training starts from the patch's own values.",
-            ", ".join(sorted(saved_tensors(model))),
+            ", ".join(sorted(saved)),
             spec.text,
         )
     added = set(added_tensors(model)).intersection(dict(model.named_parameters()))

@@ -174,12 +174,18 @@ def weights_commit(model: torch.nn.Module, repo_id: str, revision: str | None) -
     return Path(config).parent.name.lower() if compared else None
 
 
+def accelerate_hooks(module: torch.nn.Module) -> list[Any]:
+    """The hooks accelerate put on ``module`` (a ``device_map``'s placement and offload), each apart: a
+    SequentialHook holds several; none: empty."""
+    hook = getattr(module, "_hf_hook", None)
+    return [] if hook is None else list(getattr(hook, "hooks", None) or [hook])
+
+
 def offloaded_values(model: torch.nn.Module, name: str) -> torch.Tensor:
     """The values of the meta tensor ``name`` of ``model``, from the ``weights_map`` of accelerate's hook on its
     module (CPU or disk offload: the offload folder's file mapped, not loaded whole)."""
     module_name, _, key = name.rpartition(".")
-    hook = getattr(model.get_submodule(module_name), "_hf_hook", None)
-    for each in getattr(hook, "hooks", None) or [hook]:  # a SequentialHook holds several
+    for each in accelerate_hooks(model.get_submodule(module_name)):
         weights = getattr(each, "weights_map", None)
         if weights is not None and key in weights:
             return weights[key]

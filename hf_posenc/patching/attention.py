@@ -30,6 +30,7 @@ from ..attention import IMPLEMENTATIONS, T5_IMPLEMENTATIONS, cudnn
 from ..attention.functions import fused_problem
 from ..methods.alibi import alibi_slopes, are_paper_slopes
 from ..methods.t5_bias import t5_bias_init
+from ..provenance import accelerate_hooks
 from ..registry import Method, params_to_dict
 from .changes import (
     ATTENTION,
@@ -161,9 +162,8 @@ def _table_device(model: nn.Module) -> torch.device:
     if first.type != "meta":
         return first
     for module in model.modules():
-        hook = getattr(module, "_hf_hook", None)
-        for each in getattr(hook, "hooks", None) or [hook]:  # a SequentialHook holds several
-            device = getattr(each, "execution_device", None)
+        for hook in accelerate_hooks(module):
+            device = getattr(hook, "execution_device", None)
             if device is not None:
                 return torch.device(device)
     return first

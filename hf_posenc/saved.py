@@ -15,7 +15,6 @@ import dataclasses
 import pickle
 import re
 import struct
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +33,9 @@ from .registry import get_method
 from .spec import format_method_spec
 
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
-# Models from load_base_model whose saved patch added tensors: the record and their saved values.
-_SAVED_TENSORS: weakref.WeakKeyDictionary[PreTrainedModel, tuple[PatchRecord, dict[str, torch.Tensor]]] = (
-    weakref.WeakKeyDictionary()
-)
+# The attribute of a model from load_base_model whose saved patch added tensors: the record and their saved values.
+# On the instance, so a deepcopy or pickle of the model carries them, as it carries a patch.
+_SAVED = "_hf_posenc_saved_tensors"
 
 
 @dataclass(frozen=True)
@@ -130,7 +128,7 @@ def load_base_model(name: str, saved: SavedPatch | None, **kwargs: Any) -> PreTr
         added = {key: value.detach().clone() for key, value in added_tensors(model).items()}
         unpatch(model)
         if added:
-            _SAVED_TENSORS[model] = (saved.record, added)
+            model.__dict__[_SAVED] = (saved.record, added)
     return model
 
 
@@ -138,7 +136,7 @@ def restore_saved_tensors(model: PreTrainedModel) -> bool:
     """On a model from :func:`load_base_model` patched again with its saved method and parameters: the tensors that
     patch adds (the T5 bias table) take their saved, trained values, so the saved method is the model as saved
     rather than the patch's fresh start. Returns whether it did (False for any other patch)."""
-    entry, applied = _SAVED_TENSORS.get(model), get_patch(model)
+    entry, applied = model.__dict__.get(_SAVED), get_patch(model)
     if entry is None or applied is None:
         return False
     record, tensors = entry
@@ -154,7 +152,7 @@ def restore_saved_tensors(model: PreTrainedModel) -> bool:
 def saved_tensors(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     """The tensors the saved patch of a model from :func:`load_base_model` had added, as saved (its trained T5
     table), by name; empty for any other model."""
-    entry = _SAVED_TENSORS.get(model)
+    entry = model.__dict__.get(_SAVED)
     return dict(entry[1]) if entry is not None else {}
 
 

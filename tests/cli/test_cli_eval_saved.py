@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
+from copy import deepcopy
 
 import pytest
 import torch
@@ -16,8 +18,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_posenc
 from hf_posenc.cli import main
+from hf_posenc.fingerprint import model_fingerprint
 from hf_posenc.record import PatchRecord
-from hf_posenc.saved import SavedPatch
+from hf_posenc.saved import SavedPatch, load_base_model, restore_saved_tensors, saved_patch, saved_tensors
 from hf_posenc.spec import parse_method_spec
 
 ASKED = {"yarn": "yarn:factor=2", "dynamic-yarn": "dynamic-yarn", "alibi": "alibi"}  # the same on the base
@@ -131,6 +134,26 @@ def test_a_saved_t5_bias_model_is_evaluated_with_its_trained_table(tiny_dir, tmp
     n96 = next(r for r in row if r["length"] == 96)
     assert n96["windows"] == len(windows) == 2 and math.isclose(n96["ppl"], math.exp(nll / 190), rel_tol=1e-4)
     assert ppl["t5-bias:init=zeros", 96] != ppl["t5-bias:backend=eager", 96]  # another patch: a fresh table
+
+
+def test_a_copy_of_a_loaded_saved_t5_model_keeps_its_trained_table(tiny_dir, tmp_path):
+    """The trained table a saved t5-bias model's base keeps aside (to give the saved method back) goes with a deepcopy
+    or a pickle of it, and so does its fingerprint. Before: it was kept beside the model, keyed by the instance, and
+    a copy lost it."""
+    model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(tiny_dir / "model"), "t5-bias", backend="eager")
+    with torch.no_grad():
+        model.model.position_bias.weight.add_(1.0)
+    model.save_pretrained(tmp_path / "saved")
+    saved = saved_patch(str(tmp_path / "saved"))
+    base = load_base_model(str(tmp_path / "saved"), saved)
+    trained = saved_tensors(base)
+    assert list(trained) == ["model.position_bias.weight"]
+    for copy in (deepcopy(base), pickle.loads(pickle.dumps(base))):
+        assert model_fingerprint(copy) == model_fingerprint(base)
+        assert torch.equal(saved_tensors(copy)["model.position_bias.weight"], trained["model.position_bias.weight"])
+        hf_posenc.patch(copy, "t5-bias", backend="eager")
+        assert restore_saved_tensors(copy)
+        assert torch.equal(copy.model.position_bias.weight, model.model.position_bias.weight)
 
 
 def test_a_saved_gpt2_pi_is_the_model_as_saved(tiny_dir, tmp_path):

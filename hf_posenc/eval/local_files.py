@@ -59,10 +59,12 @@ def _refuse_deep_json(file: Path) -> None:
 
 def _dataset_rows(path: Path, builder: str, files: list[Path], streaming: bool) -> Iterator[dict]:
     """`datasets`' rows of local ``files``; only the errors it raises reading them are translated."""
-    from datasets import load_dataset
+    from datasets import DownloadConfig, load_dataset
     from datasets.exceptions import DatasetGenerationError
 
-    kwargs = {"data_files": [str(f) for f in files], "split": LOCAL_SPLIT}
+    # datasets' bar for resolving data files says "Downloading data" even of local ones: an offline run says not so
+    download = DownloadConfig(download_desc="Reading local files")
+    kwargs = {"data_files": [str(f) for f in files], "split": LOCAL_SPLIT, "download_config": download}
     if builder == "text":
         kwargs["sample_by"] = "document"
     try:

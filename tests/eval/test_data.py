@@ -256,3 +256,12 @@ def test_a_file_of_another_type_or_a_folder_without_one_is_named(tmp_path):
         match=rf"^{re.escape(str(tmp_path))} holds no readable files; expected .txt, .jsonl, .json, .parquet",
     ):
         load_texts(TextSource(str(tmp_path)))
+
+
+def test_reading_local_files_does_not_say_downloading(tmp_path, capfd):
+    """datasets names its bar over data files "Downloading data", local ones too: an offline run said it downloads."""
+    for i in range(20):  # datasets draws one bar over 16 files or more
+        (tmp_path / f"{i:02}.txt").write_text(f"document {i}")
+    texts = load_texts(TextSource(str(tmp_path)))
+    assert texts == [f"document {i}" for i in range(20)]
+    assert "Downloading" not in capfd.readouterr().err

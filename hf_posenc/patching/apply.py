@@ -48,6 +48,28 @@ class _Absent(enum.Enum):
 _MISSING = _Absent.ABSENT
 
 
+class _Ref:
+    """A weak reference to a module of the patched model (the model itself among them) that a deepcopy or a pickle
+    of the model turns into one to the copy's own module. Weak, so the model's record of its patch makes no
+    reference cycle: a patched model is freed when its last reference goes, as an unpatched one is (its GPU memory
+    too), not at the next full garbage collection."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, target: nn.Module | None) -> None:
+        self._ref = weakref.ref(target) if target is not None else lambda: None
+
+    def __call__(self) -> nn.Module | None:
+        return self._ref()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Ref:
+        target = self._ref()  # copied with the model, its copy is in memo already; else it dies with the copy
+        return _Ref(copy.deepcopy(target, memo) if target is not None else None)
+
+    def __reduce__(self) -> tuple[type[_Ref], tuple[nn.Module | None]]:
+        return _Ref, (self._ref(),)
+
+
 @dataclass
 class _ModuleState:
     """A changed module: its attributes before the patch and which of them the patch changed (so that ``unpatch``
@@ -55,10 +77,15 @@ class _ModuleState:
     added). The tensors it replaced stay on the module (:data:`~hf_posenc.patching.plan.UNPATCHED_PREFIX`), so that
     they follow a later ``model.to``."""
 
-    module: nn.Module
+    ref: _Ref
     before: dict[str, Any]
     # attribute -> None (replaced, added or removed) or, for a dict or set (buffers, submodules, hooks), its entries
     changed: dict[str, set[Any] | None] = field(default_factory=dict)
+
+    @property
+    def module(self) -> nn.Module | None:
+        """The module, or None where nothing holds it any more (swapped out of the model since)."""
+        return self.ref()
 
 
 @dataclass
@@ -66,7 +93,7 @@ class _AppliedPatch:
     """A patch applied to one model instance: what ``get_patch`` reports and what ``unpatch`` restores."""
 
     info: PatchInfo
-    owner: nn.Module = field(repr=False)  # the model patched; a deepcopy or pickle of it, the copy
+    owner: _Ref = field(repr=False)  # the model patched; in a deepcopy or pickle of it, the copy
     config_before: dict[str, Any] = field(default_factory=dict)
     modules: list[_ModuleState] = field(default_factory=list)
     report: Callable[[nn.Module, PatchInfo], PatchInfo] | None = None
@@ -85,7 +112,7 @@ def _applied(model: nn.Module) -> _AppliedPatch | None:
     copy the record with its owner); not to a shallow copy (``copy.copy``, accelerate's regional compilation), which
     shares the original's modules and record, and is not the record's owner."""
     applied = model.__dict__.get(_APPLIED) if isinstance(model, nn.Module) else None
-    return applied if applied is not None and applied.owner is model else None
+    return applied if applied is not None and applied.owner() is model else None
 
 
 def _lock_of(model: nn.Module) -> threading.RLock:
@@ -147,6 +174,16 @@ def _finish(entry: _ModuleState) -> None:
                 entry.changed[key] = entries
         elif old is not new:
             entry.changed[key] = None
+    entry.before = {key: _kept(before[key], entries) for key, entries in entry.changed.items() if key in before}
+
+
+def _kept(old: Any, entries: set[Any] | None) -> Any:
+    """What ``unpatch`` reads of an attribute's value before the patch: all of it where the patch replaced it, a
+    dict's changed entries only, a set whole. The rest is not kept, so that a module swapped since (a resized
+    ``lm_head``) is not held alive, deep-copied or pickled with the patch."""
+    if entries is None or not isinstance(old, dict):
+        return old
+    return {name: old[name] for name in entries if name in old}
 
 
 def _changed_entries(old: dict | set, new: dict | set) -> set[Any]:
@@ -172,7 +209,7 @@ def _apply(model: nn.Module, plan: Plan) -> None:
     config = model.config
     applied = _AppliedPatch(
         info=plan.info,
-        owner=model,
+        owner=_Ref(model),
         config_before={
             key: copy.deepcopy(config.__dict__[key]) if key in config.__dict__ else _MISSING for key in plan.updates
         },
@@ -184,7 +221,7 @@ def _apply(model: nn.Module, plan: Plan) -> None:
             set_config_attribute(config, key, copy.deepcopy(value))
         for module, change in plan.changes:
             if all(module is not entry.module for entry in applied.modules):
-                applied.modules.append(_ModuleState(module, _snapshot(module)))
+                applied.modules.append(_ModuleState(_Ref(module), _snapshot(module)))
             change(module)
     except BaseException:
         for entry in applied.modules:  # what the changes so far did, put back
@@ -215,6 +252,8 @@ def _restore_module(entry: _ModuleState) -> None:
     removed; an entry of a dict or set it changed (a buffer, a submodule, a hook), its tensors following the
     moves the model made since."""
     module, before = entry.module, entry.before
+    if module is None:  # swapped out of the model since, and dropped: nothing of the model to put back
+        return
     current = _tensors(module)
     attributes = module.__dict__
     for key, entries in entry.changed.items():

@@ -5,7 +5,9 @@ original computes and leave the original alone; ``unpatch`` must still restore t
 from __future__ import annotations
 
 import copy
+import gc
 import io
+import weakref
 
 import pytest
 import torch
@@ -155,6 +157,38 @@ def test_a_shallow_copy_is_not_the_patched_model(family, method):
     assert hf_posenc.get_patch(model).method == method
     hf_posenc.unpatch(model)
     assert_same(snapshot(make_tiny(family)), snapshot(model))
+
+
+@pytest.mark.parametrize(("family", "method"), AFTER_CASES)
+def test_a_patched_model_is_freed_with_its_last_reference(family, method):
+    """The patch's record on the model refers back to the model and its modules weakly: a patched model dropped is
+    freed at once, as an unpatched one is (its GPU memory with it), not at the next full garbage collection.
+    Before: the record held the model, a reference cycle."""
+    model = patched(family, method)
+    copies = [copy.deepcopy(model), copy.deepcopy(model)]  # a deep copy's record refers to the copy
+    references = [weakref.ref(m) for m in (model, *copies)]
+    gc.disable()
+    try:
+        del model, copies
+        assert [reference() for reference in references] == [None] * 3
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize(("family", "method"), [("llama", "alibi"), ("llama", "t5-bias"), ("gpt2", "alibi")])
+def test_a_module_replaced_after_the_patch_is_not_kept_by_it(family, method):
+    """The record keeps what ``unpatch`` puts back, not every submodule of a module the patch changed: an output
+    layer replaced since (a vocabulary resized) is freed, and not carried by a deepcopy or a saved pickle. Before:
+    ALiBi and T5 bias, which change the model's own module, kept its old head (2 GB for an 8B Llama's)."""
+    model = patched(family, method)
+    old_head = weakref.ref(model.get_output_embeddings())
+    model.resize_token_embeddings(120, mean_resizing=False)
+    if family == "gpt2":  # GPT-2 ties its head to the input embeddings, which resizing keeps: untie to replace it
+        model.lm_head = torch.nn.Linear(model.config.n_embd, 120, bias=False)
+    gc.collect()
+    assert old_head() is None
+    hf_posenc.unpatch(model)
+    assert model.get_output_embeddings().weight.shape[0] == 120
 
 
 @pytest.mark.filterwarnings("ignore:.*(gradient|activation)_checkpointing:FutureWarning")  # renamed in 5.x

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -66,14 +67,28 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.stem}.{uuid.uuid4().hex}{path.suffix}")
 
 
+STALE_AFTER = 600.0  # seconds unchanged after which a leftover temporary file or check folder is a killed run's
+
+
+def stale(path: Path) -> bool:
+    """Whether ``path`` has not changed for :data:`STALE_AFTER` seconds: a temporary file another run is writing, or
+    a check folder it is making, is younger. This holds where locks do not: NFS turns ``flock`` into byte-range
+    locks, which a reader cannot take and which a writer loses on closing any descriptor of the file."""
+    try:
+        return time.time() - path.stat().st_mtime > STALE_AFTER
+    except OSError:  # gone since
+        return False
+
+
 def remove_temporaries(path: Path) -> None:
     """Remove the temporary files a killed :func:`atomic_write` of ``path`` left beside it (none other), but not one
-    another run is writing now: it holds a lock on it, which the system releases when that run is killed."""
+    another run is writing now: it holds a lock on it (which the system releases when that run is killed), and it
+    is not :func:`stale`."""
     if not path.parent.is_dir():
         return
     pattern = re.compile(rf"\.{re.escape(path.stem)}\.[0-9a-f]{{32}}{re.escape(path.suffix)}")
     for leftover in path.parent.iterdir():
-        if leftover.is_file() and pattern.fullmatch(leftover.name):
+        if leftover.is_file() and pattern.fullmatch(leftover.name) and stale(leftover):
             try:
                 handle = os.open(leftover, os.O_RDONLY)
             except OSError:  # gone since, or not ours to read

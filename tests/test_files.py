@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import time
 from pathlib import Path
 
 import pytest
 
-from hf_posenc.files import atomic_write, atomic_write_text, remove_temporaries
+from hf_posenc.files import STALE_AFTER, atomic_write, atomic_write_text, remove_temporaries
 
 
 def test_a_writer_killed_midway_leaves_the_previous_file(tmp_path):
@@ -81,4 +84,34 @@ def test_a_temporary_another_run_is_writing_is_not_removed_as_a_leftover(tmp_pat
     leftover = tmp_path / ".ppl_vs_length.0123456789abcdef0123456789abcdef.png"  # a killed run's: no lock held
     leftover.write_bytes(b"half")
     remove_temporaries(path)
+    assert leftover.exists()  # younger than STALE_AFTER: maybe written now where locks do not hold (NFS)
+    _age(leftover)
+    remove_temporaries(path)
     assert not leftover.exists()
+
+
+def _age(path, seconds=STALE_AFTER + 1):
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_a_temporary_being_written_where_locks_do_not_hold_is_not_removed(tmp_path, monkeypatch):
+    """On NFS ``flock`` is a byte-range lock that a file opened to read cannot take (EBADF), and that the writer loses
+    when it closes any descriptor of the file, as ``write_text`` does: the lock cannot tell a live temporary file
+    from a killed run's, its age can. Before: another run's start removed it, and the writing run failed."""
+    path = tmp_path / "passkey.json"
+    real_flock = fcntl.flock
+
+    def nfs_flock(handle, operation):
+        if os.fstat(handle).st_size and operation & fcntl.LOCK_EX:  # the remover: a written file opened to read
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        real_flock(handle, operation)
+
+    monkeypatch.setattr(fcntl, "flock", nfs_flock)
+
+    def write(tmp):
+        tmp.write_text("{}")
+        remove_temporaries(path)  # another run starts on the folder before this one moves its file in place
+
+    atomic_write(path, write)
+    assert path.read_text() == "{}"

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..files import CHECK_PREFIX, nearest_existing, remove_temporaries, same_place, write_problem
+from ..files import CHECK_PREFIX, nearest_existing, remove_temporaries, same_place, stale, write_problem
 from ..report_files import RUN_DETAILS, RUN_FIELDS, fields_problem, read_report
 
 _ADVICE = "move it away or choose another `output` folder"
@@ -167,13 +167,14 @@ def _counts(details: dict[str, Any]) -> str:
 
 def remove_stale_temporaries(folder: Path, files: Sequence[str]) -> None:
     """Remove what a killed run left in ``folder``: the temporary files of ``files``' atomic writes
-    (:func:`hf_posenc.files.remove_temporaries`) and its empty check folders (:func:`check_output`)."""
+    (:func:`hf_posenc.files.remove_temporaries`) and its empty check folders (:func:`check_output`), once
+    :func:`~hf_posenc.files.stale`."""
     if not folder.is_dir():
         return
     for name in files:
         remove_temporaries(folder / name)
     for path in folder.glob(f"{CHECK_PREFIX}*"):
-        if path.is_dir():
+        if path.is_dir() and stale(path):  # not one another run is checking with now
             with contextlib.suppress(OSError):  # not empty: not one of ours
                 path.rmdir()
 

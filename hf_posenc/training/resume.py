@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..files import nearest_existing, same_place, write_problem
+from ..files import CHECK_PREFIX, nearest_existing, same_place, write_problem
 from ..fingerprint import model_fingerprint
 from ..spec import MethodSpec
 from .optimizer import POSITION_GROUPS_LAYOUT
@@ -55,8 +55,8 @@ def check_output(output_dir: Path, identity: dict[str, Any] | None, resume: bool
     if write_problem(existing) is not None:  # before the model and the data load, not at the first file written
         where = "" if existing == output_dir else f": {existing} is not writable"
         raise ValueError(f"`output_dir` {output_dir} cannot be written{where}; choose a folder you can write to.")
-    if not output_dir.is_dir() or not any(output_dir.iterdir()):
-        return
+    if not output_dir.is_dir() or all(path.name.startswith(CHECK_PREFIX) for path in output_dir.iterdir()):
+        return  # new or empty: another run's check folder (write_problem's, made and removed) is not its files
     run_file = output_dir / RUN_FILE
     if not run_file.is_file():
         raise ValueError(f"`output_dir` {output_dir} holds other files (no {RUN_FILE}); choose an empty or new folder.")

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import time
 
 import pytest
 
@@ -17,6 +19,7 @@ from hf_posenc.eval.resume import (
     load_previous,
     remove_stale_temporaries,
 )
+from hf_posenc.files import STALE_AFTER
 
 ROW = {"method": "none", "length": 2048, "ppl": 25.054, "nll": 3.22, "tokens": 2047}
 REPORT = {
@@ -180,6 +183,11 @@ def test_a_killed_runs_temporaries_are_removed_and_nothing_else(tmp_path):
     (tmp_path / ".hf-posenc-check-x1").mkdir()
     (tmp_path / ".hf-posenc-check-full").mkdir()
     (tmp_path / ".hf-posenc-check-full" / "f").write_text("someone's")
+    remove_stale_temporaries(tmp_path, PERPLEXITY_FILES)  # all new: maybe another run's, writing or checking now
+    assert len(list(tmp_path.iterdir())) == len(ours + others) + 2
+    then = time.time() - STALE_AFTER - 1
+    for path in tmp_path.iterdir():
+        os.utime(path, (then, then))
     remove_stale_temporaries(tmp_path, PERPLEXITY_FILES)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*others, ".hf-posenc-check-full"])
 

@@ -575,6 +575,19 @@ def test_an_output_of_another_run_or_other_files_is_refused(tiny_dir, tmp_path, 
     assert _snapshot(other) == {"notes.txt": b"mine"}
 
 
+def test_another_runs_check_folder_is_not_other_files(tmp_path):
+    """A run starting on an empty folder while another checks it may see the other's check folder (made and removed
+    to probe writability): that is no one's files. Before: "holds other files"."""
+    from hf_posenc.files import CHECK_PREFIX
+    from hf_posenc.training.resume import check_output
+
+    (tmp_path / "out" / f"{CHECK_PREFIX}x1").mkdir(parents=True)
+    check_output(tmp_path / "out", None, resume=False)
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds other files"):
+        check_output(tmp_path / "out", None, resume=False)
+
+
 def test_position_parameters_are_found_by_their_names_in_a_wrapped_model():
     """FSDP (version 1, original parameters kept) and activation checkpointing insert module names; FSDP without
     original parameters flattens them into one, where no rate can be set: that is refused, naming the cause."""

@@ -4,7 +4,9 @@ error, and nothing in the output folder changed; a killed run's leftovers remove
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from tiny_runs import eval_args, folder_files, results_of
 
 from hf_posenc.cli import main
 from hf_posenc.eval import runner
+from hf_posenc.files import STALE_AFTER
 from hf_posenc.offline import smollm2_gguf
 
 HEX = "0123456789abcdef" * 2
@@ -128,6 +131,9 @@ def test_a_rerun_removes_the_temporaries_a_killed_run_left(tiny_dir, tmp_path, m
     (out / f".ppl_vs_length.{HEX}.png").write_bytes(b"")  # killed while writing the plot
     (out / f".results.{HEX}.json").write_bytes(b"{")
     (out / ".ppl_vs_length.draft.png").write_bytes(b"mine")
+    then = time.time() - STALE_AFTER - 1  # killed a while ago: younger ones may be another run's, writing now
+    for path in out.iterdir():
+        os.utime(path, (then, then))
     monkeypatch.setattr(runner, "load_model_at_commit", lambda *a, **k: pytest.fail("nothing to compute"))
     assert main(argv) == 0
     assert sorted(p.name for p in out.iterdir()) == [

@@ -210,8 +210,9 @@ def _push_contents(
         raise ValueError(f"{record.spec!r} changed {changed}: {hint}")
     if not with_weights and not is_hub_id(base_id):
         raise ValueError(
-            f"A config-only repo (pushed, or its card) needs the Hub id of the base model, and {base_id!r} is not one; "
-            "pass it as `base_model` ('org/name': the repo the weights come from), or include them (`with_weights`)."
+            f"A config-only repo (what push writes, and card describes, unless the weights go too) needs the Hub id of "
+            f"the base model its weights load from, and {base_id!r} is not one (a local folder?); pass it as "
+            "`base_model` ('org/name': the repo the weights come from), or include the weights (`with_weights`)."
         )
     base = None
     if is_hub_id(base_id):

@@ -33,6 +33,7 @@ from ..registry import get_method
 from ..serving import Finding, engine_findings
 from ..spec import format_method_spec
 from .dispatch import plan_method
+from .module_ref import ModuleRef
 from .plan import UNPATCHED_PREFIX, PatchInfo, Plan
 
 logger = logging.getLogger("hf_posenc")
@@ -48,28 +49,6 @@ class _Absent(enum.Enum):
 _MISSING = _Absent.ABSENT
 
 
-class _Ref:
-    """A weak reference to a module of the patched model (the model itself among them) that a deepcopy or a pickle
-    of the model turns into one to the copy's own module. Weak, so the model's record of its patch makes no
-    reference cycle: a patched model is freed when its last reference goes, as an unpatched one is (its GPU memory
-    too), not at the next full garbage collection."""
-
-    __slots__ = ("_ref",)
-
-    def __init__(self, target: nn.Module | None) -> None:
-        self._ref = weakref.ref(target) if target is not None else lambda: None
-
-    def __call__(self) -> nn.Module | None:
-        return self._ref()
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Ref:
-        target = self._ref()  # copied with the model, its copy is in memo already; else it dies with the copy
-        return _Ref(copy.deepcopy(target, memo) if target is not None else None)
-
-    def __reduce__(self) -> tuple[type[_Ref], tuple[nn.Module | None]]:
-        return _Ref, (self._ref(),)
-
-
 @dataclass
 class _ModuleState:
     """A changed module: its attributes before the patch and which of them the patch changed (so that ``unpatch``
@@ -77,7 +56,7 @@ class _ModuleState:
     added). The tensors it replaced stay on the module (:data:`~hf_posenc.patching.plan.UNPATCHED_PREFIX`), so that
     they follow a later ``model.to``."""
 
-    ref: _Ref
+    ref: ModuleRef
     before: dict[str, Any]
     # attribute -> None (replaced, added or removed) or, for a dict or set (buffers, submodules, hooks), its entries
     changed: dict[str, set[Any] | None] = field(default_factory=dict)
@@ -93,7 +72,7 @@ class _AppliedPatch:
     """A patch applied to one model instance: what ``get_patch`` reports and what ``unpatch`` restores."""
 
     info: PatchInfo
-    owner: _Ref = field(repr=False)  # the model patched; in a deepcopy or pickle of it, the copy
+    owner: ModuleRef = field(repr=False)  # the model patched; in a deepcopy or pickle of it, the copy
     config_before: dict[str, Any] = field(default_factory=dict)
     modules: list[_ModuleState] = field(default_factory=list)
     report: Callable[[nn.Module, PatchInfo], PatchInfo] | None = None
@@ -209,7 +188,7 @@ def _apply(model: nn.Module, plan: Plan) -> None:
     config = model.config
     applied = _AppliedPatch(
         info=plan.info,
-        owner=_Ref(model),
+        owner=ModuleRef(model),
         config_before={
             key: copy.deepcopy(config.__dict__[key]) if key in config.__dict__ else _MISSING for key in plan.updates
         },
@@ -221,7 +200,7 @@ def _apply(model: nn.Module, plan: Plan) -> None:
             set_config_attribute(config, key, copy.deepcopy(value))
         for module, change in plan.changes:
             if all(module is not entry.module for entry in applied.modules):
-                applied.modules.append(_ModuleState(_Ref(module), _snapshot(module)))
+                applied.modules.append(_ModuleState(ModuleRef(module), _snapshot(module)))
             change(module)
     except BaseException:
         for entry in applied.modules:  # what the changes so far did, put back

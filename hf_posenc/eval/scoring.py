@@ -11,6 +11,7 @@ the losses of the first ``n`` tokens of the longest window are those of the wind
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -125,22 +126,63 @@ def score_lengths(
     bos = bos_id is not None
     forwards = plan_forwards(plans)
     seconds = dict.fromkeys(plans, 0.0)
-    with accelerator.split_between_processes(list(range(len(forwards)))) as mine:
+    with (
+        accelerator.split_between_processes(list(range(len(forwards)))) as mine,
+        _LayerProgress(model, len(mine), desc, accelerator.is_local_main_process) as progress,
+    ):
         records = []
-        bar = tqdm(total=len(mine), desc=desc, unit="forward", disable=not accelerator.is_local_main_process)
         for batch in _batches(mine, [f.window for f in forwards], bos, batch_size):
             begin = time.perf_counter()
             windows = [window_ids(docs, forwards[i].window, bos_id) for i in batch]
             ids = torch.tensor(windows, device=input_device(model))
-            sums = cumulative_nll(model, ids, input_shape(forwards[batch[0]].window, bos)[1], chunk_size).cpu()
+            with progress.counting(len(batch)):
+                sums = cumulative_nll(model, ids, input_shape(forwards[batch[0]].window, bos)[1], chunk_size).cpu()
             seconds[forwards[batch[0]].length] += time.perf_counter() - begin
             for row, i in enumerate(batch):
                 records.append((i, _served(model, docs, plans, forwards[i], sums[row], bos_id, chunk_size, seconds)))
-            bar.update(len(batch))
-        bar.close()
     gathered = _gathered(records, len(forwards), "forwards")
     seconds[max(plans)] += time.perf_counter() - start - sum(seconds.values())
     return {n: _length_score(n, windows, forwards, gathered, seconds[n]) for n, windows in plans.items()}
+
+
+class _LayerProgress:
+    """The progress bar of a process's forwards, counted in the model's layers (the blocks transformers names in
+    ``_no_split_modules``): one long forward (16k tokens on a CPU: minutes) moves it too. In forwards where the model
+    names none."""
+
+    def __init__(self, model, forwards: int, desc: str, shown: bool) -> None:
+        names = set(getattr(model, "_no_split_modules", None) or ()) if shown else set()
+        self.layers = [module for module in model.modules() if type(module).__name__ in names]
+        steps = len(self.layers) or 1
+        plural = "s" if forwards != 1 else ""
+        label = f"{desc} ({forwards} forward{plural} of {steps} layers)" if self.layers else desc
+        unit = "layer" if self.layers else "forward"
+        self.bar = tqdm(total=forwards * steps, desc=label, unit=unit, disable=not shown)
+        self.windows = 0  # of the forward counted now; 0 outside (a window read again alone moves nothing)
+        self.handles: list = []
+
+    def __enter__(self) -> _LayerProgress:
+        self.handles = [layer.register_forward_hook(self._tick) for layer in self.layers]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.bar.close()
+
+    def _tick(self, *_: object) -> None:
+        self.bar.update(self.windows)
+
+    @contextlib.contextmanager
+    def counting(self, windows: int) -> Iterator[None]:
+        """Count the forward run inside, of ``windows`` windows."""
+        self.windows = windows
+        try:
+            yield
+        finally:
+            self.windows = 0
+        if not self.layers:
+            self.bar.update(windows)
 
 
 def _served(

@@ -302,3 +302,25 @@ def test_help_says_how_truncate_reads_its_lengths(capsys):
         "methods none and yarn:factor=4 at 2k,8k,16k, one truncate window per length (the first LENGTH tokens), all read from one 16k forward per method"
         in text
     )
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_the_progress_bar_moves_with_each_layer_of_a_forward(family, capfd, monkeypatch):
+    """One long forward (a 16k window on a CPU: minutes) showed 0/1 until it ended: the bar counts the model's layers,
+    one step a layer, and ends at every layer of every forward."""
+    model = make_tiny(family)
+    layers = model.config.num_hidden_layers
+    ticks = []
+    original = scoring._LayerProgress._tick
+
+    def tick(self, *args):  # returns None: a forward hook's value would replace the layer's output
+        ticks.append(self.bar.n)
+        original(self, *args)
+
+    monkeypatch.setattr(scoring._LayerProgress, "_tick", tick)
+    _scores(model, _docs(), [16, 40, 64], together=True, bos_id=None, batch_size=1)
+    err = capfd.readouterr().err
+    forwards = 4  # three documents read at 64 (serving 16 and 40), the 20-token one at 16
+    assert ticks == list(range(forwards * layers))
+    assert f"(4 forwards of {layers} layers)" in err and f"{forwards * layers}/{forwards * layers}" in err
+    assert not any(layer._forward_hooks for layer in model.modules())  # removed after

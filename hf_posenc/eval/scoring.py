@@ -147,8 +147,8 @@ def score_lengths(
 
 class _LayerProgress:
     """The progress bar of a process's forwards, counted in the model's layers (the blocks transformers names in
-    ``_no_split_modules``): one long forward (16k tokens on a CPU: minutes) moves it too. In forwards where the model
-    names none."""
+    ``_no_split_modules``), so that one long forward (16k tokens on a CPU: minutes) moves it too; counted in forwards
+    where the model names no blocks."""
 
     def __init__(self, model, forwards: int, desc: str, shown: bool) -> None:
         names = set(getattr(model, "_no_split_modules", None) or ()) if shown else set()

@@ -146,13 +146,16 @@ def score_lengths(
 
 
 class _LayerProgress:
-    """The progress bar of a process's forwards, counted in the model's layers (the blocks transformers names in
-    ``_no_split_modules``), so that one long forward (16k tokens on a CPU: minutes) moves it too; counted in forwards
-    where the model names no blocks."""
+    """The progress bar of a process's forwards, counted in the layers of a model on the CPU (its decoder's blocks,
+    those transformers names in ``_no_split_modules``), so that one long forward (16k tokens: minutes) moves it too.
+    Counted in forwards on a GPU, where a layer's hook runs when its kernels are queued, not done, and where the model
+    names no blocks."""
 
     def __init__(self, model, forwards: int, desc: str, shown: bool) -> None:
         names = set(getattr(model, "_no_split_modules", None) or ()) if shown else set()
-        self.layers = [module for module in model.modules() if type(module).__name__ in names]
+        on_cpu = input_device(model).type == "cpu"
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model  # not a vision tower's blocks
+        self.layers = [module for module in decoder.modules() if type(module).__name__ in names] if on_cpu else []
         steps = len(self.layers) or 1
         plural = "s" if forwards != 1 else ""
         label = f"{desc} ({forwards} forward{plural} of {steps} layers)" if self.layers else desc

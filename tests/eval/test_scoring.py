@@ -324,3 +324,24 @@ def test_the_progress_bar_moves_with_each_layer_of_a_forward(family, capfd, monk
     assert ticks == list(range(forwards * layers))
     assert f"(4 forwards of {layers} layers)" in err and f"{forwards * layers}/{forwards * layers}" in err
     assert not any(layer._forward_hooks for layer in model.modules())  # removed after
+
+
+def test_the_bar_counts_the_decoders_layers_only_and_forwards_on_a_gpu(capfd, monkeypatch):
+    """transformers merges the vision tower's blocks into a multimodal model's ``_no_split_modules`` (Gemma 3 loads as
+    ``…ForConditionalGeneration``): text scoring never runs them, so the bar counts the decoder's only. Before: it
+    ended at 4/14. On a GPU a layer's hook runs when its kernels are queued: the bar counts forwards there."""
+    from transformers import Gemma3Config
+
+    text = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)
+    text |= dict(num_key_value_heads=2, head_dim=16, max_position_embeddings=128)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, image_size=28)
+    config = Gemma3Config(text_config=text, vision_config=dict(vision, patch_size=14), mm_tokens_per_image=4)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    assert "SiglipEncoderLayer" in model._no_split_modules
+    _scores(model, _docs(), [16, 40], together=True, bos_id=None)
+    last = capfd.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert "(4 forwards of 2 layers)" in last and "8/8" in last
+    monkeypatch.setattr(scoring, "input_device", lambda model: torch.device("cuda", 0))
+    progress = scoring._LayerProgress(model, 3, "x", shown=True)
+    assert (progress.layers, progress.bar.total, progress.bar.unit) == ([], 3, "forward")
+    progress.bar.close()

@@ -13,6 +13,7 @@ converter reads ``rope_parameters`` first.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,8 @@ from .engine_rules import (
     yarn_llamacpp,
     yarn_rule,
 )
+
+logger = logging.getLogger("hf_posenc")
 
 SEVERITIES = ("ok", "differs", "refused", "ignored")
 REFERENCE_READS = ("rope_scaling", "rope_parameters")  # transformers 5: rope_scaling when non-empty
@@ -208,6 +211,18 @@ def engine_findings(config: dict[str, Any], *, added_tensors: bool = False) -> l
         for engine in ENGINES
     ]
     return findings if gap is None else [Finding("config", *gap), *findings]
+
+
+def serving_gaps(config: dict[str, Any]) -> tuple[Finding, ...]:
+    """The engines known to build ``config`` otherwise, or without its method (a refusal is what a config of
+    hf_posenc's own types asks for): what ``patch`` warns of. Advice only: a config the verdict cannot read
+    (``hf-posenc check`` says why) gives none, rather than fail a patch already applied."""
+    try:
+        findings = engine_findings(config)
+    except (TypeError, ValueError, KeyError) as error:
+        logger.debug("hf_posenc: no serving verdict for this config: %s", error)
+        return ()
+    return tuple(f for f in findings if f.engine != "config" and f.severity in ("differs", "ignored"))
 
 
 def _config_gaps(config: dict[str, Any], reference: View) -> tuple[str, str] | None:

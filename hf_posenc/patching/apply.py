@@ -30,7 +30,7 @@ from transformers import PretrainedConfig
 from ..architectures import positions_of
 from ..record import PatchRecord, set_config_attribute
 from ..registry import get_method
-from ..serving import Finding, engine_findings
+from ..serving import Finding, serving_gaps
 from ..spec import format_method_spec
 from .dispatch import plan_method
 from .module_ref import ModuleRef
@@ -66,6 +66,11 @@ class _ModuleState:
         """The module, or None where nothing holds it any more (swapped out of the model since)."""
         return self.ref()
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "module" in state:  # pickled by hf_posenc 0.1.0 of 2026-11-27, which held the module itself
+            state = {**{k: v for k, v in state.items() if k != "module"}, "ref": ModuleRef(state["module"])}
+        self.__dict__.update(state)
+
 
 @dataclass
 class _AppliedPatch:
@@ -79,6 +84,11 @@ class _AppliedPatch:
     added: frozenset[str] = frozenset()  # state-dict names the patch added (the T5 bias table)
     initial: dict[str, torch.Tensor] = field(default_factory=dict)  # their values as the patch made them
     serving: tuple[Finding, ...] | None = None  # the serving gaps of the patched config, once computed
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if isinstance(state.get("owner"), nn.Module):  # pickled by hf_posenc 0.1.0 of 2026-11-27: the model itself
+            state = {**state, "owner": ModuleRef(state["owner"])}
+        self.__dict__.update(state)
 
 
 _APPLIED = "_hf_posenc_applied"  # the model's attribute holding its _AppliedPatch: a deepcopy or pickle carries it
@@ -285,23 +295,10 @@ def patch(model: nn.Module, method: str, **params: Any) -> nn.Module:
 _CHECKED: set[str] = set()  # the specs whose serving gaps were looked at (once a process: eval patches many times)
 
 
-def _serving_gaps(model: nn.Module) -> tuple[Finding, ...]:
-    """The serving engines known to build the patched config otherwise, or without the method
-    (:mod:`hf_posenc.serving`; a refusal is what a config of hf_posenc's own types asks for). Advice only: a
-    config the verdict cannot read (``hf-posenc check`` says why) leaves it empty rather than fail the patch
-    already applied."""
-    try:
-        findings = engine_findings(model.config.to_dict())
-    except (TypeError, ValueError, KeyError) as error:
-        logger.debug("hf_posenc: no serving verdict for this config: %s", error)
-        return ()
-    return tuple(f for f in findings if f.engine != "config" and f.severity in ("differs", "ignored"))
-
-
 def _serving_of(model: nn.Module, applied: _AppliedPatch) -> tuple[Finding, ...]:
     """The serving gaps of ``applied``, computed on first use (``get_patch``, or the first patch of a spec)."""
     if applied.serving is None:
-        applied.serving = _serving_gaps(model)
+        applied.serving = serving_gaps(model.config.to_dict())
     return applied.serving
 
 

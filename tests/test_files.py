@@ -75,6 +75,7 @@ def test_a_temporary_another_run_is_writing_is_not_removed_as_a_leftover(tmp_pat
     path = tmp_path / "ppl_vs_length.png"
 
     def write(tmp):
+        _age(tmp)  # older than STALE_AFTER (a writer suspended a while): its lock alone keeps it
         remove_temporaries(path)  # another run starts on the folder meanwhile
         assert tmp.exists()
         tmp.write_bytes(b"new")

@@ -8,6 +8,7 @@ device (no weights downloaded) and patched there, which writes the same config a
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import torch
@@ -70,7 +71,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_model_arguments(card)
-    card.add_argument("--repo", help="repo id named in the card's snippets, user/name (default: <model>-<method>)")
+    card.add_argument(
+        "--repo",
+        help="repo id named in the card's snippets and title, user/name (default: <model>-<method>, or the name of "
+        "a model saved with the method that names it already)",
+    )
     card.add_argument("--revision", help="branch of --repo the card is for, loaded in its snippets (as push's)")
     card.add_argument(
         "--output",
@@ -133,7 +138,7 @@ def run_card(args: argparse.Namespace) -> int:
     method = PatchRecord.from_config(model.config).method
     card = build_card(
         model,
-        args.repo or f"{base_model.rstrip('/').split('/')[-1]}-{method}",
+        args.repo or _default_repo(base_model, method, saved),
         eval_results=args.results,
         lm_eval_results=args.lm_eval_results,
         with_weights=args.with_weights,
@@ -187,6 +192,14 @@ def _method_and_saved(args: argparse.Namespace, *, weights: bool) -> tuple[Metho
     if spec.unpatched:
         raise ValueError("`method` 'none' is the unpatched model: there is no patch to push or describe.")
     return spec, reachable_saved_patch(args.model, revision=args.model_revision, token=args.token, weights=weights)
+
+
+def _default_repo(base_model: str, method: str, saved: SavedPatch | None) -> str:
+    """The card's repo id without ``--repo``: ``<model>-<method>``, or the model's own name where the model was saved
+    with ``method`` and its name already names it (a folder ``smol-yarn4``, not ``smol-yarn4-yarn``)."""
+    name = base_model.rstrip("/").split("/")[-1]
+    named = re.search(rf"(?:^|[-_.]){re.escape(method)}", name, re.IGNORECASE) is not None
+    return name if saved is not None and saved.record.method == method and named else f"{name}-{method}"
 
 
 def _weights_source(args: argparse.Namespace, saved: SavedPatch | None) -> tuple[str, str | None]:

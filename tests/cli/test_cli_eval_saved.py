@@ -184,6 +184,26 @@ def test_the_card_of_a_local_saved_model_names_no_local_folder_and_claims_no_tra
 
 
 @pytest.mark.parametrize(
+    ("folder", "method", "title"),
+    [
+        ("tiny-yarn2", "yarn:factor=2", "tiny-yarn2"),
+        ("saved", "yarn:factor=2", "saved-yarn"),
+        ("tiny-yarn2", "pi:factor=2", "tiny-yarn2-pi"),
+    ],
+)
+def test_a_cards_default_name_names_the_method_once(tiny_dir, tmp_path, folder, method, title):
+    """Without ``--repo`` a card is named ``<model>-<method>``, but a folder saved with the method whose name says
+    it already keeps its name. Before: ``tiny-yarn2-yarn``."""
+    _save_patched(tiny_dir, tmp_path / folder, "yarn")
+    card = tmp_path / "card.md"
+    assert (
+        main(["card", "--model", str(tmp_path / folder), "--method", method, "--with-weights", "--output", str(card)])
+        == 0
+    )
+    assert card.read_text().split("\n---\n", 1)[1].lstrip().startswith(f"# {title}\n")
+
+
+@pytest.mark.parametrize(
     ("params", "spec"),
     [
         ({"factor": 4}, "yarn:original_max_position_embeddings=64,factor=4.0"),

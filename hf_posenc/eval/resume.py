@@ -67,7 +67,7 @@ def load_previous(path: Path, arguments: dict[str, Any], *, kind: str) -> dict[s
     if problem:
         raise ValueError(f"{path} is malformed: {problem}; {_ADVICE}.")
     before = previous["arguments"]
-    keys = sorted(set(arguments) | set(before))
+    keys = sorted((set(arguments) | set(before)) - ({"bos"} if isinstance(scored_bos(previous), bool) else set()))
     changed = [key for key in keys if not _alike(before.get(key), arguments.get(key), key)]
     if changed:
         values = "; ".join(f"{key}: {before.get(key)!r} then, {arguments.get(key)!r} now" for key in changed)
@@ -118,15 +118,24 @@ def check_same_data(before: dict[str, Any], now: dict[str, Any], path: Path) -> 
         )
 
 
-def check_same_bos(before: dict[str, Any], bos: bool, path: Path) -> None:
-    """Raise ``ValueError`` if the results in ``path`` (their ``protocol_details``, ``before``) were scored with
-    a BOS token where this run scores none, or the other way round: ``--bos auto`` follows the tokenizer, which
-    may have changed under the same model name, and the rows of one file share one protocol."""
-    if before["bos"] != bos:
-        then, now = ("with", "without") if before["bos"] else ("without", "with")
+def scored_bos(report: dict[str, Any]) -> bool | None:
+    """Whether the rows of ``report`` (a perplexity or passkey results file) were scored with a BOS token; None
+    in a passkey file written before it said so."""
+    return report["protocol_details"]["bos"] if "protocol_details" in report else report.get("bos")
+
+
+def check_same_bos(before: dict[str, Any], bos: str, bos_id: int | None, path: Path) -> None:
+    """Raise ``ValueError`` if the results in ``path`` (``before``) were scored with a BOS token where this run
+    (``--bos bos``, resolved to ``bos_id``) scores none, or the other way round: the rows of one file share one
+    protocol. ``--bos`` is compared by what it resolves to, so ``auto`` and ``none`` are one where the tokenizer adds
+    no BOS; ``auto`` follows the tokenizer, which may have changed under the same model name."""
+    then, now = scored_bos(before), bos_id is not None
+    if then is not None and then != now:
+        said = ("with", "without") if then else ("without", "with")
+        follows = "; it follows the tokenizer" if bos == "auto" else ""
         raise ValueError(
-            f"The results in {path} were scored {then} a BOS token; this run would score {now} one (same "
-            "arguments; `--bos auto` follows the tokenizer, which changed). Choose another `output` folder."
+            f"The results in {path} were scored {said[0]} a BOS token; this run would score {said[1]} one (`--bos "
+            f"{bos}`{follows}). Rerun with the `--bos` that scores as they were, or choose another `output` folder."
         )
 
 

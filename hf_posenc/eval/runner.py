@@ -166,7 +166,7 @@ def run_perplexity(
     }
     if previous:  # same arguments: the same data, and BOS as before?
         check_same_data(previous["dataset_details"], data_details, output / RESULTS_JSON)
-        check_same_bos(previous["protocol_details"], bos_id is not None, output / RESULTS_JSON)
+        check_same_bos(previous, bos, bos_id, output / RESULTS_JSON)
     plans = {
         n: build_windows(doc_lengths, n, protocol, bos=bos_id is not None, stride=stride, max_windows=max_windows)
         for n in lengths
@@ -299,6 +299,8 @@ def run_passkey(
     keys = random_keys(trials, seed)
     prompts = {n: [(d, build_prompt(tokenizer, n, d, k, bos_id)) for d in depths for k in keys] for n in lengths}
     fingerprints = prompt_hashes({n: [p.input_ids for _, p in prompts[n]] for n in lengths})
+    if previous:
+        check_same_bos(previous, bos, bos_id, output / PASSKEY_JSON)
     earlier = previous.get("prompt_hashes") if previous else None
     check_same_prompts(earlier, fingerprints, output / PASSKEY_JSON)
     done = {(t["method"], t["length"]) for t in done_trials}

@@ -15,6 +15,7 @@ from tiny_runs import eval_args, folder_files, results_of
 
 from hf_posenc.cli import main
 from hf_posenc.eval import runner
+from hf_posenc.eval.resume import scored_bos
 from hf_posenc.files import STALE_AFTER
 from hf_posenc.offline import smollm2_gguf
 
@@ -226,18 +227,44 @@ def test_a_report_another_run_wrote_meanwhile_is_not_written_over(tiny_dir, tmp_
     assert (out / "results.json").read_text() == '{"written": "by another run"}'
 
 
-def test_resuming_with_bos_other_than_the_results_is_refused(tiny_dir, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("command", ["eval", "passkey"])
+def test_resuming_with_bos_other_than_the_results_is_refused(tiny_dir, tmp_path, capsys, monkeypatch, command):
     """`--bos auto` follows the tokenizer: one that starts adding BOS under the same model name would put rows with
-    and without it in one file, all labelled "BOS prepended". Refused in one line, results.json untouched."""
+    and without it in one file, all labelled "BOS prepended". Refused in one line, the folder untouched; in passkey
+    too at a new length only (whose prompts no earlier ones are compared with)."""
     out = tmp_path / "out"
-    argv = [*eval_args(tiny_dir, out), "--method", "none"]
-    assert main([*argv, "--lengths", "32"]) == 0
-    assert results_of(out)["protocol_details"]["bos"] is False  # the tiny tokenizer adds none
+    if command == "eval":
+        argv, report, lengths = [*eval_args(tiny_dir, out), "--method", "none"], "results.json", ("32", "32,48")
+    else:
+        argv = ["passkey", "--model", str(tiny_dir / "model"), "--method", "none", "--output", str(out)]
+        report, lengths = "passkey.json", ("400", "480")
+    assert main([*argv, "--lengths", lengths[0]]) == 0
+    assert scored_bos(json.loads((out / report).read_text())) is False  # the tiny tokenizer adds none
     before = folder_files(out)
     monkeypatch.setattr(runner, "resolve_bos", lambda bos, tokenizer: 0)  # now it does (id 0)
-    assert main([*argv, "--lengths", "32,48"]) == 2
-    assert "were scored without a BOS token; this run would score with one" in _one_line_error(capsys)
+    assert main([*argv, "--lengths", lengths[1]]) == 2
+    said = "were scored without a BOS token; this run would score with one (`--bos auto`; it follows the tokenizer)"
+    assert said in _one_line_error(capsys, command)
     assert folder_files(out) == before
+
+
+@pytest.mark.parametrize("command", ["eval", "passkey"])
+def test_bos_spelled_otherwise_but_scored_alike_resumes(tiny_dir, tmp_path, command):
+    """``--bos`` is compared by what it resolves to: where the tokenizer adds no BOS, ``auto`` and ``none`` score
+    alike, so a folder of one resumes with the other, its rows kept. Before: refused as other arguments."""
+    out = tmp_path / "out"
+    if command == "eval":
+        argv, report, lengths = [*eval_args(tiny_dir, out), "--method", "none"], "results.json", ("32", "32,48")
+    else:
+        argv = ["passkey", "--model", str(tiny_dir / "model"), "--method", "none", "--output", str(out)]
+        report, lengths = "passkey.json", ("400", "400,480")
+    assert main([*argv, "--lengths", lengths[0], "--bos", "auto"]) == 0
+    first = json.loads((out / report).read_text())
+    assert main([*argv, "--lengths", lengths[1], "--bos", "none"]) == 0
+    after = json.loads((out / report).read_text())
+    rows = "results" if command == "eval" else "trials"
+    assert after[rows][: len(first[rows])] == first[rows] and len(after[rows]) > len(first[rows])
+    assert after["arguments"]["bos"] == "none"
 
 
 def test_the_offline_default_takes_the_data_options_as_any_local_folder(tiny_dir, tmp_path, capsys, monkeypatch):

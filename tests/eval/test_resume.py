@@ -42,8 +42,19 @@ def test_load_previous_names_the_differing_arguments(tmp_path):
     assert load_previous(path, {"protocol": "truncate"}, kind="perplexity") is None
     path.write_text(json.dumps(REPORT))
     assert load_previous(path, {"protocol": "truncate", "bos": "auto"}, kind="perplexity")["results"] == [ROW]
-    with pytest.raises(ValueError, match=r"arguments \(bos: 'auto' then, 'none' now; stride: None then, 512 now\)"):
-        load_previous(path, {"protocol": "truncate", "bos": "none", "stride": 512}, kind="perplexity")
+    with pytest.raises(
+        ValueError, match=r"arguments \(protocol: 'truncate' then, 'sliding' now; stride: None then, 512"
+    ):
+        load_previous(path, {"protocol": "sliding", "bos": "auto", "stride": 512}, kind="perplexity")
+    # --bos is compared by what it resolves to (check_same_bos), but by its spelling in a passkey file that does not
+    # say whether it scored with a BOS token (written before it did)
+    assert load_previous(path, {"protocol": "truncate", "bos": "none"}, kind="perplexity")["results"] == [ROW]
+    passkey = tmp_path / "passkey.json"
+    passkey.write_text(json.dumps({**PASSKEY, "arguments": {"bos": "auto"}}))
+    with pytest.raises(ValueError, match=r"arguments \(bos: 'auto' then, 'none' now\)"):
+        load_previous(passkey, {"bos": "none"}, kind="passkey")
+    passkey.write_text(json.dumps({**PASSKEY, "arguments": {"bos": "auto"}, "bos": False}))
+    assert load_previous(passkey, {"bos": "none"}, kind="passkey")["trials"] == [TRIAL]
 
 
 def test_the_same_folder_spelled_otherwise_is_the_same_argument(tmp_path, monkeypatch):

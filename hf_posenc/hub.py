@@ -34,6 +34,7 @@ from .hub_errors import HubError, HubPushError, call_hub
 from .metadata import METADATA_FILE, METADATA_FORMAT, read_metadata
 from .patching import added_tensors, trained_tensors
 from .patching.loading import load_patched_model
+from .patching.wrappers import unwrapped
 from .plots import plot_ppl_vs_length
 from .provenance import Pushed, check_measured_on, is_hub_id, weights_commit
 from .record import PatchRecord
@@ -195,6 +196,11 @@ def _push_contents(
     """Check the model and eval results (:func:`~hf_posenc.provenance.check_measured_on`: measured on the weights
     pushed), resolve the base model's commit and license, and name the encoding plot
     (:func:`~hf_posenc.encoding_plots.patch_plot_file`) when asked for one."""
+    if unwrapped(model) is not model:  # its save_pretrained would write a peft wrapper's adapters alone
+        raise ValueError(
+            f"{type(model).__name__} wraps the model to push; pass the model it wraps (a peft model: "
+            "`merge_and_unload()` first, so that its adapters' weights are in it)."
+        )
     record = PatchRecord.from_config(model.config)
     eval_table = load_eval_table(results[0], record) if results[0] is not None else None
     lm_eval_table = load_lm_eval_table(results[1], record) if results[1] is not None else None

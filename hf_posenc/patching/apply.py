@@ -35,6 +35,7 @@ from ..spec import format_method_spec
 from .dispatch import plan_method
 from .module_ref import ModuleRef
 from .plan import UNPATCHED_PREFIX, PatchInfo, Plan
+from .wrappers import unwrapped
 
 logger = logging.getLogger("hf_posenc")
 
@@ -277,18 +278,20 @@ def patch(model: nn.Module, method: str, **params: Any) -> nn.Module:
             defaults to the one the config records, else to its ``max_position_embeddings`` (logged).
 
     Returns:
-        The same ``model``, patched; ``model.config`` now describes the method.
+        The same ``model``, patched; ``model.config`` now describes the method. A wrapper (a peft ``PeftModel``, a
+        compiled model) is returned as given, the model it wraps patched and holding the record.
 
     Raises:
         ValueError / TypeError: unknown method or parameter, bad value, unsupported architecture.
         RuntimeError: the model is already patched.
         On any error the model is left exactly as it was.
     """
-    with _lock_of(model):
-        plan = plan_patch(model, method, params)
-        _apply(model, plan)
-        logger.info("hf_posenc: patched %s with %s %s", type(model).__name__, plan.info.method, plan.info.params)
-        _warn_serving_gaps(model, _applied(model))
+    inner = unwrapped(model)
+    with _lock_of(inner):
+        plan = plan_patch(inner, method, params)
+        _apply(inner, plan)
+        logger.info("hf_posenc: patched %s with %s %s", type(inner).__name__, plan.info.method, plan.info.params)
+        _warn_serving_gaps(inner, _applied(inner))
     return model
 
 
@@ -321,10 +324,11 @@ def _warn_serving_gaps(model: nn.Module, applied: _AppliedPatch) -> None:
 
 def unpatch(model: nn.Module) -> nn.Module:
     """Undo :func:`patch`: config, buffers, parameters, attributes and forward exactly as before. Returns ``model``."""
-    with _lock_of(model):
-        applied = _applied(model)
+    inner = unwrapped(model)
+    with _lock_of(inner):
+        applied = _applied(inner)
         if applied is None:
-            record = PatchRecord.from_config(getattr(model, "config", None), missing_ok=True)
+            record = PatchRecord.from_config(getattr(inner, "config", None), missing_ok=True)
             if record and not record.baked:
                 raise RuntimeError(
                     "This model's config carries an hf_posenc patch, but hf_posenc neither patched nor loaded this "
@@ -333,14 +337,15 @@ def unpatch(model: nn.Module) -> nn.Module:
                     "was copied from."
                 )
             raise RuntimeError("This model is not patched by hf_posenc; there is nothing to unpatch.")
-        _restore(model, applied)
-        del model.__dict__[_APPLIED]
+        _restore(inner, applied)
+        del inner.__dict__[_APPLIED]
     return model
 
 
 def get_patch(model: nn.Module) -> PatchInfo | None:
     """The method applied to ``model`` and its fully resolved parameters, or None. For ALiBi the backend
     is the one running now (``set_attn_implementation`` may have switched it)."""
+    model = unwrapped(model)
     applied = _applied(model)
     if applied is None:
         return None
@@ -351,6 +356,7 @@ def get_patch(model: nn.Module) -> PatchInfo | None:
 def added_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """The state-dict entries the patch applied to ``model`` added (the T5 bias table), by name; empty for a model
     that is not patched or whose patch added none. What a checkpoint holds beyond the base model's."""
+    model = unwrapped(model)
     applied = _applied(model)
     if applied is None or not applied.added:
         return {}
@@ -361,6 +367,7 @@ def added_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 def trained_tensors(model: nn.Module) -> list[str]:
     """The names of :func:`added_tensors` whose values are no longer the patch's start (trained, or restored from
     a checkpoint): what a repo without the weights would not give back. Meta tensors hold no values: none."""
+    model = unwrapped(model)
     applied = _applied(model)
     if applied is None:
         return []
@@ -375,6 +382,7 @@ def trained_tensors(model: nn.Module) -> list[str]:
 def learned_table_rows(model: nn.Module) -> int | None:
     """The rows of the learned table (GPT-2's ``wpe``) ``model``, as patched, looks positions up in; None where
     any length runs: RoPE, and the methods that replace the table (ALiBi, NoPE, sinusoidal, the T5 bias)."""
+    model = unwrapped(model)
     patch = get_patch(model)
     if positions_of(model).kind != "learned" or (patch is not None and get_method(patch.method).role == "replace"):
         return None

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The wheels scripts/gpu_run.sh installs on the device tool's GPU machine, into the ignored .whl/ (carry it):
 # what its image lacks or has older than the project needs (transformers above the floor, huggingface_hub 2,
-# datasets for the eval tests, the cuDNN frontend), at the versions installed in this checkout's venv.
+# datasets for the eval tests, the cuDNN frontend, peft, which tests import), at the versions installed in this checkout's venv.
 #   bash scripts/gpu_wheels.sh [python]       # default: .venv/bin/python
 set -euo pipefail
 PYTHON="${1:-.venv/bin/python}"
 PACKAGES=(transformers huggingface_hub tokenizers safetensors hf-xet httpx2 httpcore2 truststore click
-    datasets dill multiprocess nvidia-cudnn-frontend)
+    datasets dill multiprocess nvidia-cudnn-frontend peft)
 mapfile -t PINNED < <("$PYTHON" -c 'import sys
 from importlib.metadata import version
 print("\n".join(f"{name}=={version(name)}" for name in sys.argv[1:]))' "${PACKAGES[@]}")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The wheels scripts/gpu_run.sh installs on the device tool's GPU machine, into the ignored .whl/ (carry it):
 # what its image lacks or has older than the project needs (transformers above the floor, huggingface_hub 2,
-# datasets for the eval tests, the cuDNN frontend, peft, which tests import), at the versions installed in this checkout's venv.
+# datasets for the eval tests, the cuDNN frontend, peft for tests/patching/test_wrappers.py), at the versions
+# installed in this checkout's venv.
 #   bash scripts/gpu_wheels.sh [python]       # default: .venv/bin/python
 set -euo pipefail
 PYTHON="${1:-.venv/bin/python}"

@@ -121,8 +121,14 @@ def _add_training_arguments(group) -> None:
         "--trainable",
         choices=TRAINABLE,
         default=defaults["trainable"],
-        help="all, or position: the position parameters (what the patch adds, or GPT-2's table pi interpolates) and "
-        "the norms (default: all)",
+        help="all; position: the position parameters (what the patch adds, or GPT-2's table pi interpolates) and "
+        "the norms; lora: those and LoRA adapters on every linear layer, merged at the end (needs peft) (default: all)",
+    )
+    group.add_argument(
+        "--lora-rank", type=_positive_int, default=defaults["lora_rank"], help="with --trainable lora (default: 16)"
+    )
+    group.add_argument(
+        "--lora-alpha", type=float, help="with --trainable lora: updates scaled by alpha / rank (default: 2 * rank)"
     )
     group.add_argument(
         "--save-steps", type=_positive_int, default=defaults["save_steps"], help="checkpoint every N (default: 500)"
@@ -149,6 +155,8 @@ def train_command(args: argparse.Namespace) -> int:
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         warmup_steps=args.warmup_steps,
         trainable=args.trainable,
+        lora_rank=args.lora_rank,
+        lora_alpha=args.lora_alpha,
         save_steps=args.save_steps,
         seed=args.seed,
         gradient_checkpointing=args.gradient_checkpointing,

@@ -33,6 +33,7 @@ from .._version import __version__
 from ..files import atomic_write_text, json_text
 from ..patching import get_patch, learned_table_rows, unpatch
 from ..spec import MethodSpec
+from .lora import add_adapters, merge_adapters
 from .optimizer import PositionRateTrainer
 from .packing import PackedWindows, pack_texts
 from .resume import RUN_FILE, check_output, last_checkpoint, run_identity
@@ -133,6 +134,8 @@ def train(
                 f"interpolates, and `method` {spec.text!r} has none (t5-bias adds its table, pi interpolates GPT-2's); "
                 "leave it out."
             )
+        if settings.trainable == "lora":  # the last change before the run: no check refuses it after
+            add_adapters(model, settings.lora_rank, settings.lora_alpha or 2 * settings.lora_rank, settings.seed)
         trainable = select_trainable(model, settings.trainable, added, unused_parameters(model))
         _warn_of_coarse_position_parameters(model, added)
     except ValueError:  # the model as it was handed in
@@ -162,9 +165,11 @@ def train(
         seconds = clock.seconds()
     except _Finished:  # the model holds its last checkpoint's weights (saved again below); no time was trained
         seconds = clock.earlier
-    finally:  # the model saved, or handed back stopped, generates with its KV cache as before
+    finally:  # the model saved, or handed back stopped, generates with its KV cache as before, adapters merged
         if use_cache is not None:
             model.config.use_cache = use_cache
+        if settings.trainable == "lora":
+            merge_adapters(model)
     trainer.save_model(str(output_dir))
     model.eval()
     losses = [(entry["step"], entry["loss"]) for entry in trainer.state.log_history if "loss" in entry]

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, TrainingArguments
 
+from .lora import require_peft
 from .trainable import TRAINABLE
 
 SAVE_TOTAL_LIMIT = 2  # checkpoints kept (model + optimizer state each): the last two, enough to resume
@@ -36,8 +37,11 @@ class TrainSettings:
         batch_size (`int`, defaults to 1): windows per device per forward.
         gradient_accumulation_steps (`int`, defaults to 1): forwards per optimizer step.
         warmup_steps (`int`, defaults to 0): steps of linear warm-up to ``learning_rate``.
-        trainable (`str`, defaults to ``"all"``): ``"all"``, or ``"position"``: only the position parameters as
-            patched and the normalisation weights (:mod:`hf_posenc.training.trainable`).
+        trainable (`str`, defaults to ``"all"``): ``"all"``; ``"position"``: only the position parameters as
+            patched and the normalisation weights (:mod:`hf_posenc.training.trainable`); ``"lora"``: those and LoRA
+            adapters on every linear layer but the output layer, merged into the weights at the end (needs peft).
+        lora_rank (`int`, defaults to 16): the adapters' rank ``r`` (``trainable="lora"`` only).
+        lora_alpha (`float`, *optional*): the adapters' ``α``, their update scaled by ``α / r``; None: ``2·r``.
         save_steps (`int`, defaults to 500): a checkpoint (model, optimizer, scheduler, RNG) every N steps; the
             last two are kept.
         seed (`int`, defaults to 0): seed of the data order and of the Trainer.
@@ -59,6 +63,8 @@ class TrainSettings:
     gradient_accumulation_steps: int = 1
     warmup_steps: int = 0
     trainable: str = "all"
+    lora_rank: int = 16
+    lora_alpha: float | None = None
     save_steps: int = 500
     seed: int = 0
     gradient_checkpointing: bool = False
@@ -66,7 +72,7 @@ class TrainSettings:
     resume: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("length", "steps", "batch_size", "gradient_accumulation_steps", "save_steps"):
+        for name in ("length", "steps", "batch_size", "gradient_accumulation_steps", "save_steps", "lora_rank"):
             if not _whole(getattr(self, name)) or getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be a positive integer, not {getattr(self, name)!r}.")
         if not _whole(self.warmup_steps) or self.warmup_steps < 0:
@@ -75,12 +81,14 @@ class TrainSettings:
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name == "bf16" and value is None):
                 raise ValueError(f"`{name}` must be True or False, not {value!r}.")
-        for name in ("learning_rate", "position_learning_rate"):
+        for name in ("learning_rate", "position_learning_rate", "lora_alpha"):
             value = getattr(self, name)
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"`{name}` must be a positive number, not {value!r}.")
         if self.trainable not in TRAINABLE:
             raise ValueError(f"Unknown `trainable` {self.trainable!r}; choose one of {', '.join(TRAINABLE)}.")
+        if self.trainable == "lora":
+            require_peft()
         if not _whole(self.seed) or not 0 <= self.seed < 2**32:
             raise ValueError(f"`seed` must be a whole number from 0 to 2**32 - 1 (numpy's range), not {self.seed!r}.")
 

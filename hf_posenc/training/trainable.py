@@ -1,10 +1,11 @@
-"""Which parameters train: all of them, or only the position encoding's (what the patch added) and the norms'; and
-a model loaded from a GGUF file made trainable (:func:`release_gguf`).
+"""Which parameters train: all of them, or only the position encoding's (what the patch added) and the norms',
+with LoRA adapters or without; and a model loaded from a GGUF file made trainable (:func:`release_gguf`).
 
 A method that replaces the position encoding (``alibi``, ``nope``, ``t5-bias``) changes what every layer sees;
 ``trainable="position"`` lets the model adapt only through the position parameters as patched (what the patch
 added, ``t5-bias``'s bucket table; or GPT-2's table as ``pi`` interpolated it) and its normalisation weights
-(the cheapest place to rescale activations), and keeps every other weight bit for bit.
+(the cheapest place to rescale activations), and keeps every other weight bit for bit. ``trainable="lora"`` trains
+those and LoRA adapters on every linear layer (:mod:`hf_posenc.training.lora`), merged into the weights at the end.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from ..patching import added_tensors, get_patch, patch
 from ..registry import get_method
 from ..saved import restore_saved_tensors, saved_tensors
 from ..spec import MethodSpec
+from .lora import is_adapter
 
 logger = logging.getLogger(__name__)
 
-TRAINABLE = ("all", "position")
+TRAINABLE = ("all", "position", "lora")
 
 
 def apply_method(model: nn.Module, spec: MethodSpec) -> frozenset[str]:
@@ -90,8 +92,9 @@ def select_trainable(
 
     Args:
         model (`torch.nn.Module`): the (patched) model.
-        trainable (`str`): ``"all"``, or ``"position"``: the parameters named in ``added`` and every
-            normalisation weight (:func:`is_norm`); all others get ``requires_grad=False``.
+        trainable (`str`): ``"all"``; ``"position"``: the parameters named in ``added`` and every normalisation
+            weight (:func:`is_norm`), all others get ``requires_grad=False``; ``"lora"``: those and the LoRA
+            adapters (:func:`~hf_posenc.training.lora.add_adapters` first).
         added (`Collection[str]`): names of the position parameters as patched (:func:`apply_method`).
         unused (`Collection[str]`): names of parameters that never train (:func:`unused_parameters`).
 
@@ -102,7 +105,8 @@ def select_trainable(
         raise ValueError(f"Unknown `trainable` {trainable!r}; choose one of {', '.join(TRAINABLE)}.")
     count = 0
     for name, parameter in model.named_parameters():
-        chosen = trainable == "all" or name in added or is_norm(model, name)
+        adapter = trainable == "lora" and is_adapter(name)
+        chosen = trainable == "all" or adapter or name in added or is_norm(model, name)
         parameter.requires_grad_(chosen and name not in unused)
         count += parameter.numel() if parameter.requires_grad else 0
     if count == 0:

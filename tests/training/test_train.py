@@ -48,6 +48,8 @@ def _settings(**changes) -> TrainSettings:
         ({"resume": 1}, "`resume` must be True or False, not 1."),
         ({"gradient_checkpointing": "yes"}, "`gradient_checkpointing` must be True or False, not 'yes'."),
         ({"seed": True}, "`seed` must be a whole number from 0 to 2**32 - 1"),
+        ({"trainable": "lora", "lora_rank": 0}, "`lora_rank` must be a positive integer, not 0."),
+        ({"trainable": "lora", "lora_alpha": -1.0}, "`lora_alpha` must be a positive number, not -1.0."),
     ],
 )
 def test_settings_of_the_wrong_type_are_refused_before_a_run_starts(change, said):
@@ -135,6 +137,45 @@ def test_position_trains_only_the_added_parameters_and_the_norms(tmp_path, famil
     initial = hf_posenc.patch(make_tiny(family), method)
     for name in added:
         assert not torch.equal(after[name], initial.get_parameter(name)), name
+
+
+@pytest.mark.parametrize(("family", "method"), [("llama", "t5-bias"), ("gpt2", "alibi")])
+def test_lora_trains_low_rank_updates_of_the_linear_layers_the_norms_and_the_position_parameters(
+    tmp_path, family, method
+):
+    """``trainable="lora"``: each linear layer but the output moves by a matrix of rank at most ``r`` (``(α/r)·B·A``,
+    merged at the end), the norms and the added position parameters train, every other weight stays bit for bit;
+    the model handed back and the one saved hold no adapter, and the saved one reloads patched with its logits."""
+    model, out = make_tiny(family), tmp_path / "out"
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    linear = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+    linear |= {f"{name}.weight" for name, module in model.named_modules() if type(module).__name__ == "Conv1D"}
+    linear -= {"lm_head.weight"}  # the output layer: not adapted
+    norms = {name for name in before if "norm" in name or ".ln_" in name}
+    result = train(model, None, DATA, out, _settings(steps=6, trainable="lora", lora_rank=2), method)
+    after = model.state_dict()
+    added = set(after) - set(before)
+    assert not any("lora" in name for name in after) and linear and norms
+    for name, value in before.items():
+        if name in linear:
+            assert torch.linalg.matrix_rank(after[name] - value).item() == 2, name  # r = 2, B no longer zero
+        else:
+            assert torch.equal(after[name], value) == (name not in norms), name
+    assert added == ({f"{model.base_model_prefix}.position_bias.weight"} if method == "t5-bias" else set())
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["trainable_parameters"] == result.trainable_parameters > sum(after[n].numel() for n in norms | added)
+    assert summary["settings"] | {"trainable": "lora", "lora_rank": 2, "lora_alpha": None} == summary["settings"]
+    reloaded = hf_posenc.from_pretrained(out).eval()
+    with torch.no_grad():
+        assert torch.equal(reloaded(DATA.windows[:2]).logits, model(DATA.windows[:2]).logits)
+
+
+def test_lora_without_peft_is_refused_when_the_settings_are_made(monkeypatch):
+    from hf_posenc.training import lora
+
+    monkeypatch.setattr(lora.importlib.util, "find_spec", lambda name: None if name == "peft" else object())
+    with pytest.raises(ValueError, match=re.escape("`trainable` 'lora' needs peft: pip install 'hf-posenc[lora]'")):
+        _settings(trainable="lora")
 
 
 def test_position_trains_gpt2s_table_as_pi_interpolated_it(tmp_path):
@@ -335,15 +376,18 @@ class _Kill(TrainerCallback):
             raise KeyboardInterrupt
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])  # GPT-2 has dropout: its RNG state must come back too
-def test_a_killed_run_resumes_where_it_stopped(tmp_path, monkeypatch, family):
+# GPT-2 has dropout: its RNG state must come back too; LoRA's adapters and norms are in the checkpoints as well
+@pytest.mark.parametrize(("family", "trainable"), [("llama", "all"), ("gpt2", "all"), ("llama", "lora")])
+def test_a_killed_run_resumes_where_it_stopped(tmp_path, monkeypatch, family, trainable):
     """On a CPU the resumed run is bit-identical to the uninterrupted one: the checkpoint holds the weights,
     the optimizer, the scheduler and the RNG states, and the Trainer skips the batches already seen (the
     shuffled order of the whole run is fixed by the seed). Its time counts every session (a clock that takes
     10 s a step here)."""
     tick = _Tick()
     monkeypatch.setattr(run_module, "time", SimpleNamespace(perf_counter=lambda: tick.now))
-    settings = _settings(batch_size=2)  # 12 steps over 11 batches: the resumed part crosses an epoch
+    settings = _settings(
+        batch_size=2, trainable=trainable
+    )  # 12 steps over 11 batches: the resumed part crosses an epoch
     whole = make_tiny(family)
     expected = train(whole, None, DATA, tmp_path / "whole", settings, "alibi")
     killed = tmp_path / "killed"
@@ -352,7 +396,8 @@ def test_a_killed_run_resumes_where_it_stopped(tmp_path, monkeypatch, family):
     assert sorted(p.name for p in killed.iterdir()) == ["checkpoint-5", "train_run.json"]
     assert _recorded_seconds(killed / "checkpoint-5") == 50  # the killed session's time up to its checkpoint
     resumed = make_tiny(family)
-    result = train(resumed, None, DATA, killed, _settings(batch_size=2, resume=True), "alibi", callbacks=[tick])
+    resume = _settings(batch_size=2, trainable=trainable, resume=True)
+    result = train(resumed, None, DATA, killed, resume, "alibi", callbacks=[tick])
     assert result.losses == expected.losses and result.steps == 12
     for (name, value), other in zip(whole.named_parameters(), resumed.parameters(), strict=True):
         assert torch.equal(value, other), name
@@ -361,7 +406,7 @@ def test_a_killed_run_resumes_where_it_stopped(tmp_path, monkeypatch, family):
     readings = itertools.count(start=1000, step=3)
     monkeypatch.setattr(run_module, "time", SimpleNamespace(perf_counter=lambda: next(readings)))
     again = make_tiny(family)
-    finished = train(again, None, DATA, killed, _settings(batch_size=2, resume=True), "alibi", callbacks=[tick])
+    finished = train(again, None, DATA, killed, resume, "alibi", callbacks=[tick])
     assert finished.losses == expected.losses
     assert all(torch.equal(a, b) for a, b in zip(whole.parameters(), again.parameters(), strict=True))
     # the time counts every session: the killed one's 5 steps, then the resumed one's 7; the finished run adds 0
@@ -465,6 +510,20 @@ def test_the_command_trains_saves_and_eval_scores_the_result(tiny_dir, tmp_path,
     assert _snapshot(out).keys() == before.keys()
 
 
+def test_the_command_trains_lora_adapters_of_the_rank_asked(tiny_dir, tmp_path):
+    """``--trainable lora --lora-rank 3 --lora-alpha 6``: each adapted weight moved by a rank-3 update, the summary
+    says the settings; a resume with another rank is refused as another run."""
+    out, base = tmp_path / "out", AutoModelForCausalLM.from_pretrained(tiny_dir / "model")
+    lora = ["--trainable", "lora", "--lora-rank", "3", "--lora-alpha", "6"]
+    assert main(_train_args(tiny_dir, out, *lora)) == 0
+    summary = json.loads((out / "train_summary.json").read_text())["settings"]
+    assert (summary["trainable"], summary["lora_rank"], summary["lora_alpha"]) == ("lora", 3, 6.0)
+    trained = hf_posenc.from_pretrained(out).state_dict()
+    query = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.linalg.matrix_rank(trained[query] - base.state_dict()[query]).item() == 3
+    assert main(_train_args(tiny_dir, out, *lora[:3], "4", "--resume")) == 2
+
+
 def test_streaming_reads_the_same_windows(tiny_dir, tmp_path):
     for name, extra in {"whole": (), "streamed": ("--streaming",)}.items():
         assert main(_train_args(tiny_dir, tmp_path / name, *extra)) == 0
@@ -489,6 +548,7 @@ def test_streaming_reads_the_same_windows(tiny_dir, tmp_path):
         (["--dtype", "bfloat16", "--bf16"], "--bf16 autocast trains float32 weights; the model is in torch.bfloat16"),
         (["--seed", "-1"], "--seed must be a whole number from 0 to 2**32 - 1 (numpy's range), not -1."),
         (["--seed", str(2**32)], "--seed must be a whole number from 0 to 2**32 - 1"),
+        (["--trainable", "lora", "--lora-alpha", "0"], "--lora-alpha must be a positive number, not 0.0."),
         (["--method", "t5-bias:backend=flex"], "the flex backend has no backward on a CPU (torch's flex attention)"),
         (["--method", "self-extend:backend=flex"], "the flex backend has no backward on a CPU"),
         (

@@ -1,0 +1,54 @@
+"""LoRA adapters for ``trainable="lora"`` (Hu et al. 2021, arXiv 2106.09685: ``W + (α/r)·B·A``, ``B`` zero at first).
+
+The adapters are put into the model itself (peft's ``inject_adapter_in_model``), not into a ``PeftModel`` wrapper:
+the Trainer then checkpoints every weight the run trains, the position parameters and norms beside the adapters
+(a ``PeftModel`` checkpoint holds its adapters alone), so a killed run resumes bit for bit as any other. At the end
+the adapters are merged into the weights (:func:`merge_adapters`), and the saved model is an ordinary patched one.
+peft is an optional dependency (``pip install 'hf-posenc[lora]'``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from torch import nn
+
+ADAPTER_TAG = ".lora_"  # in the names of the adapters' parameters (``...q_proj.lora_A.default.weight``)
+
+
+def require_peft() -> None:
+    """Raise ``ValueError`` unless peft can be imported."""
+    if importlib.util.find_spec("peft") is None:
+        raise ValueError("`trainable` 'lora' needs peft: pip install 'hf-posenc[lora]' (or peft).")
+
+
+def add_adapters(model: nn.Module, rank: int, alpha: float, seed: int) -> None:
+    """Put LoRA adapters of ``rank`` and scale ``alpha / rank`` on every linear layer of ``model`` but its output
+    layer (peft's ``"all-linear"``), ``A`` initialised from ``seed`` (the global RNG left as it was)."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear")
+    devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        inject_adapter_in_model(config, model)
+
+
+def is_adapter(name: str) -> bool:
+    """Whether the parameter ``name`` is a LoRA adapter's."""
+    return ADAPTER_TAG in name
+
+
+def merge_adapters(model: nn.Module) -> int:
+    """Merge every LoRA adapter of ``model`` into the weight it adapts and put that layer back in its place, so the
+    model's modules and state-dict names are those it had before :func:`add_adapters`. Returns the layers merged."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [(name, module) for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)]
+    for name, module in layers:
+        with torch.no_grad():
+            module.merge()
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, module.get_base_layer())
+    return len(layers)

@@ -1,14 +1,16 @@
 """How far does a short fine-tune bring a model back after its position encoding is swapped?
 
 The offline model (SmolLM2-135M, RoPE, trained context 8192) is patched with each method, evaluated, trained for
-``--steps`` steps of ``--length`` tokens with ``hf-posenc train`` (all parameters), and evaluated again, on
-essays held out from training (the bundled Paul Graham essays, sorted by name: the first half evaluated, the
-rest trained on). ``none`` is trained the same way, as the control: what the same steps give the unpatched
+``--steps`` steps of ``--length`` tokens with ``hf-posenc train`` (all parameters, or ``--trainable``'s), and
+evaluated again, on essays held out from training (the bundled Paul Graham essays, sorted by name: the first half
+evaluated, the rest trained on). ``none`` is trained the same way, as the control: what the same steps give the unpatched
 model (it learns the essays' style too), so each swap's recovery reads against it.
 
     python scripts/bench_finetune.py --output benchmarks/results/finetune_offline
     python scripts/bench_finetune.py --methods t5-bias --position-learning-rate 1e-2 \
         --output benchmarks/results/finetune_offline/t5_table_lr
+    python scripts/bench_finetune.py --methods alibi --trainable lora --steps 300 --warmup-steps 10 --bf16 \
+        --output benchmarks/results/finetune_offline_300/lora
 
 Each step is a command of the library (``hf-posenc train`` / ``eval``, run as subprocesses), so a killed run
 resumes where it stopped when started again with the same arguments.
@@ -78,6 +80,8 @@ def main() -> None:
         "--position-learning-rate", help="of what a patch adds, the T5 table (default: --learning-rate)"
     )
     parser.add_argument("--bf16", action="store_true", help="train in bfloat16 autocast (hf-posenc train --bf16)")
+    parser.add_argument("--trainable", default="all", help="all, position or lora (hf-posenc train --trainable)")
+    parser.add_argument("--lora-rank", default="16", help="with --trainable lora (default: 16)")
     parser.add_argument("--lengths", default="1k,2k", help="evaluation lengths (default: 1k,2k)")
     parser.add_argument("--eval-documents", type=int, default=12, help="held-out essays evaluated (default: 12)")
     args = parser.parse_args()
@@ -96,6 +100,7 @@ def main() -> None:
         if args.position_learning_rate:
             argv += ["--position-learning-rate", args.position_learning_rate]
         argv += ["--bf16"] if args.bf16 else []
+        argv += ["--trainable", args.trainable] + (["--lora-rank", args.lora_rank] if args.trainable == "lora" else [])
         argv += ["--output", str(trained)] + (["--resume"] if trained.exists() else [])
         seconds[f"train {spec}"] = hf_posenc(*argv)
         after_dir = work / f"after-{slug(spec)}"

@@ -28,7 +28,10 @@ def add_adapters(model: nn.Module, rank: int, alpha: float, seed: int) -> None:
     layer (peft's ``"all-linear"``), ``A`` initialised from ``seed`` (the global RNG left as it was)."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear")
+    transposed = any(type(module).__name__ == "Conv1D" for module in model.modules())  # GPT-2's (in, out) weights
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear", fan_in_fan_out=transposed
+    )
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)

@@ -38,6 +38,8 @@ def run_identity(
         for key, value in dataclasses.asdict(settings).items()
         if key != "resume" and (lora or not key.startswith("lora_"))
     }
+    if lora:  # the default alpha, 2·rank, and the same given are one run
+        run_settings["lora_alpha"] = settings.resolved_lora_alpha
     layout = {} if settings.position_learning_rate is None else {"optimizer_groups": POSITION_GROUPS_LAYOUT}
     return {
         "format": RUN_FORMAT,

@@ -135,7 +135,7 @@ def train(
                 "leave it out."
             )
         if settings.trainable == "lora":  # the last change before the run: no check refuses it after
-            add_adapters(model, settings.lora_rank, settings.lora_alpha or 2 * settings.lora_rank, settings.seed)
+            add_adapters(model, settings.lora_rank, settings.resolved_lora_alpha, settings.seed)
         trainable = select_trainable(model, settings.trainable, added, unused_parameters(model))
         _warn_of_coarse_position_parameters(model, added)
     except ValueError:  # the model as it was handed in

@@ -92,6 +92,11 @@ class TrainSettings:
         if not _whole(self.seed) or not 0 <= self.seed < 2**32:
             raise ValueError(f"`seed` must be a whole number from 0 to 2**32 - 1 (numpy's range), not {self.seed!r}.")
 
+    @property
+    def resolved_lora_alpha(self) -> float:
+        """``lora_alpha``, where None is ``2·lora_rank``."""
+        return float(2 * self.lora_rank if self.lora_alpha is None else self.lora_alpha)
+
 
 def _whole(value: object) -> bool:
     """An ``int`` that is not a ``bool`` (``True`` would read as one step)."""

@@ -141,7 +141,7 @@ def test_position_trains_only_the_added_parameters_and_the_norms(tmp_path, famil
 
 @pytest.mark.parametrize(("family", "method"), [("llama", "t5-bias"), ("gpt2", "alibi")])
 def test_lora_trains_low_rank_updates_of_the_linear_layers_the_norms_and_the_position_parameters(
-    tmp_path, family, method
+    tmp_path, recwarn, family, method
 ):
     """``trainable="lora"``: each linear layer but the output moves by a matrix of rank at most ``r`` (``(α/r)·B·A``,
     merged at the end), the norms and the added position parameters train, every other weight stays bit for bit;
@@ -156,6 +156,7 @@ def test_lora_trains_low_rank_updates_of_the_linear_layers_the_norms_and_the_pos
     after = model.state_dict()
     added = set(after) - set(before)
     assert not any("lora" in name for name in after) and linear and norms
+    assert not [w for w in recwarn if "fan_in_fan_out" in str(w.message)]  # GPT-2's Conv1D weights are (in, out)
     for name, value in before.items():
         if name in linear:
             assert torch.linalg.matrix_rank(after[name] - value).item() == 2, name  # r = 2, B no longer zero
@@ -522,6 +523,7 @@ def test_the_command_trains_lora_adapters_of_the_rank_asked(tiny_dir, tmp_path):
     query = "model.layers.0.self_attn.q_proj.weight"
     assert torch.linalg.matrix_rank(trained[query] - base.state_dict()[query]).item() == 3
     assert main(_train_args(tiny_dir, out, *lora[:3], "4", "--resume")) == 2
+    assert main(_train_args(tiny_dir, out, *lora[:4], "--resume")) == 0  # alpha's default, 2 · 3, is the 6 given
 
 
 def test_streaming_reads_the_same_windows(tiny_dir, tmp_path):

@@ -13,7 +13,8 @@ context) and interpolating it by ``s`` (low frequencies) has two forms:
   hf_posenc's own rope type.
 
 Both agree outside the blend band and in direction: ``gamma = 1`` keeps ``theta``, ``gamma = 0``
-gives ``theta / s``.
+gives ``theta / s``. Where the index band lies wholly outside the pairs, the released ramp's clamping turns it
+around; those parameters are refused (:func:`_check_index_band`).
 """
 
 from __future__ import annotations
@@ -138,11 +139,37 @@ def keep_fraction(params: RampParams, inv_freq: torch.Tensor, head_dim: int, bas
     high = correction_dim(params.beta_slow, head_dim, base, context, "beta_slow")
     if params.truncate:
         low, high = math.floor(low), math.ceil(high)
+    _check_index_band(params, head_dim, low, high)
     low, high = max(low, 0), min(high, head_dim - 1)
     if low == high:
         high += 0.001  # a single-index band; the released code widens it the same way
     index = torch.arange(head_dim // 2, dtype=inv_freq.dtype, device=inv_freq.device)
     return 1 - ((index - low) / (high - low)).clamp(0, 1)
+
+
+def _check_index_band(params: RampParams, head_dim: int, low: float, high: float) -> None:
+    """Raise ``ValueError`` where the released index ramp runs against §3.2: its band wholly below the first pair
+    (``L <= 2 pi beta_slow``: every pair turns fewer than ``beta_slow`` times, and the paper interpolates all, where the
+    clamped ramp keeps pair 0 or all) or past ``head_dim - 1`` (every pair turns more than ``beta_fast`` times, and
+    the paper keeps all, where the clamped ramp interpolates all). transformers computes the same inverted ramp from
+    such a config, so it is refused rather than computed otherwise."""
+    if high <= 0:
+        said = (
+            f"L={params.context} <= 2 pi beta_slow = {2 * math.pi * params.beta_slow:.4g}: every pair turns fewer "
+            "than beta_slow times in the trained context, so the paper (YaRN §3.2) interpolates them all, where "
+            "it keeps some"
+        )
+    elif low > head_dim - 1:
+        said = (
+            f"every pair turns more than beta_fast={params.beta_fast} times in L={params.context} tokens, so the paper "
+            "(YaRN §3.2) keeps all of them, where it interpolates all"
+        )
+    else:
+        return
+    raise ValueError(
+        f"ramp='index' (the released code's, transformers' yarn) runs backwards here: {said}. Use ramp='ratio' (the "
+        "paper's ramp), or other beta_fast / beta_slow."
+    )
 
 
 def by_parts_inv_freq(

@@ -95,6 +95,28 @@ def test_ramp_direction_keeps_high_frequencies():
         torch.testing.assert_close(inv_freq[ratio < 1], theta[ratio < 1] / 4, rtol=1e-15, atol=0)
 
 
+@pytest.mark.parametrize("method", ["yarn", "ntk-by-parts", "dynamic-yarn"])
+@pytest.mark.parametrize(
+    ("params", "kept"),
+    [  # (the ramp's parameters, whether §3.2 keeps every pair: True, or interpolates every pair: False)
+        ({"head_dim": 128, "base": 1e4, "original_max_position_embeddings": 4096, "beta_fast": 2048, "beta_slow": 1400}, False),
+        ({"head_dim": 128, "base": 1e4, "original_max_position_embeddings": 4096, "beta_fast": 1024, "beta_slow": 700}, False),
+        ({"head_dim": 64, "base": 1e4, "original_max_position_embeddings": 4}, False),  # L < 2 pi: below one turn
+        ({"head_dim": 64, "base": 10.0, "original_max_position_embeddings": 131072}, True),  # every pair > 32 turns
+    ],
+)  # fmt: skip
+def test_an_index_band_outside_the_pairs_is_refused_where_the_clamped_ramp_runs_backwards(method, params, kept):
+    """The released index ramp clamps its band to the pairs; wholly outside them the clamp turns it around (keeps
+    every pair where §3.2 interpolates all, or the reverse), and transformers' yarn computes the same. Refused with
+    the paper's ramp named; ``ramp="ratio"`` gives the paper's values. Before: the inverted frequencies, silently."""
+    scale = {"seq_len": 8 * params["original_max_position_embeddings"]} if method == "dynamic-yarn" else {"factor": 8}
+    with pytest.raises(ValueError, match=r"ramp='index' .* runs backwards here: .* Use ramp='ratio'"):
+        hf_posenc.rope_frequencies(method, **scale, **params)
+    inv_freq, _ = hf_posenc.rope_frequencies(method, ramp="ratio", **scale, **params)
+    theta = torch.tensor(paper.theta(params["head_dim"], params["base"]), dtype=torch.float64)
+    torch.testing.assert_close(inv_freq, theta if kept else theta / 8, rtol=1e-15, atol=0)
+
+
 def test_yarn_attention_factor_is_the_papers():
     for s, expected in [(2, 1.0693147), (4, 1.1386294), (16, 1.2772589), (32, 1.3465736)]:
         _, factor = hf_posenc.rope_frequencies("yarn", head_dim=D, base=B, original_max_position_embeddings=L, factor=s)

@@ -3,8 +3,8 @@
 The offline model (SmolLM2-135M, RoPE, trained context 8192) is patched with each method, evaluated, trained for
 ``--steps`` steps of ``--length`` tokens with ``hf-posenc train`` (all parameters, or ``--trainable``'s), and
 evaluated again, on essays held out from training (the bundled Paul Graham essays, sorted by name: the first half
-evaluated, the rest trained on). ``none`` is trained the same way, as the control: what the same steps give the unpatched
-model (it learns the essays' style too), so each swap's recovery reads against it.
+evaluated, the rest trained on). ``none`` is trained the same way, as the control: what the same steps give the
+unpatched model (it learns the essays' style too), so each swap's recovery reads against it.
 
     python scripts/bench_finetune.py --output benchmarks/results/finetune_offline
     python scripts/bench_finetune.py --methods t5-bias --position-learning-rate 1e-2 \
@@ -156,7 +156,8 @@ def plot(path: Path, summary: list[dict], args: argparse.Namespace) -> None:
         ax.set_title(f"{length} tokens", fontsize=9)
         ax.set_ylabel("perplexity (held-out essays)")
     fig.axes[0].legend(fontsize=7)
-    fig.suptitle(f"SmolLM2-135M: swap, then {args.steps} steps x {args.length} tokens (CPU)", fontsize=9)
+    trained = "" if args.trainable == "all" else f", trainable {args.trainable}"
+    fig.suptitle(f"SmolLM2-135M: swap, then {args.steps} steps x {args.length} tokens{trained} (CPU)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -227,17 +227,22 @@ def test_a_report_another_run_wrote_meanwhile_is_not_written_over(tiny_dir, tmp_
     assert (out / "results.json").read_text() == '{"written": "by another run"}'
 
 
+def _bos_run(tiny_dir, out, command: str, new_length: str) -> tuple[list[str], str, tuple[str, str]]:
+    """``(argv without --lengths, report file, (first lengths, then lengths))`` of a tiny eval or passkey run in
+    ``out``: an eval resumed with a longer length too, a passkey run with ``new_length`` (with or without 400)."""
+    if command == "eval":
+        return [*eval_args(tiny_dir, out), "--method", "none"], "results.json", ("32", "32,48")
+    argv = ["passkey", "--model", str(tiny_dir / "model"), "--method", "none", "--output", str(out)]
+    return argv, "passkey.json", ("400", new_length)
+
+
 @pytest.mark.parametrize("command", ["eval", "passkey"])
 def test_resuming_with_bos_other_than_the_results_is_refused(tiny_dir, tmp_path, capsys, monkeypatch, command):
     """`--bos auto` follows the tokenizer: one that starts adding BOS under the same model name would put rows with
     and without it in one file, all labelled "BOS prepended". Refused in one line, the folder untouched; in passkey
     too at a new length only (whose prompts no earlier ones are compared with)."""
     out = tmp_path / "out"
-    if command == "eval":
-        argv, report, lengths = [*eval_args(tiny_dir, out), "--method", "none"], "results.json", ("32", "32,48")
-    else:
-        argv = ["passkey", "--model", str(tiny_dir / "model"), "--method", "none", "--output", str(out)]
-        report, lengths = "passkey.json", ("400", "480")
+    argv, report, lengths = _bos_run(tiny_dir, out, command, "480")
     assert main([*argv, "--lengths", lengths[0]]) == 0
     assert scored_bos(json.loads((out / report).read_text())) is False  # the tiny tokenizer adds none
     before = folder_files(out)
@@ -253,11 +258,7 @@ def test_bos_spelled_otherwise_but_scored_alike_resumes(tiny_dir, tmp_path, comm
     """``--bos`` is compared by what it resolves to: where the tokenizer adds no BOS, ``auto`` and ``none`` score
     alike, so a folder of one resumes with the other, its rows kept. Before: refused as other arguments."""
     out = tmp_path / "out"
-    if command == "eval":
-        argv, report, lengths = [*eval_args(tiny_dir, out), "--method", "none"], "results.json", ("32", "32,48")
-    else:
-        argv = ["passkey", "--model", str(tiny_dir / "model"), "--method", "none", "--output", str(out)]
-        report, lengths = "passkey.json", ("400", "400,480")
+    argv, report, lengths = _bos_run(tiny_dir, out, command, "400,480")
     assert main([*argv, "--lengths", lengths[0], "--bos", "auto"]) == 0
     first = json.loads((out / report).read_text())
     assert main([*argv, "--lengths", lengths[1], "--bos", "none"]) == 0

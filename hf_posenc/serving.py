@@ -67,7 +67,8 @@ class Engine:
     ``dual_chunk``: model types whose ``dual_chunk_attention_config`` it reads first (``dual_chunk_gap``: why it
     cannot run it all the same); ``strict_type``: ``type`` and ``rope_type`` that disagree are an error;
     ``added_tensors``: why it refuses weights holding tensors a patch added (empty: no such refusal known);
-    ``needs``: model type -> top-level keys it indexes for that family (a KeyError without them)."""
+    ``needs``: model type -> top-level keys it indexes for that family (a KeyError without them); ``plain_rope``:
+    model types it builds with RoPE base 10000 unscaled whatever the config says (its converter writes neither)."""
 
     name: str
     version: str
@@ -82,6 +83,7 @@ class Engine:
     strict_type: bool = False
     added_tensors: str = ""
     needs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    plain_rope: tuple[str, ...] = ()
 
 
 ENGINES = (
@@ -154,6 +156,9 @@ ENGINES = (
         added_tensors="its converter has no GGUF name for the tensors the patch added (the T5 bias table): refuses "
         "to convert the weights",
         needs={"gpt2": ("n_ctx",)},  # conversion/gpt2.py; transformers 5 saves no n_ctx for GPT-2
+        # conversion/{gemma,gptneox,stablelm}.py and phi.py's Phi2Model: set_gguf_parameters without super() writes no
+        # rope.freq_base or rope.scaling keys (run on saved configs: only context_length and rope.dimension_count)
+        plain_rope=("gemma", "gemma2", "gpt_neox", "phi", "stablelm"),
     ),
     Engine(
         name="tgi",
@@ -263,6 +268,12 @@ def _verdict(engine: Engine, config: dict[str, Any], reference: View) -> tuple[s
     view = rope_view(config, engine.reads, engine.theta_from_rope)
     if (view.rope_type, view.params, view.theta) != (reference.rope_type, reference.params, reference.theta):
         return _misread(view, reference)
+    model_type = config.get("model_type")
+    if model_type in engine.plain_rope and (view.rope_type != "default" or view.theta != 10000.0):
+        return "ignored", (
+            f"its {model_type} converter writes no RoPE base or scaling: plain RoPE with rope_theta 10000, not "
+            f"{view.rope_type} with rope_theta {view.theta:g}"
+        )
     rule = engine.builds.get(view.rope_type)
     if rule is None and engine.unknown == "refused":
         return "refused", f"rope type {view.rope_type!r} is unknown to it: refuses to build the model"

@@ -196,6 +196,30 @@ def test_llama3_outside_llama_and_mistral_is_converted_unscaled_by_llama_cpp(tmp
     assert found["vllm"][0] == found["sglang"][0] == found["tgi"][0] == "ok"
 
 
+@pytest.mark.parametrize("model_type", ["gemma", "gemma2", "gpt_neox", "phi", "stablelm"])
+@pytest.mark.parametrize(("method", "params"), [("yarn", {"factor": 4}), ("pi", {"factor": 4}), ("ntk", {"factor": 4})])
+def test_families_whose_converter_writes_no_rope_keys_are_plain_rope_in_llama_cpp(tmp_path, model_type, method, params):
+    """llama.cpp's Gemma, Gemma 2, GPT-NeoX, Phi(-2) and StableLM converters write neither rope.freq_base nor
+    rope.scaling (their set_gguf_parameters does not call the base class's; run on saved configs): the GGUF has
+    plain RoPE at base 10000, NTK's new base lost too. Before: "ok" (or "differs" on the attention factor alone)."""
+    config = {**saved_config(tmp_path, method, **params), "model_type": model_type}
+    severity, message = verdicts(config)["llama.cpp"]
+    assert severity == "ignored" and f"its {model_type} converter writes no RoPE base or scaling" in message
+    make_tiny("llama").config.save_pretrained(tmp_path / "base")
+    unpatched = {**json.loads((tmp_path / "base" / "config.json").read_text()), "model_type": model_type}
+    assert verdicts(unpatched)["llama.cpp"][0] == "ok"
+
+
+def test_a_gemma_patched_is_warned_of_llama_cpps_plain_rope():
+    from transformers import AutoModelForCausalLM, GemmaConfig
+
+    config = GemmaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)  # fmt: skip
+    unpatched = json.loads(config.to_json_string())
+    assert verdicts(unpatched)["llama.cpp"][0] == "ok"  # base 10000 unscaled: what its GGUF has
+    model = hf_posenc.patch(AutoModelForCausalLM.from_config(config), "yarn", factor=4)
+    assert [(gap.engine, gap.severity) for gap in hf_posenc.get_patch(model).serving] == [("llama.cpp", "ignored")]
+
+
 def test_a_phi3_config_without_a_top_level_l_has_its_class_default(tmp_path):
     """Phi3Config (transformers 4 and 5) defaults the top-level original_max_position_embeddings to 4096 and reads
     L there first: a Phi-3 config without it is L = 4096 for transformers, vLLM, SGLang and TGI (not refused)."""
@@ -289,6 +313,10 @@ def test_a_gpt2_config_without_rope(tmp_path):
     refused there before anything else; with the key, the config alone is read as every other engine reads it."""
     config = saved_config(tmp_path / "pi", "pi", family="gpt2", factor=2)  # baked into wpe
     assert "n_ctx" not in config
+    gpt2 = make_tiny("gpt2")
+    gpt2.config.n_ctx = 64  # as GPT-2's released configs say it, and llama.cpp's converter reads the context from
+    hf_posenc.patch(gpt2, "pi", factor=2).config.save_pretrained(tmp_path / "n_ctx")
+    assert json.loads((tmp_path / "n_ctx" / "config.json").read_text())["n_ctx"] == 128  # before: 64, stale
     found = verdicts(config)
     assert {found[engine][0] for engine in ("vllm", "sglang", "tgi")} == {"ok"}
     assert found["llama.cpp"] == ("refused", "its gpt2 converter reads n_ctx (KeyError: not in this config)")

@@ -14,7 +14,8 @@ from .plan import PatchInfo, Plan, Planner
 
 
 def plan_learned_pi(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
-    """``pi`` on GPT-2: ``wpe`` resampled to ``round(factor * n_positions)`` rows, ``n_positions`` updated.
+    """``pi`` on GPT-2: ``wpe`` resampled to ``round(factor * n_positions)`` rows, ``n_positions`` updated, and
+    ``n_ctx`` where the config has it (GPT-2's released configs do; llama.cpp's converter reads its context from it).
 
     The result is a plain GPT-2 with a longer table, so the config is native and the saved model loads
     the same with or without hf_posenc; its record is marked ``baked`` (nothing to redo on load).
@@ -30,8 +31,10 @@ def plan_learned_pi(model: nn.Module, method: Method, params: dict[str, Any]) ->
     resolved = method.make_params(original_max_position_embeddings=rows, **params)
     weight = interpolate_positions(table.weight.detach(), resolved.factor)  # (L', D)
     info = PatchInfo(method.name, params_to_dict(resolved), native=True, rope_type=None)
-    record = PatchRecord(method.name, info.params, True, {"n_positions": rows}, baked=True)
-    updates = {"n_positions": weight.shape[0], CONFIG_KEY: record.to_dict()}
+    lengths = ("n_positions", "n_ctx") if hasattr(model.config, "n_ctx") else ("n_positions",)
+    base = {key: getattr(model.config, key) for key in lengths}
+    record = PatchRecord(method.name, info.params, True, base, baked=True)
+    updates = {**dict.fromkeys(lengths, weight.shape[0]), CONFIG_KEY: record.to_dict()}
 
     def resample(module: nn.Module) -> None:
         module.weight = nn.Parameter(weight, requires_grad=module.weight.requires_grad)

@@ -44,8 +44,14 @@ class Setting:
     @property
     def top_original(self) -> int | None:
         """The top-level ``original_max_position_embeddings`` a config class reads: the file's, else the class's
-        default where it has one (Phi-3's 4096); not llama.cpp's converter, which reads the file alone."""
+        default where it has one (Phi-3's 4096). llama.cpp's converter loads through ``AutoConfig`` too."""
         return self.config.get("original_max_position_embeddings") or CLASS_ORIGINAL.get(self.config.get("model_type"))
+
+    @property
+    def llamacpp_original(self) -> int | None:
+        """L as llama.cpp's converter takes it: the rope dict's, else the top-level one, which it mirrors into the
+        dict (conversion/base.py ``TextModel.__init__``); None without either."""
+        return self.view.params.get("original_max_position_embeddings") or self.top_original
 
     def original(self, top_level_first: bool = True) -> int:
         """L: top level first, as transformers 5 takes it, or the dict's first (llama.cpp)."""
@@ -142,9 +148,11 @@ def dynamic_tgi(setting: Setting) -> tuple[str, str]:
 
 def yarn_llamacpp(setting: Setting) -> tuple[str, str]:
     """YaRN in llama.cpp: the attention factor of :func:`attention_llamacpp` for the model type, betas fixed,
-    always floor/ceil; L indexed in the rope dict (``set_gguf_parameters``: a KeyError without it)."""
-    if "original_max_position_embeddings" not in setting.view.params:
-        return "refused", "yarn: its converter reads original_max_position_embeddings from the rope dict (KeyError)"
+    always floor/ceil; L indexed in the rope dict, the top-level one mirrored there (``set_gguf_parameters``: a
+    KeyError without either)."""
+    if setting.llamacpp_original is None:
+        why = "reads original_max_position_embeddings from the rope dict or the top level, and there is none"
+        return "refused", f"yarn: its converter {why} (KeyError)"
     attention = attention_llamacpp(setting.config.get("model_type"))
     return yarn_rule(attention, betas=False, truncate=False, hf_l=False)(setting)
 
@@ -267,15 +275,15 @@ LLAMA3_WITHOUT_FACTORS = (
 
 def llama3_llamacpp(setting: Setting) -> tuple[str, str]:
     """conversion/llama.py ``LlamaModel.generate_extra_tensors`` computes the ``rope_freqs`` factors with L from
-    the top level of the config only (``hparams.get("original_max_position_embeddings", 8192)``)."""
+    the rope dict, the top-level one mirrored there (``rope_params.get("original_max_position_embeddings", 8192)``)."""
     model_type = setting.config.get("model_type")
     if model_type in LLAMA3_WITHOUT_FACTORS:
         why = f"llama3: the converter writes no rope_freqs factors for {model_type!r} (it does for Llama classes)"
         return ignored(why)(setting)
-    length, expected = setting.config.get("original_max_position_embeddings") or 8192, setting.original()
+    length, expected = setting.llamacpp_original or 8192, setting.original()
     if length != expected:
         return "differs", (
-            f"llama3: the converter computes its rope_freqs factors with L = {length} (the top-level "
-            f"original_max_position_embeddings, else 8192) where transformers uses {expected}"
+            f"llama3: the converter computes its rope_freqs factors with L = {length} (the rope dict's "
+            f"original_max_position_embeddings, else the top level's, else 8192) where transformers uses {expected}"
         )
     return same(setting)

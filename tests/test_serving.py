@@ -171,16 +171,23 @@ def test_llama3_and_static_ntk_are_built_alike_everywhere(tmp_path):
     assert all(severity == "ok" and f"rope_theta {theta:g}" in message for severity, message in found.values())
 
 
-def test_llama3_says_l_at_the_top_level_where_llama_cpps_converter_reads_it(tmp_path):
-    """conversion/llama.py computes llama3's rope_freqs factors with hparams["original_max_position_embeddings"]
-    (8192 without it): hf_posenc writes L there too; a config with L in the rope dict only is built with 8192."""
+def test_llama3s_l_is_the_rope_dicts_in_llama_cpps_converter_else_the_top_levels_else_8192(tmp_path):
+    """conversion/llama.py computes llama3's rope_freqs factors with the rope dict's original_max_position_embeddings,
+    which conversion/base.py fills from the top level when the dict has none (8192 without either; read in
+    llama-cpp-python 0.3.36's vendored source). Before: the top level only was taken, and a dict-only L said to
+    give 8192."""
     config = saved_config(tmp_path, "llama3", factor=4)
     assert config["original_max_position_embeddings"] == config["rope_scaling"]["original_max_position_embeddings"] == L
     del config["original_max_position_embeddings"]
+    assert verdicts(config)["llama.cpp"][0] == "ok"  # the dict's
+    for key in ("rope_scaling", "rope_parameters"):
+        del config[key]["original_max_position_embeddings"]
+    assert verdicts({**config, "original_max_position_embeddings": L})["llama.cpp"][0] == "ok"  # the top level's
+    config["max_position_embeddings"] = 8 * L  # transformers then takes L = P
     assert verdicts(config)["llama.cpp"] == (
         "differs",
-        "llama3: the converter computes its rope_freqs factors with L = 8192 (the top-level "
-        f"original_max_position_embeddings, else 8192) where transformers uses {L}",
+        "llama3: the converter computes its rope_freqs factors with L = 8192 (the rope dict's "
+        f"original_max_position_embeddings, else the top level's, else 8192) where transformers uses {8 * L}",
     )
     for key in ("rope_scaling", "rope_parameters"):
         config[key]["original_max_position_embeddings"] = 8192  # Llama 3.1's: right by default
@@ -325,9 +332,10 @@ def test_a_gpt2_config_without_rope(tmp_path):
     assert found["vllm"][0] == found["tgi"][0] == found["llama.cpp"][0] == "refused" and found["sglang"][0] == "ignored"
 
 
-def test_llama_cpp_refuses_a_yarn_dict_without_its_trained_context():
-    """Its converter indexes ``original_max_position_embeddings`` in the rope dict, where transformers 5 (and vLLM,
-    SGLang) fall back to the top level or ``max_position_embeddings``. hf_posenc always writes it there."""
+def test_llama_cpp_refuses_a_yarn_config_without_its_trained_context():
+    """Its converter indexes ``original_max_position_embeddings`` in the rope dict, where it mirrors the top-level one
+    (conversion/base.py), and transformers 5 (and vLLM, SGLang) fall back to ``max_position_embeddings``. hf_posenc
+    always writes it in both. Before: a config with L at the top level only was said to be refused."""
     config = {
         "model_type": "llama",
         "hidden_size": 64,
@@ -338,8 +346,12 @@ def test_llama_cpp_refuses_a_yarn_dict_without_its_trained_context():
         "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
     }
     found = verdicts(config)
-    assert found["llama.cpp"][0] == found["tgi"][0] == "refused" and "(KeyError)" in found["llama.cpp"][1]
-    assert found["vllm"][0] == "ok" and "L=64" in found["vllm"][1]
+    assert found["llama.cpp"][0] == "ok" and "L=64" in found["llama.cpp"][1]
+    assert found["tgi"][0] == "refused" and found["vllm"][0] == "ok" and "L=64" in found["vllm"][1]
+    del config["original_max_position_embeddings"]
+    found = verdicts(config)
+    assert found["llama.cpp"][0] == "refused" and "(KeyError)" in found["llama.cpp"][1]
+    assert found["vllm"][0] == "ok" and "L=256" in found["vllm"][1]
     config["rope_scaling"]["original_max_position_embeddings"] = 64
     assert {severity for severity, _ in verdicts(config).values()} == {"ok"}
 

@@ -4,6 +4,7 @@ wraps, so LoRA fine-tuning of a patched model merges into a model that still unp
 import pytest
 import torch
 from conftest import make_tiny
+from helpers import assert_same, snapshot
 from hub_server import BASE_REPO, upload_base
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
@@ -11,20 +12,6 @@ from transformers import AutoModelForCausalLM
 import hf_posenc
 
 METHODS = [("yarn", {"factor": 4}), ("dynamic-ntk", {"factor": 2}), ("alibi", {}), ("self-extend", {}), ("t5-bias", {})]
-
-
-def _state(model) -> tuple[dict, dict]:
-    return {k: v.clone() for k, v in model.state_dict().items()}, model.config.to_dict()
-
-
-def _same(model, state: tuple[dict, dict]) -> bool:
-    tensors, config = state
-    now = model.state_dict()
-    return (
-        now.keys() == tensors.keys()
-        and all(torch.equal(now[k], tensors[k]) for k in now)
-        and (model.config.to_dict() == config)
-    )
 
 
 def _lora(model):
@@ -38,7 +25,7 @@ def test_a_peft_model_is_patched_in_the_model_it_wraps_and_merges_patched(method
     ``merge_and_unload()`` the merged model is the patched one, which unpatches to the original bit for bit. Before:
     the record stayed on the wrapper, and the merged model was patched with nothing to unpatch it."""
     base = make_tiny("llama")
-    original = _state(base)
+    original = snapshot(base)
     reference = hf_posenc.patch(make_tiny("llama"), method, **params)
     ids = torch.randint(0, base.config.vocab_size, (1, 150), generator=torch.Generator().manual_seed(0))
     lora = _lora(base)
@@ -48,31 +35,33 @@ def test_a_peft_model_is_patched_in_the_model_it_wraps_and_merges_patched(method
         torch.testing.assert_close(lora(input_ids=ids).logits, reference(ids).logits, rtol=0, atol=1e-6)
     merged = lora.merge_and_unload()
     assert merged is base and hf_posenc.get_patch(merged).method == method
-    assert _same(hf_posenc.unpatch(merged), original)
+    assert_same(original, snapshot(hf_posenc.unpatch(merged)))
 
 
 def test_a_patched_model_wrapped_afterwards_reads_and_unpatches_through_the_wrapper(one_thread):
     """Patch, then wrap: the wrapper reports the patch, refuses a second one as already patched (before: "not loaded
     through hf_posenc", a wrong diagnosis), and unpatches the model it wraps."""
     base = make_tiny("llama")
-    original = _state(base)
+    original = snapshot(base)
     lora = _lora(hf_posenc.patch(base, "yarn", factor=4))
     assert hf_posenc.get_patch(lora).params["factor"] == 4.0
     with pytest.raises(RuntimeError, match="already patched with 'yarn'"):
         hf_posenc.patch(lora, "pi", factor=2)
     hf_posenc.unpatch(lora)
-    assert hf_posenc.get_patch(base) is None and _same(lora.merge_and_unload(), original)
+    assert hf_posenc.get_patch(base) is None
+    assert_same(original, snapshot(lora.merge_and_unload()))
 
 
 def test_a_compiled_model_is_patched_in_its_original(one_thread):
     """``torch.compile(model)`` wraps ``model`` (compiled at the first call, not here): the patch and its record go to
     ``model``, so it unpatches from either."""
     base = make_tiny("llama")
-    original = _state(base)
     compiled = torch.compile(base)
+    original = snapshot(base)  # after the wrapping, which marks the model (_is_torch_compile)
     with hf_posenc.patched(compiled, "alibi") as same:
         assert same is compiled and hf_posenc.get_patch(base).method == "alibi"
-    assert hf_posenc.get_patch(base) is None and _same(base, original)
+    assert hf_posenc.get_patch(base) is None
+    assert_same(original, snapshot(base))
 
 
 @pytest.mark.parametrize("method", ["yarn", "t5-bias"])

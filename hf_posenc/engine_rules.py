@@ -54,9 +54,9 @@ class Setting:
         return self.view.params.get("original_max_position_embeddings") or self.top_original
 
     def original(self, top_level_first: bool = True) -> int:
-        """L: top level first, as transformers 5 takes it, or the dict's first (llama.cpp)."""
-        top, own = self.top_original, self.view.params.get("original_max_position_embeddings")
-        return int(((top or own) if top_level_first else (own or top)) or self.positions)
+        """L: top level first, as transformers 5 takes it, or the dict's first (:attr:`llamacpp_original`); else P."""
+        own = self.view.params.get("original_max_position_embeddings")
+        return int(((self.top_original or own) if top_level_first else self.llamacpp_original) or self.positions)
 
 
 Rule = Callable[[Setting], tuple[str, str]]

@@ -46,12 +46,25 @@ def is_adapter(name: str) -> bool:
 def merge_adapters(model: nn.Module) -> int:
     """Merge every LoRA adapter of ``model`` into the weight it adapts and put that layer back in its place, so the
     model's modules and state-dict names are those it had before :func:`add_adapters`. Returns the layers merged."""
+    return _put_back_layers(model, merge=True)
+
+
+def remove_adapters(model: nn.Module) -> int:
+    """Put back every layer LoRA adapts in ``model``, unchanged, its adapters dropped (a run stopped before its first
+    step). Returns the layers put back."""
+    return _put_back_layers(model, merge=False)
+
+
+def _put_back_layers(model: nn.Module, merge: bool) -> int:
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     layers = [(name, module) for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)]
     for name, module in layers:
-        with torch.no_grad():
-            module.merge()
+        if merge:
+            with torch.no_grad():
+                module.merge()
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, module.get_base_layer())
+    if layers:
+        vars(model).pop("peft_config", None)  # inject_adapter_in_model's, of adapters the model no longer has
     return len(layers)

@@ -33,7 +33,7 @@ from .._version import __version__
 from ..files import atomic_write_text, json_text
 from ..patching import get_patch, learned_table_rows, unpatch
 from ..spec import MethodSpec
-from .lora import add_adapters, merge_adapters
+from .lora import add_adapters, merge_adapters, remove_adapters
 from .optimizer import PositionRateTrainer
 from .packing import PackedWindows, pack_texts
 from .resume import RUN_FILE, check_output, last_checkpoint, run_identity
@@ -119,6 +119,7 @@ def train(
         model.to(args.device)
     model.train()
     added = apply_method(model, spec)
+    adapting = False  # whether LoRA adapters may be in the model (removed if the run stops before its first step)
     try:
         rows = learned_table_rows(model)
         if rows is not None and settings.length > rows:
@@ -135,30 +136,32 @@ def train(
                 "leave it out."
             )
         if settings.trainable == "lora":  # the last change before the run: no check refuses it after
+            adapting = True
             add_adapters(model, settings.lora_rank, settings.resolved_lora_alpha, settings.seed)
         trainable = select_trainable(model, settings.trainable, added, unused_parameters(model))
         _warn_of_coarse_position_parameters(model, added)
-    except ValueError:  # the model as it was handed in
+        PartialState().wait_for_everyone()  # every process has checked output_dir before the first file is written
+        if args.should_save:
+            _write_json(output_dir / RUN_FILE, identity)
+        checkpoint = last_checkpoint(output_dir) if settings.resume else None
+        clock = _Clock(_seconds_at(checkpoint))
+        trainer = PositionRateTrainer(
+            model=model,
+            args=args,
+            train_dataset=data,
+            data_collator=default_data_collator,
+            processing_class=tokenizer,
+            callbacks=[clock, _StopIfFinished(), *(callbacks or [])],
+            position_parameters=added,
+            position_learning_rate=settings.position_learning_rate,
+        )
+    except BaseException:  # a refused check, or a failure before the first step: the model as it was handed in
+        if adapting:
+            remove_adapters(model)
         if not spec.unpatched:
             unpatch(model)
         handed_in.restore(model)
         raise
-    PartialState().wait_for_everyone()  # every process has checked output_dir before the first file is written
-    if args.should_save:
-        _write_json(output_dir / RUN_FILE, identity)
-    checkpoint = last_checkpoint(output_dir) if settings.resume else None
-    clock = _Clock(_seconds_at(checkpoint))
-    use_cache = getattr(model.config, "use_cache", None)  # the Trainer sets its own (False) on the config
-    trainer = PositionRateTrainer(
-        model=model,
-        args=args,
-        train_dataset=data,
-        data_collator=default_data_collator,
-        processing_class=tokenizer,
-        callbacks=[clock, _StopIfFinished(), *(callbacks or [])],
-        position_parameters=added,
-        position_learning_rate=settings.position_learning_rate,
-    )
     clock.start()
     try:
         trainer.train(resume_from_checkpoint=checkpoint)
@@ -166,8 +169,7 @@ def train(
     except _Finished:  # the model holds its last checkpoint's weights (saved again below); no time was trained
         seconds = clock.earlier
     finally:  # the model saved, or handed back stopped, generates with its KV cache as before, adapters merged
-        if use_cache is not None:
-            model.config.use_cache = use_cache
+        handed_in.restore_cache_setting(model)
         if settings.trainable == "lora":
             merge_adapters(model)
     trainer.save_model(str(output_dir))
@@ -198,17 +200,19 @@ def _warn_of_coarse_position_parameters(model: PreTrainedModel, added: frozenset
 
 @dataclass(frozen=True)
 class _HandedIn:
-    """What :func:`train` changes of a model before its last check, restored when a check refuses the run."""
+    """What :func:`train` changes of a model before its first step, restored when the run stops before it."""
 
     training: bool
     device: torch.device | None  # its one device (None: placed over several, which train does not move)
     requires_grad: dict[str, bool]
+    use_cache: bool | None  # the config's (the Trainer sets its own, False, there)
 
     @classmethod
     def of(cls, model: PreTrainedModel) -> _HandedIn:
         devices = {parameter.device for parameter in model.parameters()}
         flags = {name: parameter.requires_grad for name, parameter in model.named_parameters()}
-        return cls(model.training, devices.pop() if len(devices) == 1 else None, flags)
+        use_cache = getattr(model.config, "use_cache", None)
+        return cls(model.training, devices.pop() if len(devices) == 1 else None, flags, use_cache)
 
     def restore(self, model: PreTrainedModel) -> None:
         if self.device is not None:
@@ -216,6 +220,11 @@ class _HandedIn:
         model.train(self.training)
         for name, parameter in model.named_parameters():
             parameter.requires_grad_(self.requires_grad.get(name, parameter.requires_grad))
+        self.restore_cache_setting(model)
+
+    def restore_cache_setting(self, model: PreTrainedModel) -> None:
+        if self.use_cache is not None:
+            model.config.use_cache = self.use_cache
 
 
 def _check_backward(model: PreTrainedModel, spec: MethodSpec, device: torch.device) -> None:

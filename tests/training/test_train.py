@@ -156,6 +156,7 @@ def test_lora_trains_low_rank_updates_of_the_linear_layers_the_norms_and_the_pos
     after = model.state_dict()
     added = set(after) - set(before)
     assert not any("lora" in name for name in after) and linear and norms
+    assert not hasattr(model, "peft_config")  # peft's description of the adapters the model no longer has
     assert not [w for w in recwarn if "fan_in_fan_out" in str(w.message)]  # GPT-2's Conv1D weights are (in, out)
     for name, value in before.items():
         if name in linear:
@@ -311,6 +312,29 @@ def test_a_refused_run_leaves_the_model_in_its_mode_and_with_its_frozen_paramete
     assert not model.training and not frozen.requires_grad and hf_posenc.get_patch(model) is None
     assert {name: parameter.requires_grad for name, parameter in model.named_parameters()} == flags
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("trainable", ["all", "lora"])
+@pytest.mark.parametrize("fails", ["_write_json", "PositionRateTrainer"])
+def test_a_run_that_fails_before_its_first_step_hands_the_model_back_as_it_was(tmp_path, monkeypatch, fails, trainable):
+    """Writing the run's record fails (a full disk), or the Trainer fails to start after setting ``use_cache`` off:
+    the model is handed back as it came, unpatched, without LoRA adapters, in its mode, with its frozen parameters
+    and its cache setting (before: patched, training, with unmerged adapters in its layers)."""
+    model = make_tiny("llama").eval()
+    model.model.layers[0].mlp.up_proj.weight.requires_grad_(False)
+    before, flags = snapshot(model), {name: p.requires_grad for name, p in model.named_parameters()}
+
+    def fail(*args, **kwargs):
+        if "model" in kwargs:
+            kwargs["model"].config.use_cache = False
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(run_module, fails, fail)
+    with pytest.raises(OSError, match="No space left on device"):
+        train(model, None, DATA, tmp_path / "out", _settings(trainable=trainable), "yarn:factor=2")
+    assert hf_posenc.get_patch(model) is None and not model.training
+    assert {name: p.requires_grad for name, p in model.named_parameters()} == flags
+    assert_same(before, snapshot(model))
 
 
 def test_checkpointing_and_accumulation_change_only_float_rounding(tmp_path):

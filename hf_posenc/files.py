@@ -73,11 +73,23 @@ STALE_AFTER = 600.0  # seconds unchanged after which a leftover temporary file o
 def stale(path: Path) -> bool:
     """Whether ``path`` has not changed for :data:`STALE_AFTER` seconds: a temporary file another run is writing, or
     a check folder it is making, is younger. This holds where locks do not: NFS turns ``flock`` into byte-range
-    locks, which a reader cannot take and which a writer loses on closing any descriptor of the file."""
+    locks, which a reader cannot take and which a writer loses on closing any descriptor of the file. Its age is
+    taken on the clock that stamped it, the file system's (:func:`_now_in`): an NFS server's may differ from this
+    machine's by more than :data:`STALE_AFTER`."""
     try:
-        return time.time() - path.stat().st_mtime > STALE_AFTER
+        return _now_in(path.parent) - path.stat().st_mtime > STALE_AFTER
     except OSError:  # gone since
         return False
+
+
+def _now_in(folder: Path) -> float:
+    """The time now on the clock that stamps files in ``folder``: the modification time of a file made there (at
+    once without a name where the system can, else removed when closed); this machine's where none can be made."""
+    try:
+        with tempfile.TemporaryFile(dir=folder) as probe:
+            return os.fstat(probe.fileno()).st_mtime
+    except OSError:  # a folder this run cannot write to
+        return time.time()
 
 
 def remove_temporaries(path: Path) -> None:

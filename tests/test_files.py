@@ -91,6 +91,25 @@ def test_a_temporary_another_run_is_writing_is_not_removed_as_a_leftover(tmp_pat
     assert not leftover.exists()
 
 
+def test_a_leftovers_age_is_taken_on_the_file_systems_clock(tmp_path, monkeypatch):
+    """A machine whose clock runs an hour ahead of the file server's (NFS) takes files written just now as an hour
+    old: its age is taken on the server's clock, the modification time of a file made there, so a temporary written
+    now is kept and one left an hour ago on that clock removed (before: the new one was removed too)."""
+    import hf_posenc.files as files
+
+    path = tmp_path / "results.json"
+    young = tmp_path / ".results.0123456789abcdef0123456789abcdef.json"
+    young.write_bytes(b"being written")
+    real = time.time
+    monkeypatch.setattr(files.time, "time", lambda: real() + 3600)
+    remove_temporaries(path)
+    assert young.exists()
+    then = real() - STALE_AFTER - 1  # older than STALE_AFTER on the file system's clock
+    os.utime(young, (then, then))
+    remove_temporaries(path)
+    assert not young.exists()
+
+
 def _age(path, seconds=STALE_AFTER + 1):
     then = time.time() - seconds
     os.utime(path, (then, then))

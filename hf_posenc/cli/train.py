@@ -15,6 +15,7 @@ from ..spec import MethodSpec
 from ..training.packing import PackedWindows, pack_texts
 from ..training.resume import check_output
 from ..training.run import SUMMARY_FILE, TrainResult, TrainSettings, train
+from ..training.settings import DEFAULT_LORA_RANK
 from ..training.trainable import TRAINABLE
 from .eval import _is_main_process, _length, _positive_int
 from .model_options import model_source_of, reads_cache_if_unreachable
@@ -124,9 +125,7 @@ def _add_training_arguments(group) -> None:
         help="all; position: the position parameters (what the patch adds, or GPT-2's table pi interpolates) and "
         "the norms; lora: those and LoRA adapters on every linear layer, merged at the end (needs peft) (default: all)",
     )
-    group.add_argument(
-        "--lora-rank", type=_positive_int, default=defaults["lora_rank"], help="with --trainable lora (default: 16)"
-    )
+    group.add_argument("--lora-rank", type=_positive_int, help=f"with --trainable lora (default: {DEFAULT_LORA_RANK})")
     group.add_argument(
         "--lora-alpha", type=float, help="with --trainable lora: updates scaled by alpha / rank (default: 2 * rank)"
     )

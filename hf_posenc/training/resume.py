@@ -3,7 +3,6 @@ the newest checkpoint the Trainer finished writing."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -32,14 +31,7 @@ def run_identity(
     """What a run is (``train_run.json``): a resumed run must match it. The model is its name, and its weights as
     handed in: their dtype and :func:`~hf_posenc.fingerprint.model_fingerprint` (another GGUF file of one folder,
     or the same model loaded in another dtype, is another run)."""
-    lora = settings.trainable == "lora"  # its settings only where it trains: runs recorded before them compare alike
-    run_settings = {
-        key: value
-        for key, value in dataclasses.asdict(settings).items()
-        if key != "resume" and (lora or not key.startswith("lora_"))
-    }
-    if lora:  # the default alpha, 2·rank, and the same given are one run
-        run_settings["lora_alpha"] = settings.resolved_lora_alpha
+    run_settings = settings.recorded()  # the defaults of LoRA's and the same given are one run
     layout = {} if settings.position_learning_rate is None else {"optimizer_groups": POSITION_GROUPS_LAYOUT}
     return {
         "format": RUN_FORMAT,

@@ -12,7 +12,6 @@ the hf_posenc record, so ``hf_posenc.from_pretrained(output_dir)`` rebuilds the 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -138,7 +137,7 @@ def train(
             )
         if settings.trainable == "lora":  # the last change before the run: no check refuses it after
             adapting = True
-            add_adapters(model, settings.lora_rank, settings.resolved_lora_alpha, settings.seed)
+            add_adapters(model, settings.resolved_lora_rank, settings.resolved_lora_alpha, settings.seed)
         trainable = select_trainable(model, settings.trainable, added, unused_parameters(model))
         _warn_of_coarse_position_parameters(model, added)
         PartialState().wait_for_everyone()  # every process has checked output_dir before the first file is written
@@ -303,7 +302,7 @@ def _summary(
         "params": applied.params if applied is not None else {},
         "model": str(model.name_or_path),
         "sources": sources or {},
-        "settings": dataclasses.asdict(settings),
+        "settings": settings.recorded(),
         "data": {
             "windows": len(data),
             "length": data.length,

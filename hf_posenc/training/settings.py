@@ -6,6 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, TrainingArguments
@@ -13,6 +14,7 @@ from transformers import PreTrainedModel, TrainingArguments
 from .lora import require_peft
 from .trainable import TRAINABLE
 
+DEFAULT_LORA_RANK = 16
 SAVE_TOTAL_LIMIT = 2  # checkpoints kept (model + optimizer state each): the last two, enough to resume
 
 # TrainingArguments' name for it: transformers after 5.18 renamed gradient_checkpointing (read still, with a warning)
@@ -40,8 +42,9 @@ class TrainSettings:
         trainable (`str`, defaults to ``"all"``): ``"all"``; ``"position"``: only the position parameters as
             patched and the normalisation weights (:mod:`hf_posenc.training.trainable`); ``"lora"``: those and LoRA
             adapters on every linear layer but the output layer, merged into the weights at the end (needs peft).
-        lora_rank (`int`, defaults to 16): the adapters' rank ``r`` (``trainable="lora"`` only).
-        lora_alpha (`float`, *optional*): the adapters' ``α``, their update scaled by ``α / r``; None: ``2·r``.
+        lora_rank (`int`, *optional*): the adapters' rank ``r`` (``trainable="lora"`` only); None: 16.
+        lora_alpha (`float`, *optional*): the adapters' ``α``, their update scaled by ``α / r`` (``trainable="lora"``
+            only); None: ``2·r``.
         save_steps (`int`, defaults to 500): a checkpoint (model, optimizer, scheduler, RNG) every N steps; the
             last two are kept.
         seed (`int`, defaults to 0): seed of the data order and of the Trainer.
@@ -63,7 +66,7 @@ class TrainSettings:
     gradient_accumulation_steps: int = 1
     warmup_steps: int = 0
     trainable: str = "all"
-    lora_rank: int = 16
+    lora_rank: int | None = None
     lora_alpha: float | None = None
     save_steps: int = 500
     seed: int = 0
@@ -73,7 +76,9 @@ class TrainSettings:
 
     def __post_init__(self) -> None:
         for name in ("length", "steps", "batch_size", "gradient_accumulation_steps", "save_steps", "lora_rank"):
-            if not _whole(getattr(self, name)) or getattr(self, name) < 1:
+            if (name != "lora_rank" or self.lora_rank is not None) and (
+                not _whole(getattr(self, name)) or getattr(self, name) < 1
+            ):
                 raise ValueError(f"`{name}` must be a positive integer, not {getattr(self, name)!r}.")
         if not _whole(self.warmup_steps) or self.warmup_steps < 0:
             raise ValueError(f"`warmup_steps` must be a whole number, 0 or more, not {self.warmup_steps!r}.")
@@ -89,13 +94,33 @@ class TrainSettings:
             raise ValueError(f"Unknown `trainable` {self.trainable!r}; choose one of {', '.join(TRAINABLE)}.")
         if self.trainable == "lora":
             require_peft()
+        given = [name for name in ("lora_rank", "lora_alpha") if getattr(self, name) is not None]
+        if given and self.trainable != "lora":
+            raise ValueError(
+                f"{' and '.join(f'`{name}`' for name in given)} set the LoRA adapters of `trainable` 'lora'; leave "
+                f"{'them' if len(given) > 1 else 'it'} out with `trainable` {self.trainable!r}."
+            )
         if not _whole(self.seed) or not 0 <= self.seed < 2**32:
             raise ValueError(f"`seed` must be a whole number from 0 to 2**32 - 1 (numpy's range), not {self.seed!r}.")
 
     @property
+    def resolved_lora_rank(self) -> int:
+        """``lora_rank``, where None is 16."""
+        return DEFAULT_LORA_RANK if self.lora_rank is None else self.lora_rank
+
+    @property
     def resolved_lora_alpha(self) -> float:
         """``lora_alpha``, where None is ``2·lora_rank``."""
-        return float(2 * self.lora_rank if self.lora_alpha is None else self.lora_alpha)
+        return float(2 * self.resolved_lora_rank if self.lora_alpha is None else self.lora_alpha)
+
+    def recorded(self) -> dict[str, Any]:
+        """The settings as a run records them: the LoRA ones resolved where it trains adapters, left out where not
+        (so runs recorded before they existed compare alike); ``resume`` left out (how it was started, not what)."""
+        settings = {key: value for key, value in dataclasses.asdict(self).items() if not key.startswith("lora_")}
+        del settings["resume"]
+        if self.trainable == "lora":
+            settings |= {"lora_rank": self.resolved_lora_rank, "lora_alpha": self.resolved_lora_alpha}
+        return settings
 
 
 def _whole(value: object) -> bool:

@@ -50,6 +50,14 @@ def _settings(**changes) -> TrainSettings:
         ({"seed": True}, "`seed` must be a whole number from 0 to 2**32 - 1"),
         ({"trainable": "lora", "lora_rank": 0}, "`lora_rank` must be a positive integer, not 0."),
         ({"trainable": "lora", "lora_alpha": -1.0}, "`lora_alpha` must be a positive number, not -1.0."),
+        (
+            {"lora_rank": 8},
+            "`lora_rank` set the LoRA adapters of `trainable` 'lora'; leave it out with `trainable` 'all'.",
+        ),
+        (
+            {"trainable": "position", "lora_rank": 8, "lora_alpha": 3.0},
+            "`lora_rank` and `lora_alpha` set the LoRA adapters of `trainable` 'lora'; leave them out",
+        ),
     ],
 )
 def test_settings_of_the_wrong_type_are_refused_before_a_run_starts(change, said):
@@ -166,7 +174,7 @@ def test_lora_trains_low_rank_updates_of_the_linear_layers_the_norms_and_the_pos
     assert added == ({f"{model.base_model_prefix}.position_bias.weight"} if method == "t5-bias" else set())
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["trainable_parameters"] == result.trainable_parameters > sum(after[n].numel() for n in norms | added)
-    assert summary["settings"] | {"trainable": "lora", "lora_rank": 2, "lora_alpha": None} == summary["settings"]
+    assert summary["settings"] | {"trainable": "lora", "lora_rank": 2, "lora_alpha": 4.0} == summary["settings"]
     reloaded = hf_posenc.from_pretrained(out).eval()
     with torch.no_grad():
         assert torch.equal(reloaded(DATA.windows[:2]).logits, model(DATA.windows[:2]).logits)
@@ -574,6 +582,7 @@ def test_streaming_reads_the_same_windows(tiny_dir, tmp_path):
         (["--dtype", "bfloat16", "--bf16"], "--bf16 autocast trains float32 weights; the model is in torch.bfloat16"),
         (["--seed", "-1"], "--seed must be a whole number from 0 to 2**32 - 1 (numpy's range), not -1."),
         (["--seed", str(2**32)], "--seed must be a whole number from 0 to 2**32 - 1"),
+        (["--lora-alpha", "8"], "error: --lora-alpha set the LoRA adapters of --trainable 'lora'; leave it out"),
         (["--trainable", "lora", "--lora-alpha", "0"], "--lora-alpha must be a positive number, not 0.0."),
         (["--method", "t5-bias:backend=flex"], "the flex backend has no backward on a CPU (torch's flex attention)"),
         (["--method", "self-extend:backend=flex"], "the flex backend has no backward on a CPU"),

@@ -34,7 +34,7 @@ from .hub_errors import HubError, HubPushError, call_hub
 from .metadata import METADATA_FILE, METADATA_FORMAT, read_metadata
 from .patching import added_tensors, trained_tensors
 from .patching.loading import load_patched_model
-from .patching.wrappers import unwrapped
+from .patching.wrappers import adapter_layers, unwrapped
 from .plots import plot_ppl_vs_length
 from .provenance import Pushed, check_measured_on, is_hub_id, weights_commit
 from .record import PatchRecord
@@ -201,6 +201,12 @@ def _push_contents(
         raise ValueError(
             f"{type(model).__name__} wraps the model to push; pass the model it wraps (a peft model: "
             "`merge_and_unload()` first, so that its adapters' weights are in it)."
+        )
+    adapted = adapter_layers(model)
+    if adapted:  # saved, its weights would be named base_layer and lora_A / lora_B: the model's own missing
+        raise ValueError(
+            f"`model` holds peft adapter layers ({adapted[0]}, ... {len(adapted)} in all), whose weights load into "
+            "no layer of the pushed model; merge them into the weights first (a PeftModel's `merge_and_unload()`)."
         )
     record = PatchRecord.from_config(model.config)
     eval_table = load_eval_table(results[0], record) if results[0] is not None else None

@@ -12,9 +12,10 @@ from transformers import PreTrainedModel
 
 
 def unwrapped(model: nn.Module) -> nn.Module:
-    """The model ``model`` wraps, through any number of wrappers: a peft ``PeftModel`` (``get_base_model()``), a
-    module ``torch.compile`` wraps (``_orig_mod``), ``DistributedDataParallel`` or ``DataParallel`` (``module``);
-    ``model`` itself when it wraps none."""
+    """The model ``model`` wraps, through any number of wrappers: a peft ``PeftModel`` (``get_base_model()``) or
+    tuner (``LoraModel``, a ``PeftModel``'s ``base_model``: ``model``), a module ``torch.compile`` wraps
+    (``_orig_mod``), ``DistributedDataParallel`` or ``DataParallel`` (``module``); ``model`` itself when it wraps
+    none."""
     while isinstance(model, nn.Module) and not isinstance(model, PreTrainedModel):
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             inner = model.module
@@ -22,9 +23,22 @@ def unwrapped(model: nn.Module) -> nn.Module:
             inner = model._modules["_orig_mod"]
         elif callable(getattr(type(model), "get_base_model", None)):
             inner = model.get_base_model()
+        elif _is_peft(model, "BaseTuner"):
+            inner = model._modules.get("model")
         else:
             return model
         if not isinstance(inner, nn.Module) or inner is model:
             return model
         model = inner
     return model
+
+
+def adapter_layers(model: nn.Module) -> list[str]:
+    """The names of the modules of ``model`` that are peft adapter layers (a LoRA layer holds the layer it adapts
+    as ``base_layer`` and its adapters beside it: saved, its weights have other names than the model's)."""
+    return [name for name, module in model.named_modules() if _is_peft(module, "BaseTunerLayer")]
+
+
+def _is_peft(module: nn.Module, class_name: str) -> bool:
+    """Whether ``module`` is an instance of peft's class ``class_name`` (peft not imported here: it is optional)."""
+    return any(cls.__name__ == class_name and cls.__module__.startswith("peft.") for cls in type(module).__mro__)

@@ -18,19 +18,23 @@ def _lora(model):
     return get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", lora_dropout=0.0))
 
 
+@pytest.mark.parametrize("through", ["PeftModel", "LoraModel"])
 @pytest.mark.parametrize(("method", "params"), METHODS)
-def test_a_peft_model_is_patched_in_the_model_it_wraps_and_merges_patched(method, params, one_thread):
-    """``patch(peft_model)`` patches its base model, which holds the record: ``get_patch`` reads it through the
-    wrapper, the LoRA model computes what the patched base does (adapters start at zero), and after
-    ``merge_and_unload()`` the merged model is the patched one, which unpatches to the original bit for bit. Before:
-    the record stayed on the wrapper, and the merged model was patched with nothing to unpatch it."""
+def test_a_peft_model_is_patched_in_the_model_it_wraps_and_merges_patched(method, params, through, one_thread):
+    """``patch(peft_model)`` (or of its tuner, ``peft_model.base_model``, a ``LoraModel``) patches the model it wraps,
+    which holds the record: ``get_patch`` reads it through the wrapper, the LoRA model computes what the patched base
+    does (adapters start at zero), and after ``merge_and_unload()`` the merged model is the patched one, which
+    unpatches to the original bit for bit. Before: the record stayed on the wrapper, and the merged model was patched
+    with nothing to unpatch it."""
     base = make_tiny("llama")
     original = snapshot(base)
     reference = hf_posenc.patch(make_tiny("llama"), method, **params)
     ids = torch.randint(0, base.config.vocab_size, (1, 150), generator=torch.Generator().manual_seed(0))
     lora = _lora(base)
-    assert hf_posenc.patch(lora, method, **params) is lora
-    assert hf_posenc.get_patch(lora) == hf_posenc.get_patch(base) == hf_posenc.get_patch(reference)
+    wrapper = lora if through == "PeftModel" else lora.base_model
+    assert type(wrapper).__name__ == through
+    assert hf_posenc.patch(wrapper, method, **params) is wrapper
+    assert hf_posenc.get_patch(wrapper) == hf_posenc.get_patch(base) == hf_posenc.get_patch(reference)
     with torch.no_grad():
         torch.testing.assert_close(lora(input_ids=ids).logits, reference(ids).logits, rtol=0, atol=1e-6)
     merged = lora.merge_and_unload()
@@ -92,4 +96,18 @@ def test_a_peft_model_is_refused_by_push_before_anything_is_pushed(fake_hub, wit
     lora = _lora(hf_posenc.patch(AutoModelForCausalLM.from_pretrained(BASE_REPO), "yarn", factor=4))
     with pytest.raises(ValueError, match=r"PeftModel wraps the model to push; .*`merge_and_unload\(\)` first"):
         hf_posenc.push_to_hub(lora, "me/lora", with_weights=with_weights)
+    assert "me/lora" not in fake_hub.repos
+
+
+def test_a_model_holding_adapter_layers_is_refused_by_push_before_anything_is_pushed(fake_hub):
+    """Adapters put into the model itself (peft's ``inject_adapter_in_model``, not merged): saved, its layers' weights
+    are named ``base_layer`` and ``lora_A`` / ``lora_B``, and the pushed repo would load with those layers new.
+    Refused, naming the first layer; no repo made. Before: pushed."""
+    from peft import inject_adapter_in_model
+
+    upload_base()
+    model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(BASE_REPO), "yarn", factor=4)
+    inject_adapter_in_model(LoraConfig(r=4, target_modules="all-linear", lora_dropout=0.0), model)
+    with pytest.raises(ValueError, match=r"`model` holds peft adapter layers \(model.layers.0.self_attn.q_proj, "):
+        hf_posenc.push_to_hub(model, "me/lora", with_weights=True)
     assert "me/lora" not in fake_hub.repos

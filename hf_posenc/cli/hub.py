@@ -23,6 +23,7 @@ from ..hub_commit import TOKENIZER_SOURCES
 from ..hub_errors import HubError, call_hub
 from ..patching import patch
 from ..record import PatchRecord
+from ..registry import available_methods
 from ..saved import SavedPatch, base_config, load_base_model, restore_saved_tensors
 from ..spec import MethodSpec
 
@@ -198,8 +199,20 @@ def _default_repo(base_model: str, method: str, saved: SavedPatch | None) -> str
     """The card's repo id without ``--repo``: ``<model>-<method>``, or the model's own name where the model was saved
     with ``method`` and its name already names it (a folder ``smol-yarn4``, not ``smol-yarn4-yarn``)."""
     name = base_model.rstrip("/").split("/")[-1]
-    named = re.search(rf"(?:^|[-_.]){re.escape(method)}", name, re.IGNORECASE) is not None
+    named = _names_method(name, method)
     return name if saved is not None and saved.record.method == method and named else f"{name}-{method}"
+
+
+def _names_method(name: str, method: str) -> bool:
+    """Whether ``name`` holds ``method`` as a word of its own, a number after it allowed (``smol-yarn4``,
+    ``tiny_yarn-x4``; not ``tiny-pixel`` for ``pi``), not as part of a longer method's name (``dynamic-yarn``)."""
+
+    def spans(word: str) -> list[tuple[int, int]]:
+        pattern = rf"(?:^|(?<=[-_.])){re.escape(word)}(?:x?[\d.]*\d)?(?=$|[-_.])"
+        return [match.span() for match in re.finditer(pattern, name, re.IGNORECASE)]
+
+    longer = [span for other in available_methods() if other != method and method in other for span in spans(other)]
+    return any(not any(a <= start and end <= b for a, b in longer) for start, end in spans(method))
 
 
 def _weights_source(args: argparse.Namespace, saved: SavedPatch | None) -> tuple[str, str | None]:

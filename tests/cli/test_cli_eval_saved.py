@@ -204,6 +204,30 @@ def test_a_cards_default_name_names_the_method_once(tiny_dir, tmp_path, folder, 
 
 
 @pytest.mark.parametrize(
+    ("name", "method", "named"),
+    [
+        ("smol-yarn4", "yarn", True),
+        ("smol_yarn-x4", "yarn", True),
+        ("Qwen2.5-0.5B-YaRN4.0", "yarn", True),
+        ("yarn", "yarn", True),
+        ("smol-yarnless", "yarn", False),
+        ("smol-dynamic-yarn", "yarn", False),  # names dynamic-yarn
+        ("smol-dynamic-yarn", "dynamic-yarn", True),
+        ("gpt2-pile", "pi", False),
+        ("tiny-pixel", "pi", False),
+        ("gpt2-pi2", "pi", True),
+        ("llama-ntk-by-parts", "ntk", False),
+    ],
+)
+def test_a_name_names_a_method_as_a_word_of_its_own(name, method, named):
+    """Before: any word that started with the method's name named it (``gpt2-pile`` for pi, ``smol-dynamic-yarn`` for
+    yarn: the card kept the name)."""
+    from hf_posenc.cli.hub import _names_method
+
+    assert _names_method(name, method) is named
+
+
+@pytest.mark.parametrize(
     ("params", "spec"),
     [
         ({"factor": 4}, "yarn:original_max_position_embeddings=64,factor=4.0"),

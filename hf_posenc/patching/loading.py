@@ -51,6 +51,7 @@ def load_patched_model(pretrained_model_name_or_path: str, **kwargs: Any) -> Pre
     if kwargs.get("trust_remote_code"):
         raise ValueError("hf_posenc never loads remote code; trust_remote_code=True is refused.")
     config_kwargs = {key: kwargs[key] for key in _CONFIG_KWARGS if key in kwargs}
+    _refuse_unmerged_adapters(pretrained_model_name_or_path, config_kwargs)
     given = kwargs.pop("config", None)  # copied: the caller's object is neither changed nor shared with the model
     config = (
         copy.deepcopy(given)
@@ -75,6 +76,30 @@ def load_patched_model(pretrained_model_name_or_path: str, **kwargs: Any) -> Pre
     _load_added_tensors(model, pretrained_model_name_or_path, config_kwargs)
     _warn_where_edited(pretrained_model_name_or_path, config, in_file, model.config, record)
     return model
+
+
+def _refuse_unmerged_adapters(source: str, config_kwargs: dict[str, Any]) -> None:
+    """Raise ``ValueError`` where the safetensors weights of the local folder ``source`` are those of peft adapter
+    layers, not merged (``...q_proj.base_layer.weight``, ``...q_proj.lora_A.default.weight``): the checkpoints of a
+    LoRA run, which resume it; loaded, every layer they adapt would be new, the load report aside."""
+    folder = Path(source) / config_kwargs.get("subfolder", "")
+    if config_kwargs.get("gguf_file") or not folder.is_dir():
+        return
+    index, single = folder / SAFE_WEIGHTS_INDEX_NAME, folder / SAFE_WEIGHTS_NAME
+    if index.is_file():
+        names = list(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
+    elif single.is_file():
+        with safe_open(single, framework="pt") as checkpoint:
+            names = list(checkpoint.keys())
+    else:
+        return
+    adapted = sorted(name for name in names if ".base_layer." in name or ".lora_A." in name)
+    if adapted:
+        raise ValueError(
+            f"{source} holds the weights of peft adapter layers, not merged ({adapted[0]}, ...): a checkpoint of a "
+            "LoRA run (hf-posenc train --trainable lora), which resumes it (--resume). Loaded, each layer it adapts "
+            "would be new; load the run's output folder, where the adapters are merged into the weights."
+        )
 
 
 def _load_added_tensors(model: PreTrainedModel, source: str, hub_kwargs: dict[str, Any]) -> None:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import logging
+import zipfile
 from pathlib import Path
 from typing import Any
 
-from transformers import PreTrainedModel
+from accelerate import PartialState
+from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import CONFIG_NAME
 
-from ..files import CHECK_PREFIX, nearest_existing, same_place, write_problem
+from ..files import CHECK_PREFIX, atomic_write_text, nearest_existing, same_place, write_problem
 from ..fingerprint import model_fingerprint
 from ..spec import MethodSpec
 from .optimizer import POSITION_GROUPS_LAYOUT
@@ -30,7 +33,8 @@ def run_identity(
 ) -> dict[str, Any]:
     """What a run is (``train_run.json``): a resumed run must match it. The model is its name, and its weights as
     handed in: their dtype and :func:`~hf_posenc.fingerprint.model_fingerprint` (another GGUF file of one folder,
-    or the same model loaded in another dtype, is another run)."""
+    or the same model loaded in another dtype, is another run), and the processes it trains on (each takes its own
+    windows of every step)."""
     run_settings = settings.recorded()  # the defaults of LoRA's and the same given are one run
     layout = {} if settings.position_learning_rate is None else {"optimizer_groups": POSITION_GROUPS_LAYOUT}
     return {
@@ -40,6 +44,7 @@ def run_identity(
         "method": spec.text,
         "settings": run_settings,
         "bf16": resolved_bf16(model, settings),  # as it trains: the default (None) depends on the machine
+        "processes": PartialState().num_processes,
         "data_sha256": data.fingerprint(),
         **layout,
     }
@@ -99,8 +104,9 @@ def _differences(recorded: dict[str, Any], identity: dict[str, Any]) -> list[str
     other_weights = weights.get("dtype") == loaded["dtype"] and weights.get("fingerprint") != loaded["fingerprint"]
     if weights.get("dtype") != loaded["dtype"]:
         pairs.append(("dtype", weights.get("dtype"), loaded["dtype"]))
-    if "bf16" in recorded:  # since 2026-11-28 bf16 compares as the run trains; before, as it was asked
-        there, here = {**there, "bf16": recorded["bf16"]}, {**here, "bf16": identity["bf16"]}
+    for key in ("bf16", "processes"):  # recorded since 2026-11-28 (bf16 as the run trains; before, as it was asked)
+        if key in recorded:
+            there, here = {**there, key: recorded[key]}, {**here, key: identity[key]}
     pairs += [(name, there.get(name), value) for name, value in here.items() if there.get(name) != value]
     said = [f"`{name}`: {old!r} there, {new!r} here" for name, old, new in pairs]
     if other_weights:
@@ -125,17 +131,19 @@ def _same_method(recorded: Any, now: str) -> bool:
         return False
 
 
-def last_checkpoint(output_dir: Path) -> str | None:
-    """The newest checkpoint the Trainer finished writing (its ``trainer_state.json``, written last, reads as JSON),
-    or None. A newer one it did not finish (the run stopped while writing it: killed, interrupted, a full disk) is
-    named in a warning and left as it is: the Trainer writes it again when the run reaches its step."""
+def last_checkpoint(output_dir: Path, processes: int) -> str | None:
+    """The newest checkpoint the Trainer finished writing, or None: its ``trainer_state.json`` (written last by the
+    first process) reads as JSON, and the RNG state of each of the run's ``processes`` is whole (each process writes
+    its own, the others' maybe after that file). A newer one it did not finish (the run stopped while writing it:
+    killed, interrupted, a full disk) is named in a warning and left as it is: the Trainer writes it again when the
+    run reaches its step."""
     steps = {}
     for folder in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
         step = folder.name.removeprefix(f"{PREFIX_CHECKPOINT_DIR}-")
         if step.isdigit() and folder.is_dir():
             steps[int(step)] = folder
     for step in sorted(steps, reverse=True):
-        if _finished(steps[step]):
+        if _finished(steps[step], processes):
             return str(steps[step])
         logger.warning(
             "%s was not finished (the run stopped while writing it): resuming from the checkpoint before it, or from "
@@ -146,9 +154,27 @@ def last_checkpoint(output_dir: Path) -> str | None:
     return None
 
 
-def _finished(checkpoint: Path) -> bool:
+def _finished(checkpoint: Path, processes: int) -> bool:
+    rng_files = ["rng_state.pth"] if processes <= 1 else [f"rng_state_{rank}.pth" for rank in range(processes)]
     try:
         json.loads((checkpoint / TRAINER_STATE_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return True
+    return all(zipfile.is_zipfile(checkpoint / name) for name in rng_files)  # torch.save's zip: its end written last
+
+
+def readable_by_the_trainer(checkpoint: str) -> None:
+    """Drop the ``rope_scaling`` of ``checkpoint``'s ``config.json`` where transformers' generic config class cannot
+    read the file with it. The Trainer's resume reads that file with it (only to compare transformers versions), and
+    transformers 5.24 raises there on a ``yarn`` or ``llama3`` ``rope_scaling`` (its RoPE standardisation asks the
+    generic class for ``max_position_embeddings``). A patch writes the key for transformers 4's readers; a checkpoint
+    is read by the resume alone, whose model takes its patch from the record and its weights from the checkpoint."""
+    path = Path(checkpoint) / CONFIG_NAME
+    try:
+        PreTrainedConfig.from_json_file(str(path))
+        return
+    except Exception:  # whatever its RoPE standardisation raises
+        config = json.loads(path.read_text(encoding="utf-8"))
+    if "rope_scaling" in config:
+        del config["rope_scaling"]
+        atomic_write_text(path, json.dumps(config, indent=2, sort_keys=True) + "\n")

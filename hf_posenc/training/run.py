@@ -36,7 +36,7 @@ from ..tokenizer_context import follow_context
 from .lora import add_adapters, merge_adapters, remove_adapters
 from .optimizer import PositionRateTrainer
 from .packing import PackedWindows, pack_texts
-from .resume import RUN_FILE, check_output, last_checkpoint, run_identity
+from .resume import RUN_FILE, check_output, last_checkpoint, readable_by_the_trainer, run_identity
 from .settings import TrainSettings, training_arguments
 from .trainable import apply_method, release_gguf, select_trainable, unused_parameters
 
@@ -143,7 +143,10 @@ def train(
         PartialState().wait_for_everyone()  # every process has checked output_dir before the first file is written
         if args.should_save:
             _write_json(output_dir / RUN_FILE, identity)
-        checkpoint = last_checkpoint(output_dir) if settings.resume else None
+        checkpoint = last_checkpoint(output_dir, args.world_size) if settings.resume else None
+        if checkpoint is not None and args.should_save:
+            readable_by_the_trainer(checkpoint)
+        PartialState().wait_for_everyone()  # the checkpoint as every process reads it
         clock = _Clock(_seconds_at(checkpoint))
         trainer = PositionRateTrainer(
             model=model,

@@ -410,8 +410,17 @@ class _Kill(TrainerCallback):
 
 
 # GPT-2 has dropout: its RNG state must come back too; LoRA's adapters and norms are in the checkpoints as well
-@pytest.mark.parametrize(("family", "trainable"), [("llama", "all"), ("gpt2", "all"), ("llama", "lora")])
-def test_a_killed_run_resumes_where_it_stopped(tmp_path, monkeypatch, family, trainable):
+# yarn: its config's rope_scaling (written for transformers 4) made transformers 5's resume raise (AttributeError)
+@pytest.mark.parametrize(
+    ("family", "trainable", "method"),
+    [
+        ("llama", "all", "alibi"),
+        ("gpt2", "all", "alibi"),
+        ("llama", "lora", "alibi"),
+        ("llama", "all", "yarn:factor=2"),
+    ],
+)
+def test_a_killed_run_resumes_where_it_stopped(tmp_path, monkeypatch, family, trainable, method):
     """On a CPU the resumed run is bit-identical to the uninterrupted one: the checkpoint holds the weights,
     the optimizer, the scheduler and the RNG states, and the Trainer skips the batches already seen (the
     shuffled order of the whole run is fixed by the seed). Its time counts every session (a clock that takes
@@ -422,15 +431,15 @@ def test_a_killed_run_resumes_where_it_stopped(tmp_path, monkeypatch, family, tr
         batch_size=2, trainable=trainable
     )  # 12 steps over 11 batches: the resumed part crosses an epoch
     whole = make_tiny(family)
-    expected = train(whole, None, DATA, tmp_path / "whole", settings, "alibi")
+    expected = train(whole, None, DATA, tmp_path / "whole", settings, method)
     killed = tmp_path / "killed"
     with pytest.raises(KeyboardInterrupt):
-        train(make_tiny(family), None, DATA, killed, settings, "alibi", callbacks=[_Kill(6), tick])
+        train(make_tiny(family), None, DATA, killed, settings, method, callbacks=[_Kill(6), tick])
     assert sorted(p.name for p in killed.iterdir()) == ["checkpoint-5", "train_run.json"]
     assert _recorded_seconds(killed / "checkpoint-5") == 50  # the killed session's time up to its checkpoint
     resumed = make_tiny(family)
     resume = _settings(batch_size=2, trainable=trainable, resume=True)
-    result = train(resumed, None, DATA, killed, resume, "alibi", callbacks=[tick])
+    result = train(resumed, None, DATA, killed, resume, method, callbacks=[tick])
     assert result.losses == expected.losses and result.steps == 12
     for (name, value), other in zip(whole.named_parameters(), resumed.parameters(), strict=True):
         assert torch.equal(value, other), name
@@ -439,7 +448,7 @@ def test_a_killed_run_resumes_where_it_stopped(tmp_path, monkeypatch, family, tr
     readings = itertools.count(start=1000, step=3)
     monkeypatch.setattr(run_module, "time", SimpleNamespace(perf_counter=lambda: next(readings)))
     again = make_tiny(family)
-    finished = train(again, None, DATA, killed, resume, "alibi", callbacks=[tick])
+    finished = train(again, None, DATA, killed, resume, method, callbacks=[tick])
     assert finished.losses == expected.losses
     assert all(torch.equal(a, b) for a, b in zip(whole.parameters(), again.parameters(), strict=True))
     # the time counts every session: the killed one's 5 steps, then the resumed one's 7; the finished run adds 0
@@ -556,6 +565,25 @@ def test_the_command_trains_lora_adapters_of_the_rank_asked(tiny_dir, tmp_path):
     assert torch.linalg.matrix_rank(trained[query] - base.state_dict()[query]).item() == 3
     assert main(_train_args(tiny_dir, out, *lora[:3], "4", "--resume")) == 2
     assert main(_train_args(tiny_dir, out, *lora[:4], "--resume")) == 0  # alpha's default, 2 · 3, is the 6 given
+
+
+def test_a_lora_runs_checkpoint_is_refused_as_a_model_and_resumes_the_run(tiny_dir, tmp_path, capsys):
+    """A LoRA run's checkpoints hold its adapters unmerged (``base_layer``, ``lora_A``): ``from_pretrained`` and
+    ``eval --model`` of one refuse it, naming the output folder (before: loaded with every adapted layer new, and
+    scored at chance), while the run resumes from it and its output folder loads."""
+    out = tmp_path / "out"
+    argv = _train_args(tiny_dir, out, "--trainable", "lora", "--steps", "2", "--save-steps", "1")
+    assert main(argv) == 0
+    checkpoint = out / "checkpoint-2"
+    with pytest.raises(ValueError, match=r"holds the weights of peft adapter layers, not merged \(model\.layers\.0\."):
+        hf_posenc.from_pretrained(checkpoint)
+    capsys.readouterr()
+    eval_argv = ["eval", "--model", str(checkpoint), "--dataset", str(tiny_dir / "texts"), "--lengths", "32"]
+    assert main([*eval_argv, "--output", str(tmp_path / "scores")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "load the run's output folder" in err and not (tmp_path / "scores").exists()
+    assert hf_posenc.get_patch(hf_posenc.from_pretrained(out)) is not None
+    assert main([*argv, "--resume"]) == 0  # finished: its last checkpoint read, nothing trained
 
 
 def test_streaming_reads_the_same_windows(tiny_dir, tmp_path):
@@ -734,6 +762,39 @@ def test_a_checkpoint_cut_short_is_passed_over_and_written_again(tmp_path, caplo
     assert result.losses == expected.losses
     assert all(torch.equal(a, b) for a, b in zip(whole.parameters(), resumed.parameters(), strict=True))
     assert json.loads((killed / "checkpoint-10" / "trainer_state.json").read_text())["global_step"] == 10
+
+
+def test_a_checkpoint_missing_a_processs_rng_state_is_not_finished(tmp_path):
+    """Each process writes its own RNG state, the others' maybe after the first process's trainer_state.json (no
+    barrier): a checkpoint of a 2-process run whose second RNG file is missing or cut short is not finished (before:
+    taken, and the resume went on with another random state, only an INFO line saying so)."""
+    from hf_posenc.training.resume import last_checkpoint
+
+    for step in (1, 2):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / "trainer_state.json").write_text("{}")
+        for rank in (0, 1):
+            torch.save({"cpu": torch.random.get_rng_state()}, folder / f"rng_state_{rank}.pth")
+    newest = tmp_path / "checkpoint-2" / "rng_state_1.pth"
+    assert last_checkpoint(tmp_path, 2) == str(tmp_path / "checkpoint-2")
+    newest.write_bytes(newest.read_bytes()[:-40])  # cut short
+    assert last_checkpoint(tmp_path, 2) == str(tmp_path / "checkpoint-1")
+    newest.unlink()
+    assert last_checkpoint(tmp_path, 2) == str(tmp_path / "checkpoint-1")
+    assert last_checkpoint(tmp_path, 1) is None  # one process writes rng_state.pth
+
+
+def test_a_resume_on_another_number_of_processes_is_refused(tmp_path):
+    """Each process takes its own windows of every step: a run started on 2 processes and resumed on 1 would train
+    other windows, at half the batch (before: resumed without a word)."""
+    out = tmp_path / "out"
+    train(make_tiny("llama"), None, DATA, out, _settings(steps=2), "alibi")
+    record = json.loads((out / "train_run.json").read_text())
+    assert record["processes"] == 1
+    (out / "train_run.json").write_text(json.dumps({**record, "processes": 2}))
+    with pytest.raises(ValueError, match="`processes`: 2 there, 1 here"):
+        train(make_tiny("llama"), None, DATA, out, _settings(steps=2, resume=True), "alibi")
 
 
 def test_a_resume_on_other_weights_or_another_dtype_is_refused(tmp_path):

@@ -9,7 +9,6 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from accelerate import PartialState
 from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -29,7 +28,7 @@ RUN_FORMAT = 1
 
 
 def run_identity(
-    model: PreTrainedModel, spec: MethodSpec, settings: TrainSettings, data: PackedWindows
+    model: PreTrainedModel, spec: MethodSpec, settings: TrainSettings, data: PackedWindows, processes: int
 ) -> dict[str, Any]:
     """What a run is (``train_run.json``): a resumed run must match it. The model is its name, and its weights as
     handed in: their dtype and :func:`~hf_posenc.fingerprint.model_fingerprint` (another GGUF file of one folder,
@@ -44,7 +43,7 @@ def run_identity(
         "method": spec.text,
         "settings": run_settings,
         "bf16": resolved_bf16(model, settings),  # as it trains: the default (None) depends on the machine
-        "processes": PartialState().num_processes,
+        "processes": processes,
         "data_sha256": data.fingerprint(),
         **layout,
     }

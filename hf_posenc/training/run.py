@@ -110,10 +110,10 @@ def train(
             settings.steps,
             settings.learning_rate,
         )
-    identity = run_identity(model, spec, settings, data)
+    args = training_arguments(model, output_dir, settings)  # its processes: the run's (accelerate launch's)
+    identity = run_identity(model, spec, settings, data, args.world_size)
     check_output(output_dir, identity, settings.resume)
     release_gguf(model)
-    args = training_arguments(model, output_dir, settings)
     handed_in = _HandedIn.of(model)
     if args.place_model_on_device:  # patched where and as it trains: the backend "auto" picks depends on both
         model.to(args.device)

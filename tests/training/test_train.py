@@ -7,7 +7,11 @@ import dataclasses
 import itertools
 import json
 import logging
+import math
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,6 +30,7 @@ from hf_posenc.training import TrainSettings, pack_windows, release_gguf, select
 from hf_posenc.training import run as run_module
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parents[2]
 
 LENGTH = 32
 # A short cycle repeated: a tiny model learns it within a few dozen steps.
@@ -584,6 +589,27 @@ def test_a_lora_runs_checkpoint_is_refused_as_a_model_and_resumes_the_run(tiny_d
     assert err.count("\n") == 1 and "load the run's output folder" in err and not (tmp_path / "scores").exists()
     assert hf_posenc.get_patch(hf_posenc.from_pretrained(out)) is not None
     assert main([*argv, "--resume"]) == 0  # finished: its last checkpoint read, nothing trained
+
+
+def test_two_processes_train_as_one_with_the_same_total_batch_and_resume(tiny_dir, tmp_path):
+    """``accelerate launch`` with 2 CPU processes (gloo), one window each, against one process with two: the same
+    losses to float rounding (yarn and LoRA adapters, merged at the end). The finished run resumes on 2 processes
+    (its checkpoint's RNG states, one per process, and its yarn config read by the Trainer) and is refused on 1."""
+    lora = ["--method", "yarn:factor=2", "--trainable", "lora", "--lora-rank", "2", "--steps", "3", "--save-steps", "3"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(_train_args(tiny_dir, one, *lora, "--batch-size", "2")) == 0
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0"]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    command = [*launch, "-m", "hf_posenc", *_train_args(tiny_dir, two, *lora, "--batch-size", "1")]
+    for extra in ([], ["--resume"]):
+        done = subprocess.run([*command, *extra], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    summaries = [json.loads((folder / "train_summary.json").read_text()) for folder in (one, two)]
+    assert [summary["world_size"] for summary in summaries] == [1, 2]
+    for (step, a), (other, b) in zip(summaries[0]["losses"], summaries[1]["losses"], strict=True):
+        assert step == other and math.isclose(a, b, rel_tol=1e-5)
+    assert main([*_train_args(tiny_dir, two, *lora, "--batch-size", "1"), "--resume"]) == 2  # 1 process here
 
 
 def test_streaming_reads_the_same_windows(tiny_dir, tmp_path):

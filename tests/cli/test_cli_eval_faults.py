@@ -96,6 +96,9 @@ def test_a_malformed_passkey_file_is_one_line_and_kept(tiny_dir, tmp_path, capsy
             lambda r: r.update(prompt_hashes={"400": 7}),
             "is malformed: the file has 'prompt_hashes' that are not an object of strings",
         ),
+        # before: "no" read as scored with BOS, 0 as without
+        (lambda r: r.update(bos="no"), "is malformed: the file has a string as 'bos', not a boolean"),
+        (lambda r: r.update(bos=0), "is malformed: the file has an integer as 'bos', not a boolean"),
     ]
     for edit, said in edits:
         report = json.loads(json.dumps(written))

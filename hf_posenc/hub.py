@@ -39,7 +39,6 @@ from .plots import plot_ppl_vs_length
 from .provenance import Pushed, check_measured_on, is_hub_id, weights_commit
 from .record import PatchRecord
 from .report_files import report_for_file
-from .tokenizer_context import follow_context
 
 _LICENSE_FIELDS = ("license", "license_name", "license_link")
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
@@ -268,7 +267,6 @@ def stage_repo(
         config.save_pretrained(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
-        follow_context(folder, model.config)
     metadata = {
         "format": METADATA_FORMAT,
         "weights": contents.with_weights,

@@ -230,23 +230,6 @@ def serving_gaps(config: dict[str, Any]) -> tuple[Finding, ...]:
     return tuple(f for f in findings if f.engine != "config" and f.severity in ("differs", "ignored"))
 
 
-def tokenizer_findings(config: dict[str, Any], model_max_length: Any) -> list[Finding]:
-    """A ``tokenizer`` finding where ``model_max_length`` (the ``tokenizer_config.json`` beside ``config``) is below
-    the config's context: vLLM serves at most the smaller of the two, scaled after by a linear or dynamic factor
-    (0.33, ``vllm/config/model.py``, ``_get_and_verify_max_len``); transformers builds the model from the config
-    alone. None for a tokenizer without a limit, or a config without a context."""
-    key = next((key for key in ("max_position_embeddings", "n_positions") if key in config), None)
-    context = config.get(key) if key else None
-    counts = [value for value in (model_max_length, context) if isinstance(value, int) and not isinstance(value, bool)]
-    if len(counts) < 2 or model_max_length >= context:
-        return []
-    detail = (
-        f"tokenizer_config.json's model_max_length {model_max_length} is below {key} {context}: vLLM serves at most "
-        f"the smaller (before a linear or dynamic factor scales it); raise model_max_length to {context}"
-    )
-    return [Finding("tokenizer", "differs", detail)]
-
-
 def _config_gaps(config: dict[str, Any], reference: View) -> tuple[str, str] | None:
     scaling, parameters = (rope_view(config, (key,)) for key in ("rope_scaling", "rope_parameters"))
     legacy = rope_view(config, ("rope_scaling",), theta_from_rope=False)

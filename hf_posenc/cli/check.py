@@ -24,17 +24,7 @@ from ..metadata import read_metadata
 from ..patching.rope_types import OWN_ROPE_TYPES
 from ..record import PatchRecord
 from ..registry import Method, get_method
-from ..serving import (
-    ENGINES,
-    REFERENCE_READS,
-    Finding,
-    View,
-    config_rotary_dim,
-    engine_findings,
-    rope_view,
-    tokenizer_findings,
-)
-from ..tokenizer_context import TOKENIZER_CONFIG
+from ..serving import ENGINES, REFERENCE_READS, Finding, View, config_rotary_dim, engine_findings, rope_view
 
 _REPO_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 
@@ -43,8 +33,7 @@ For each engine, from what its source reads (hf_posenc/serving.py names the file
 transformers 5 builds it), differs (built otherwise: the detail gives both values), refused (the engine raises),
 ignored (built without the method: plain RoPE). A 'config' line flags keys other readers take otherwise
 (rope_scaling against rope_parameters, the top-level rope_theta); a 'record' line, an hf_posenc record that says
-another method than the config's RoPE keys; a 'tokenizer' line, a tokenizer_config.json beside the config whose
-model_max_length is below the config's context (vLLM serves the smaller). Engines: {", ".join(e.name for e in ENGINES)}.
+another method than the config's RoPE keys. Engines: {", ".join(e.name for e in ENGINES)}.
 
 Exit status: 0 when every engine builds it as transformers does, 1 when one does not, 2 when the config cannot be
 read (no such file, folder without config.json, Hub failure, not a JSON object).
@@ -73,14 +62,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def check_command(args: argparse.Namespace) -> int:
     """Print the findings for ``args.config`` (a table, or JSON with ``--json``); the exit status: 0 or 1."""
     config = read_config(args.config, args.revision)
-    model_max_length = read_tokenizer_length(args.config, args.revision)
     record = PatchRecord.from_config(config, missing_ok=True)
     added = _weights_hold_added_tensors(args.config, args.revision, record)
     try:
         _check_rope_values(config)
         _check_transformers_reads(config)
         findings = [*record_findings(config, record), *engine_findings(config, added_tensors=added)]
-        findings += tokenizer_findings(config, model_max_length)
     except (TypeError, ValueError, KeyError, ArithmeticError) as error:  # a RoPE value of the wrong type, say
         detail = str(error) if isinstance(error, TransformersRefuses) else f"{type(error).__name__}: {error}"
         raise ValueError(f"{args.config}: its RoPE keys are malformed ({detail}).") from None
@@ -278,39 +265,20 @@ def read_config(source: str, revision: str | None = None) -> dict[str, Any]:
     return config
 
 
-def read_tokenizer_length(source: str, revision: str | None = None) -> Any:
-    """``model_max_length`` of the ``tokenizer_config.json`` beside ``source``'s config (that file's folder, the
-    folder, or the Hub repo at ``revision``); None where there is none, or it is no JSON object."""
-    path = Path(source)
-    if path.exists():
-        file = (path.parent if path.is_file() else path) / TOKENIZER_CONFIG
-        found = file if file.is_file() else None
-    else:
-        found = _download(source, revision, TOKENIZER_CONFIG, missing_ok=True)
-    try:
-        tokenizer_config = json.loads(found.read_text(encoding="utf-8")) if found else None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        return None
-    return tokenizer_config.get("model_max_length") if isinstance(tokenizer_config, dict) else None
-
-
-def _download(repo_id: str, revision: str | None, filename: str = CONFIG_FILE, missing_ok: bool = False) -> Path | None:
-    """The Hub repo's ``filename``, downloaded (or the cached copy where the Hub cannot be reached:
+def _download(repo_id: str, revision: str | None) -> Path:
+    """The Hub repo's ``config.json``, downloaded (or the cached copy where the Hub cannot be reached:
     :func:`~hf_posenc.hub_reach.hub_unreachable`); a failure of the Hub is an OSError here (exit 2: the config could
-    not be read), with its redacted message (the CLI prints it on one line, as every message). With ``missing_ok``,
-    None where the repo has no such file (or the Hub cannot be reached and the cache has no copy)."""
-    action = f"Reading {filename} of {repo_id!r}" + (f" at {revision!r}" if revision else "")
+    not be read), with its redacted message (the CLI prints it on one line, as every message)."""
+    action = f"Reading {CONFIG_FILE} of {repo_id!r}" + (f" at {revision!r}" if revision else "")
     unreachable = hub_unreachable(repo_id, revision)
     if unreachable:
-        cached = cached_file(repo_id, filename, revision)
-        if cached is None and not missing_ok:
+        cached = cached_file(repo_id, CONFIG_FILE, revision)
+        if cached is None:
             raise OSError(
                 f"{action} failed: the Hub cannot be reached ({unreachable}), and no copy of it is in the cache."
             )
         return cached
     try:
-        return Path(call_hub(lambda: hf_hub_download(repo_id, filename, revision=revision), HubError, action, None))
+        return Path(call_hub(lambda: hf_hub_download(repo_id, CONFIG_FILE, revision=revision), HubError, action, None))
     except HubError as error:
-        if missing_ok and error.status_code == 404:
-            return None
         raise OSError(str(error)) from None

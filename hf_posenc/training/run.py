@@ -32,7 +32,6 @@ from .._version import __version__
 from ..files import atomic_write_text, json_text
 from ..patching import get_patch, learned_table_rows, unpatch
 from ..spec import MethodSpec
-from ..tokenizer_context import follow_context
 from .lora import add_adapters, merge_adapters, remove_adapters
 from .optimizer import PositionRateTrainer
 from .packing import PackedWindows, pack_texts
@@ -176,8 +175,6 @@ def train(
         if settings.trainable == "lora":
             merge_adapters(model)
     trainer.save_model(str(output_dir))
-    if args.should_save:
-        follow_context(output_dir, model.config)
     model.eval()
     losses = [(entry["step"], entry["loss"]) for entry in trainer.state.log_history if "loss" in entry]
     result = TrainResult(losses[-1][1] if losses else math.nan, losses, trainer.state.global_step, seconds, trainable)

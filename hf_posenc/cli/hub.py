@@ -204,11 +204,12 @@ def _default_repo(base_model: str, method: str, saved: SavedPatch | None) -> str
 
 
 def _names_method(name: str, method: str) -> bool:
-    """Whether ``name`` holds ``method`` as a word of its own, a number after it allowed (``smol-yarn4``,
-    ``tiny_yarn-x4``; not ``tiny-pixel`` for ``pi``), not as part of a longer method's name (``dynamic-yarn``)."""
+    """Whether ``name`` holds ``method`` as a word of its own, a number after it allowed (``smol-yarn4``, ``yarn4x``,
+    ``yarn128k``, ``tiny_yarn-x4``; not ``tiny-pixel`` for ``pi``), not as part of a longer method's name
+    (``dynamic-yarn``)."""
 
     def spans(word: str) -> list[tuple[int, int]]:
-        pattern = rf"(?:^|(?<=[-_.])){re.escape(word)}(?:x?[\d.]*\d)?(?=$|[-_.])"
+        pattern = rf"(?:^|(?<=[-_.])){re.escape(word)}(?:x?[\d.]*\d[xk]?)?(?=$|[-_.])"
         return [match.span() for match in re.finditer(pattern, name, re.IGNORECASE)]
 
     longer = [span for other in available_methods() if other != method and method in other for span in spans(other)]

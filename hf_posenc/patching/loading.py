@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cached_file
 
@@ -86,12 +86,15 @@ def _refuse_unmerged_adapters(source: str, config_kwargs: dict[str, Any]) -> Non
     if config_kwargs.get("gguf_file") or not folder.is_dir():
         return
     index, single = folder / SAFE_WEIGHTS_INDEX_NAME, folder / SAFE_WEIGHTS_NAME
-    if index.is_file():
-        names = list(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
-    elif single.is_file():
-        with safe_open(single, framework="pt") as checkpoint:
-            names = list(checkpoint.keys())
-    else:
+    try:  # the file transformers loads: the single one first; one it cannot read is left to it to say so
+        if single.is_file():
+            with safe_open(single, framework="pt") as checkpoint:
+                names = list(checkpoint.keys())
+        elif index.is_file():
+            names = list(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
+        else:
+            return
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError):
         return
     adapted = sorted(name for name in names if ".base_layer." in name or ".lora_A." in name)
     if adapted:

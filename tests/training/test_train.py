@@ -591,6 +591,16 @@ def test_a_lora_runs_checkpoint_is_refused_as_a_model_and_resumes_the_run(tiny_d
     assert main([*argv, "--resume"]) == 0  # finished: its last checkpoint read, nothing trained
 
 
+@pytest.mark.parametrize("index", ["{", '{"weight_map": {"model.layers.0.mlp.up_proj.lora_A.default.weight": "x"}}'])
+def test_a_stray_index_beside_the_weights_transformers_loads_is_not_read(tmp_path, index):
+    """The adapters check reads the file transformers loads, the single safetensors first: a stray index beside it,
+    unreadable or naming adapters, neither fails nor refuses the load (before: a bare KeyError or JSONDecodeError)."""
+    model = hf_posenc.patch(make_tiny("llama"), "yarn", factor=2)
+    model.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text(index)
+    assert hf_posenc.get_patch(hf_posenc.from_pretrained(tmp_path)) == hf_posenc.get_patch(model)
+
+
 def test_two_processes_train_as_one_with_the_same_total_batch_and_resume(tiny_dir, tmp_path):
     """``accelerate launch`` with 2 CPU processes (gloo), one window each, against one process with two: the same
     losses to float rounding (yarn and LoRA adapters, merged at the end). The finished run resumes on 2 processes

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,8 @@ def check_output(output_dir: Path, identity: dict[str, Any] | None, resume: bool
             f"`resume`: {run_file} is not the record of a run ({problem}); the run in `output_dir` cannot be "
             "checked, so it is not continued. Choose an empty or new folder."
         )
+    if identity is not None and "processes" not in recorded:  # an earlier version's run: its checkpoints say
+        recorded = {**recorded, **({"processes": found} if (found := _checkpoint_processes(output_dir)) else {})}
     differences = [] if identity is None else _differences(recorded, identity)
     if differences:
         raise ValueError(
@@ -151,6 +154,23 @@ def last_checkpoint(output_dir: Path, processes: int) -> str | None:
             step,
         )
     return None
+
+
+def _checkpoint_processes(output_dir: Path) -> int | None:
+    """The number of processes that wrote the newest checkpoint in ``output_dir`` (one RNG state file each:
+    ``rng_state.pth`` for one, ``rng_state_<rank>.pth`` for several); None without a checkpoint."""
+    ranks = [
+        int(match.group(1) or 0) + 1
+        for folder in sorted(output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"), key=_step, reverse=True)[:1]
+        for path in folder.glob("rng_state*.pth")
+        if (match := re.fullmatch(r"rng_state(?:_(\d+))?\.pth", path.name))
+    ]
+    return max(ranks, default=None)
+
+
+def _step(folder: Path) -> int:
+    step = folder.name.removeprefix(f"{PREFIX_CHECKPOINT_DIR}-")
+    return int(step) if step.isdigit() else -1
 
 
 def _finished(checkpoint: Path, processes: int) -> bool:

@@ -82,7 +82,9 @@ def train(
     Args:
         model (`PreTrainedModel`): the unpatched base model (the patch is applied here, so that
             ``trainable="position"`` knows what it added). A model loaded from a GGUF file is made an ordinary
-            one first (:func:`release_gguf`). It is left patched, trained, in eval mode.
+            one first (:func:`release_gguf`). It is left patched, trained, in eval mode. Where the run stops before
+            the ``Trainer`` runs (a check refuses it, the run's record cannot be written) it is handed back as it
+            came; where the ``Trainer`` fails (loading a checkpoint, a step), patched, with the weights it has then.
         tokenizer: its tokenizer; saved with the model.
         texts (`Sequence[str]` or `PackedWindows`): the documents, or windows packed already (:func:`pack_texts`).
         output_dir (`str` or `Path`): an empty or new folder, or with ``settings.resume`` one holding this run.
@@ -118,7 +120,7 @@ def train(
         model.to(args.device)
     model.train()
     added = apply_method(model, spec)
-    adapting = False  # whether LoRA adapters may be in the model (removed if the run stops before its first step)
+    adapting = False  # whether LoRA adapters may be in the model (removed if the run stops before the Trainer runs)
     try:
         rows = learned_table_rows(model)
         if rows is not None and settings.length > rows:
@@ -157,7 +159,7 @@ def train(
             position_parameters=added,
             position_learning_rate=settings.position_learning_rate,
         )
-    except BaseException:  # a refused check, or a failure before the first step: the model as it was handed in
+    except BaseException:  # a refused check, or a failure before the Trainer runs: the model as it was handed in
         if adapting:
             remove_adapters(model)
         if not spec.unpatched:
@@ -170,7 +172,8 @@ def train(
         seconds = clock.seconds()
     except _Finished:  # the model holds its last checkpoint's weights (saved again below); no time was trained
         seconds = clock.earlier
-    finally:  # the model saved, or handed back stopped, generates with its KV cache as before, adapters merged
+    finally:  # the model saved, or handed back stopped (patched, with the weights it has: a checkpoint's loaded, or
+        # some steps taken), generates with its KV cache as before, adapters merged
         handed_in.restore_cache_setting(model)
         if settings.trainable == "lora":
             merge_adapters(model)
@@ -202,7 +205,7 @@ def _warn_of_coarse_position_parameters(model: PreTrainedModel, added: frozenset
 
 @dataclass(frozen=True)
 class _HandedIn:
-    """What :func:`train` changes of a model before its first step, restored when the run stops before it."""
+    """What :func:`train` changes of a model before the Trainer runs, restored when the run stops before that."""
 
     training: bool
     device: torch.device | None  # its one device (None: placed over several, which train does not move)

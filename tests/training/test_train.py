@@ -823,7 +823,8 @@ def test_a_checkpoint_missing_a_processs_rng_state_is_not_finished(tmp_path):
 
 def test_a_resume_on_another_number_of_processes_is_refused(tmp_path):
     """Each process takes its own windows of every step: a run started on 2 processes and resumed on 1 would train
-    other windows, at half the batch (before: resumed without a word)."""
+    other windows, at half the batch (before: resumed without a word). A run recorded before the number was is
+    compared by its checkpoint's RNG state files, one per process."""
     out = tmp_path / "out"
     train(make_tiny("llama"), None, DATA, out, _settings(steps=2), "alibi")
     record = json.loads((out / "train_run.json").read_text())
@@ -831,6 +832,20 @@ def test_a_resume_on_another_number_of_processes_is_refused(tmp_path):
     (out / "train_run.json").write_text(json.dumps({**record, "processes": 2}))
     with pytest.raises(ValueError, match="`processes`: 2 there, 1 here"):
         train(make_tiny("llama"), None, DATA, out, _settings(steps=2, resume=True), "alibi")
+    # an earlier version recorded none: its checkpoint's RNG files say (before: passed over as not finished, and the
+    # run trained again from step 0)
+    del record["processes"]
+    (out / "train_run.json").write_text(json.dumps(record))
+    rng = out / "checkpoint-2" / "rng_state.pth"
+    for rank in (0, 1):
+        (out / "checkpoint-2" / f"rng_state_{rank}.pth").write_bytes(rng.read_bytes())
+    rng.unlink()
+    with pytest.raises(ValueError, match="`processes`: 2 there, 1 here"):
+        train(make_tiny("llama"), None, DATA, out, _settings(steps=2, resume=True), "alibi")
+    (out / "checkpoint-2" / "rng_state_1.pth").unlink()
+    (out / "checkpoint-2" / "rng_state_0.pth").rename(rng)
+    resumed = train(make_tiny("llama"), None, DATA, out, _settings(steps=2, resume=True), "alibi")
+    assert resumed.steps == 2 and json.loads((out / "train_run.json").read_text())["processes"] == 1
 
 
 def test_a_resume_on_other_weights_or_another_dtype_is_refused(tmp_path):

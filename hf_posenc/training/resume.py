@@ -189,6 +189,8 @@ def readable_by_the_trainer(checkpoint: str) -> None:
     generic class for ``max_position_embeddings``). A patch writes the key for transformers 4's readers; a checkpoint
     is read by the resume alone, whose model takes its patch from the record and its weights from the checkpoint."""
     path = Path(checkpoint) / CONFIG_NAME
+    if not path.is_file():  # the Trainer reads none either
+        return
     try:
         PreTrainedConfig.from_json_file(str(path))
         return

@@ -112,6 +112,37 @@ def remove_temporaries(path: Path) -> None:
                 os.close(handle)
 
 
+def try_lock(path: Path) -> int | None:
+    """An open handle of ``path`` (made if missing) holding an exclusive lock on it, or None where another process
+    (or another handle) holds one. Closing the handle releases it; so does the end of its process."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # written to open: NFS locks need it
+    if _locked(handle, blocking=False):
+        return handle
+    os.close(handle)
+    return None
+
+
+def lock_is_held(path: Path) -> bool:
+    """Whether another handle holds an exclusive lock on ``path`` (:func:`try_lock`). Asked with a shared lock, so
+    that processes asking at once do not see one another's question as a lock."""
+    if fcntl is None or not path.is_file():
+        return False
+    try:
+        handle = os.open(path, os.O_RDONLY)
+    except OSError:  # gone since, or not ours to read
+        return False
+    try:
+        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # a file system without locks
+        return False
+    finally:
+        os.close(handle)
+    return False
+
+
 def _locked(handle: int, blocking: bool = True) -> bool:
     """An exclusive advisory lock on the open file ``handle`` (released when it is closed, or its process dies):
     whether it was taken. Where the system has none (Windows), every lock is taken."""

@@ -3,10 +3,13 @@ the newest checkpoint the Trainer finished writing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,15 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME
 
-from ..files import CHECK_PREFIX, atomic_write_text, nearest_existing, same_place, write_problem
+from ..files import (
+    CHECK_PREFIX,
+    atomic_write_text,
+    lock_is_held,
+    nearest_existing,
+    same_place,
+    try_lock,
+    write_problem,
+)
 from ..fingerprint import model_fingerprint
 from ..spec import MethodSpec
 from .optimizer import POSITION_GROUPS_LAYOUT
@@ -26,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 RUN_FILE = "train_run.json"
 RUN_FORMAT = 1
+RUN_LOCK = ".hf-posenc-train.lock"  # held by the run's first process while it trains
 
 
 def run_identity(
@@ -59,7 +71,7 @@ def check_output(output_dir: Path, identity: dict[str, Any] | None, resume: bool
     if write_problem(existing) is not None:  # before the model and the data load, not at the first file written
         where = "" if existing == output_dir else f": {existing} is not writable"
         raise ValueError(f"`output_dir` {output_dir} cannot be written{where}; choose a folder you can write to.")
-    if not output_dir.is_dir() or all(path.name.startswith(CHECK_PREFIX) for path in output_dir.iterdir()):
+    if not output_dir.is_dir() or all(_no_runs_file(path) for path in output_dir.iterdir()):
         return  # new or empty: another run's check folder (write_problem's, made and removed) is not its files
     run_file = output_dir / RUN_FILE
     if not run_file.is_file():
@@ -87,6 +99,34 @@ def check_output(output_dir: Path, identity: dict[str, Any] | None, resume: bool
             f"`resume`: the run in `output_dir` {output_dir} had other arguments ({'; '.join(differences)}); "
             "repeat them, or choose an empty or new folder."
         )
+    if lock_is_held(output_dir / RUN_LOCK):  # asked on every process: all refuse together, none waits for the others
+        raise ValueError(_training_now(output_dir))
+
+
+@contextlib.contextmanager
+def run_lock(output_dir: Path) -> Iterator[None]:
+    """Hold the run's lock (:data:`RUN_LOCK`) in ``output_dir`` within the block; ``ValueError`` where another run
+    holds it. A run killed leaves the file, not the lock: the system releases it with the process."""
+    handle = try_lock(output_dir / RUN_LOCK)
+    if handle is None:
+        raise ValueError(_training_now(output_dir))
+    try:
+        yield
+    finally:
+        os.close(handle)
+
+
+def _training_now(output_dir: Path) -> str:
+    return (
+        f"`resume`: another run is training in `output_dir` {output_dir} now (it holds {RUN_LOCK} there); wait for it "
+        "to end, or stop it (under accelerate launch its processes may outlive a killed launcher)."
+    )
+
+
+def _no_runs_file(path: Path) -> bool:
+    """Whether ``path`` in an output folder is none of a run's files: another run's check folder, or the lock file
+    a run killed before its record was written left."""
+    return path.name.startswith(CHECK_PREFIX) or path.name == RUN_LOCK
 
 
 def _differences(recorded: dict[str, Any], identity: dict[str, Any]) -> list[str]:

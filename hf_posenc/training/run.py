@@ -12,6 +12,7 @@ the hf_posenc record, so ``hf_posenc.from_pretrained(output_dir)`` rebuilds the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -35,7 +36,7 @@ from ..spec import MethodSpec
 from .lora import add_adapters, merge_adapters, remove_adapters
 from .optimizer import PositionRateTrainer
 from .packing import PackedWindows, pack_texts
-from .resume import RUN_FILE, check_output, last_checkpoint, readable_by_the_trainer, run_identity
+from .resume import RUN_FILE, check_output, last_checkpoint, readable_by_the_trainer, run_identity, run_lock
 from .settings import TrainSettings, training_arguments
 from .trainable import apply_method, release_gguf, select_trainable, unused_parameters
 
@@ -120,70 +121,81 @@ def train(
         model.to(args.device)
     model.train()
     added = apply_method(model, spec)
-    adapting = False  # whether LoRA adapters may be in the model (removed if the run stops before the Trainer runs)
-    try:
-        rows = learned_table_rows(model)
-        if rows is not None and settings.length > rows:
-            raise ValueError(
-                f"`method` {spec.text!r}: {type(model).__name__} looks positions up in a learned table of {rows} rows, "
-                f"shorter than `length` {settings.length}; train at `length` up to {rows}, or with a method that "
-                "extends or replaces the table (pi:factor=..., alibi, sinusoidal, t5-bias, nope)."
+    with contextlib.ExitStack() as held:  # the run's lock (first process), released when it returns or fails
+        adapting = False  # whether LoRA adapters may be in the model (removed if the run stops before the Trainer runs)
+        try:
+            _check_patched(model, spec, settings, args.device, added)
+            if settings.trainable == "lora":  # the last change before the run: no check refuses it after
+                adapting = True
+                add_adapters(model, settings.resolved_lora_rank, settings.resolved_lora_alpha, settings.seed)
+            trainable = select_trainable(model, settings.trainable, added, unused_parameters(model))
+            _warn_of_coarse_position_parameters(model, added)
+            PartialState().wait_for_everyone()  # every process has checked output_dir before the first file is written
+            if args.should_save:  # the lock held from the run's record on: a second run resuming now is refused
+                held.enter_context(run_lock(output_dir))
+                _write_json(output_dir / RUN_FILE, identity)
+            checkpoint = last_checkpoint(output_dir, args.world_size) if settings.resume else None
+            if checkpoint is not None and args.should_save:
+                readable_by_the_trainer(checkpoint)
+            PartialState().wait_for_everyone()  # the checkpoint as every process reads it
+            clock = _Clock(_seconds_at(checkpoint))
+            trainer = PositionRateTrainer(
+                model=model,
+                args=args,
+                train_dataset=data,
+                data_collator=default_data_collator,
+                processing_class=tokenizer,
+                callbacks=[clock, _StopIfFinished(), *(callbacks or [])],
+                position_parameters=added,
+                position_learning_rate=settings.position_learning_rate,
             )
-        _check_backward(model, spec, args.device)
-        if settings.position_learning_rate is not None and not added:
-            raise ValueError(
-                f"`position_learning_rate` sets the learning rate of the position parameters the patch adds or "
-                f"interpolates, and `method` {spec.text!r} has none (t5-bias adds its table, pi interpolates GPT-2's); "
-                "leave it out."
-            )
-        if settings.trainable == "lora":  # the last change before the run: no check refuses it after
-            adapting = True
-            add_adapters(model, settings.resolved_lora_rank, settings.resolved_lora_alpha, settings.seed)
-        trainable = select_trainable(model, settings.trainable, added, unused_parameters(model))
-        _warn_of_coarse_position_parameters(model, added)
-        PartialState().wait_for_everyone()  # every process has checked output_dir before the first file is written
+        except BaseException:  # a refused check, or a failure before the Trainer runs: the model as it was handed in
+            if adapting:
+                remove_adapters(model)
+            if not spec.unpatched:
+                unpatch(model)
+            handed_in.restore(model)
+            raise
+        clock.start()
+        try:
+            trainer.train(resume_from_checkpoint=checkpoint)
+            seconds = clock.seconds()
+        except _Finished:  # the model holds its last checkpoint's weights (saved again below); no time was trained
+            seconds = clock.earlier
+        finally:  # the model saved, or handed back stopped (patched, with the weights it has: a checkpoint's loaded, or
+            # some steps taken), generates with its KV cache as before, adapters merged
+            handed_in.restore_cache_setting(model)
+            if settings.trainable == "lora":
+                merge_adapters(model)
+        trainer.save_model(str(output_dir))
+        model.eval()
+        losses = [(entry["step"], entry["loss"]) for entry in trainer.state.log_history if "loss" in entry]
+        final = losses[-1][1] if losses else math.nan
+        result = TrainResult(final, losses, trainer.state.global_step, seconds, trainable)
         if args.should_save:
-            _write_json(output_dir / RUN_FILE, identity)
-        checkpoint = last_checkpoint(output_dir, args.world_size) if settings.resume else None
-        if checkpoint is not None and args.should_save:
-            readable_by_the_trainer(checkpoint)
-        PartialState().wait_for_everyone()  # the checkpoint as every process reads it
-        clock = _Clock(_seconds_at(checkpoint))
-        trainer = PositionRateTrainer(
-            model=model,
-            args=args,
-            train_dataset=data,
-            data_collator=default_data_collator,
-            processing_class=tokenizer,
-            callbacks=[clock, _StopIfFinished(), *(callbacks or [])],
-            position_parameters=added,
-            position_learning_rate=settings.position_learning_rate,
+            _write_json(output_dir / SUMMARY_FILE, _summary(model, spec, settings, data, result, args, sources))
+        return result
+
+
+def _check_patched(
+    model: PreTrainedModel, spec: MethodSpec, settings: TrainSettings, device: torch.device, added: frozenset[str]
+) -> None:
+    """Refuse a run the patched model cannot take: windows longer than its learned position table, a backend without
+    a backward where it trains, a position learning rate with no position parameter."""
+    rows = learned_table_rows(model)
+    if rows is not None and settings.length > rows:
+        raise ValueError(
+            f"`method` {spec.text!r}: {type(model).__name__} looks positions up in a learned table of {rows} rows, "
+            f"shorter than `length` {settings.length}; train at `length` up to {rows}, or with a method that "
+            "extends or replaces the table (pi:factor=..., alibi, sinusoidal, t5-bias, nope)."
         )
-    except BaseException:  # a refused check, or a failure before the Trainer runs: the model as it was handed in
-        if adapting:
-            remove_adapters(model)
-        if not spec.unpatched:
-            unpatch(model)
-        handed_in.restore(model)
-        raise
-    clock.start()
-    try:
-        trainer.train(resume_from_checkpoint=checkpoint)
-        seconds = clock.seconds()
-    except _Finished:  # the model holds its last checkpoint's weights (saved again below); no time was trained
-        seconds = clock.earlier
-    finally:  # the model saved, or handed back stopped (patched, with the weights it has: a checkpoint's loaded, or
-        # some steps taken), generates with its KV cache as before, adapters merged
-        handed_in.restore_cache_setting(model)
-        if settings.trainable == "lora":
-            merge_adapters(model)
-    trainer.save_model(str(output_dir))
-    model.eval()
-    losses = [(entry["step"], entry["loss"]) for entry in trainer.state.log_history if "loss" in entry]
-    result = TrainResult(losses[-1][1] if losses else math.nan, losses, trainer.state.global_step, seconds, trainable)
-    if args.should_save:
-        _write_json(output_dir / SUMMARY_FILE, _summary(model, spec, settings, data, result, args, sources))
-    return result
+    _check_backward(model, spec, device)
+    if settings.position_learning_rate is not None and not added:
+        raise ValueError(
+            f"`position_learning_rate` sets the learning rate of the position parameters the patch adds or "
+            f"interpolates, and `method` {spec.text!r} has none (t5-bias adds its table, pi interpolates GPT-2's); "
+            "leave it out."
+        )
 
 
 def _warn_of_coarse_position_parameters(model: PreTrainedModel, added: frozenset[str]) -> None:

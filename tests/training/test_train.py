@@ -440,7 +440,7 @@ def test_a_killed_run_resumes_where_it_stopped(tmp_path, monkeypatch, family, tr
     killed = tmp_path / "killed"
     with pytest.raises(KeyboardInterrupt):
         train(make_tiny(family), None, DATA, killed, settings, method, callbacks=[_Kill(6), tick])
-    assert sorted(p.name for p in killed.iterdir()) == ["checkpoint-5", "train_run.json"]
+    assert sorted(p.name for p in killed.iterdir()) == [".hf-posenc-train.lock", "checkpoint-5", "train_run.json"]
     assert _recorded_seconds(killed / "checkpoint-5") == 50  # the killed session's time up to its checkpoint
     resumed = make_tiny(family)
     resume = _settings(batch_size=2, trainable=trainable, resume=True)
@@ -846,6 +846,30 @@ def test_a_resume_on_another_number_of_processes_is_refused(tmp_path):
     (out / "checkpoint-2" / "rng_state_0.pth").rename(rng)
     resumed = train(make_tiny("llama"), None, DATA, out, _settings(steps=2, resume=True), "alibi")
     assert resumed.steps == 2 and json.loads((out / "train_run.json").read_text())["processes"] == 1
+
+
+def test_a_resume_while_the_run_trains_is_refused_untouched(tmp_path):
+    """The run's first process holds a lock in the folder while it trains: a second run resuming there meanwhile
+    (the processes of a killed launcher train on) is refused before it changes a file or the model; the lock file a
+    run leaves behind is no other run's file, and no lock once its process ends."""
+    from hf_posenc.files import try_lock
+    from hf_posenc.training.resume import RUN_LOCK
+
+    out = tmp_path / "out"
+    train(make_tiny("llama"), None, DATA, out, _settings(steps=2), "alibi")
+    holder = try_lock(out / RUN_LOCK)  # another run, training now
+    model, before = make_tiny("llama"), _snapshot(out)
+    original = snapshot(model)
+    with pytest.raises(ValueError, match="another run is training in `output_dir` .* now"):
+        train(model, None, DATA, out, _settings(steps=2, resume=True), "alibi")
+    assert _snapshot(out) == before
+    assert_same(original, snapshot(model))
+    os.close(holder)
+    assert train(make_tiny("llama"), None, DATA, out, _settings(steps=2, resume=True), "alibi").steps == 2
+    killed = tmp_path / "killed"  # killed between taking the lock and writing its record
+    killed.mkdir()
+    (killed / RUN_LOCK).touch()
+    assert train(make_tiny("llama"), None, DATA, killed, _settings(steps=1), "alibi").steps == 1
 
 
 def test_a_resume_on_other_weights_or_another_dtype_is_refused(tmp_path):

@@ -96,9 +96,11 @@ class TrainSettings:
             require_peft()
         given = [name for name in ("lora_rank", "lora_alpha") if getattr(self, name) is not None]
         if given and self.trainable != "lora":
+            names = " and ".join(f"`{name}`" for name in given)
+            verb, them = ("sets", "it") if len(given) == 1 else ("set", "them")
             raise ValueError(
-                f"{' and '.join(f'`{name}`' for name in given)} set the LoRA adapters of `trainable` 'lora'; leave "
-                f"{'them' if len(given) > 1 else 'it'} out with `trainable` {self.trainable!r}."
+                f"{names} {verb} the LoRA adapters of `trainable` 'lora'; leave {them} out with `trainable` "
+                f"{self.trainable!r}."
             )
         if not _whole(self.seed) or not 0 <= self.seed < 2**32:
             raise ValueError(f"`seed` must be a whole number from 0 to 2**32 - 1 (numpy's range), not {self.seed!r}.")

@@ -57,7 +57,7 @@ def _settings(**changes) -> TrainSettings:
         ({"trainable": "lora", "lora_alpha": -1.0}, "`lora_alpha` must be a positive number, not -1.0."),
         (
             {"lora_rank": 8},
-            "`lora_rank` set the LoRA adapters of `trainable` 'lora'; leave it out with `trainable` 'all'.",
+            "`lora_rank` sets the LoRA adapters of `trainable` 'lora'; leave it out with `trainable` 'all'.",
         ),
         (
             {"trainable": "position", "lora_rank": 8, "lora_alpha": 3.0},
@@ -646,7 +646,7 @@ def test_streaming_reads_the_same_windows(tiny_dir, tmp_path):
         (["--dtype", "bfloat16", "--bf16"], "--bf16 autocast trains float32 weights; the model is in torch.bfloat16"),
         (["--seed", "-1"], "--seed must be a whole number from 0 to 2**32 - 1 (numpy's range), not -1."),
         (["--seed", str(2**32)], "--seed must be a whole number from 0 to 2**32 - 1"),
-        (["--lora-alpha", "8"], "error: --lora-alpha set the LoRA adapters of --trainable 'lora'; leave it out"),
+        (["--lora-alpha", "8"], "error: --lora-alpha sets the LoRA adapters of --trainable 'lora'; leave it out"),
         (["--trainable", "lora", "--lora-alpha", "0"], "--lora-alpha must be a positive number, not 0.0."),
         (["--method", "t5-bias:backend=flex"], "the flex backend has no backward on a CPU (torch's flex attention)"),
         (["--method", "self-extend:backend=flex"], "the flex backend has no backward on a CPU"),

@@ -126,30 +126,23 @@ def try_lock(path: Path) -> int | None:
 def lock_is_held(path: Path) -> bool:
     """Whether another handle holds an exclusive lock on ``path`` (:func:`try_lock`). Asked with a shared lock, so
     that processes asking at once do not see one another's question as a lock."""
-    if fcntl is None or not path.is_file():
-        return False
     try:
         handle = os.open(path, os.O_RDONLY)
-    except OSError:  # gone since, or not ours to read
+    except OSError:  # none, gone since, or not ours to read
         return False
     try:
-        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:  # a file system without locks
-        return False
+        return not _locked(handle, blocking=False, shared=True)
     finally:
         os.close(handle)
-    return False
 
 
-def _locked(handle: int, blocking: bool = True) -> bool:
-    """An exclusive advisory lock on the open file ``handle`` (released when it is closed, or its process dies):
-    whether it was taken. Where the system has none (Windows), every lock is taken."""
+def _locked(handle: int, blocking: bool = True, shared: bool = False) -> bool:
+    """An advisory lock on the open file ``handle``, exclusive unless ``shared`` (released when it is closed, or its
+    process dies): whether it was taken. Where the system has none (Windows), every lock is taken."""
     if fcntl is None:
         return True
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        fcntl.flock(handle, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB))
     except BlockingIOError:
         return False
     except OSError:  # a file system without locks: as if there were none

@@ -14,6 +14,8 @@ import importlib.util
 import torch
 from torch import nn
 
+from ..patching.wrappers import adapter_layers
+
 ADAPTER_TAG = ".lora_"  # in the names of the adapters' parameters (``...q_proj.lora_A.default.weight``)
 
 
@@ -50,15 +52,13 @@ def merge_adapters(model: nn.Module) -> int:
 
 
 def remove_adapters(model: nn.Module) -> int:
-    """Put back every layer LoRA adapts in ``model``, unchanged, its adapters dropped (a run stopped before its first
-    step). Returns the layers put back."""
+    """Put back every layer LoRA adapts in ``model``, unchanged, its adapters dropped (a run stopped before the
+    Trainer ran). Returns the layers put back."""
     return _put_back_layers(model, merge=False)
 
 
 def _put_back_layers(model: nn.Module, merge: bool) -> int:
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    layers = [(name, module) for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)]
+    layers = [(name, model.get_submodule(name)) for name in adapter_layers(model)]
     for name, module in layers:
         if merge:
             with torch.no_grad():

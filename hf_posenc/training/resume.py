@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 RUN_FILE = "train_run.json"
 RUN_FORMAT = 1
 RUN_LOCK = ".hf-posenc-train.lock"  # held by the run's first process while it trains
+_RNG_FILE = re.compile(r"rng_state(?:_(\d+))?\.pth")  # the Trainer's, one per process (no rank: one process)
 
 
 def run_identity(
@@ -91,8 +92,8 @@ def check_output(output_dir: Path, identity: dict[str, Any] | None, resume: bool
             f"`resume`: {run_file} is not the record of a run ({problem}); the run in `output_dir` cannot be "
             "checked, so it is not continued. Choose an empty or new folder."
         )
-    if identity is not None and "processes" not in recorded:  # an earlier version's run: its checkpoints say
-        recorded = {**recorded, **({"processes": found} if (found := _checkpoint_processes(output_dir)) else {})}
+    if identity is not None and "processes" not in recorded and (found := _checkpoint_processes(output_dir)):
+        recorded = {**recorded, "processes": found}  # an earlier version's run: its newest checkpoint says
     differences = [] if identity is None else _differences(recorded, identity)
     if differences:
         raise ValueError(
@@ -179,11 +180,7 @@ def last_checkpoint(output_dir: Path, processes: int) -> str | None:
     its own, the others' maybe after that file). A newer one it did not finish (the run stopped while writing it:
     killed, interrupted, a full disk) is named in a warning and left as it is: the Trainer writes it again when the
     run reaches its step."""
-    steps = {}
-    for folder in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
-        step = folder.name.removeprefix(f"{PREFIX_CHECKPOINT_DIR}-")
-        if step.isdigit() and folder.is_dir():
-            steps[int(step)] = folder
+    steps = _checkpoints(output_dir)
     for step in sorted(steps, reverse=True):
         if _finished(steps[step], processes):
             return str(steps[step])
@@ -199,18 +196,22 @@ def last_checkpoint(output_dir: Path, processes: int) -> str | None:
 def _checkpoint_processes(output_dir: Path) -> int | None:
     """The number of processes that wrote the newest checkpoint in ``output_dir`` (one RNG state file each:
     ``rng_state.pth`` for one, ``rng_state_<rank>.pth`` for several); None without a checkpoint."""
-    ranks = [
-        int(match.group(1) or 0) + 1
-        for folder in sorted(output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"), key=_step, reverse=True)[:1]
-        for path in folder.glob("rng_state*.pth")
-        if (match := re.fullmatch(r"rng_state(?:_(\d+))?\.pth", path.name))
-    ]
+    steps = _checkpoints(output_dir)
+    if not steps:
+        return None
+    matches = (_RNG_FILE.fullmatch(path.name) for path in steps[max(steps)].glob("rng_state*.pth"))
+    ranks = [int(match.group(1) or 0) + 1 for match in matches if match]
     return max(ranks, default=None)
 
 
-def _step(folder: Path) -> int:
-    step = folder.name.removeprefix(f"{PREFIX_CHECKPOINT_DIR}-")
-    return int(step) if step.isdigit() else -1
+def _checkpoints(output_dir: Path) -> dict[int, Path]:
+    """The Trainer's checkpoint folders in ``output_dir`` by step."""
+    steps = {}
+    for folder in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+        step = folder.name.removeprefix(f"{PREFIX_CHECKPOINT_DIR}-")
+        if step.isdigit() and folder.is_dir():
+            steps[int(step)] = folder
+    return steps
 
 
 def _finished(checkpoint: Path, processes: int) -> bool:

@@ -223,20 +223,41 @@ def _finished(checkpoint: Path, processes: int) -> bool:
     return all(zipfile.is_zipfile(checkpoint / name) for name in rng_files)  # torch.save's zip: its end written last
 
 
-def readable_by_the_trainer(checkpoint: str) -> None:
-    """Drop the ``rope_scaling`` of ``checkpoint``'s ``config.json`` where transformers' generic config class cannot
-    read the file with it. The Trainer's resume reads that file with it (only to compare transformers versions), and
+@contextlib.contextmanager
+def readable_by_the_trainer(checkpoint: str) -> Iterator[None]:
+    """While the Trainer resumes from ``checkpoint``, its ``config.json`` without the ``rope_scaling`` that
+    transformers' generic config class cannot read; the file as it was afterwards, whether the run finished or failed.
+
+    The Trainer's resume reads that file with the generic class (only to compare transformers versions), and
     transformers 5.24 raises there on a ``yarn`` or ``llama3`` ``rope_scaling`` (its RoPE standardisation asks the
-    generic class for ``max_position_embeddings``). A patch writes the key for transformers 4's readers; a checkpoint
-    is read by the resume alone, whose model takes its patch from the record and its weights from the checkpoint."""
+    generic class for ``max_position_embeddings``). A patch writes the key for transformers 4's readers, which load a
+    checkpoint too; the resumed model takes its patch from the record and its weights from the checkpoint. A file
+    changed meanwhile (the checkpoint written again) is left as it is."""
     path = Path(checkpoint) / CONFIG_NAME
-    if not path.is_file():  # the Trainer reads none either
+    original = _unreadable_rope_scaling(path)
+    if original is None:
+        yield
         return
+    config = json.loads(original)
+    del config["rope_scaling"]
+    trimmed = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    atomic_write_text(path, trimmed)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):  # the checkpoint rotated away by save_total_limit: nothing to put back
+            if path.read_text(encoding="utf-8") == trimmed:
+                atomic_write_text(path, original)
+
+
+def _unreadable_rope_scaling(path: Path) -> str | None:
+    """The text of the config file at ``path`` where it has a ``rope_scaling`` that transformers' generic config
+    class raises on; None where the class reads it, or there is no file (the Trainer reads none either)."""
+    if not path.is_file():
+        return None
     try:
         PreTrainedConfig.from_json_file(str(path))
-        return
+        return None
     except Exception:  # whatever its RoPE standardisation raises
-        config = json.loads(path.read_text(encoding="utf-8"))
-    if "rope_scaling" in config:
-        del config["rope_scaling"]
-        atomic_write_text(path, json.dumps(config, indent=2, sort_keys=True) + "\n")
+        text = path.read_text(encoding="utf-8")
+    return text if "rope_scaling" in json.loads(text) else None

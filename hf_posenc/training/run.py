@@ -121,7 +121,8 @@ def train(
         model.to(args.device)
     model.train()
     added = apply_method(model, spec)
-    with contextlib.ExitStack() as held:  # the run's lock (first process), released when it returns or fails
+    # the first process's lock on the output, and the resumed checkpoint's config put back, when it returns or fails
+    with contextlib.ExitStack() as held:
         adapting = False  # whether LoRA adapters may be in the model (removed if the run stops before the Trainer runs)
         try:
             _check_patched(model, spec, settings, args.device, added)
@@ -135,8 +136,8 @@ def train(
                 held.enter_context(run_lock(output_dir))
                 _write_json(output_dir / RUN_FILE, identity)
             checkpoint = last_checkpoint(output_dir, args.world_size) if settings.resume else None
-            if checkpoint is not None and args.should_save:
-                readable_by_the_trainer(checkpoint)
+            if checkpoint is not None and args.should_save:  # put back when the run returns or fails
+                held.enter_context(readable_by_the_trainer(checkpoint))
             PartialState().wait_for_everyone()  # the checkpoint as every process reads it
             clock = _Clock(_seconds_at(checkpoint))
             trainer = PositionRateTrainer(

@@ -446,6 +446,7 @@ def test_a_killed_run_resumes_where_it_stopped(tmp_path, monkeypatch, family, tr
     resume = _settings(batch_size=2, trainable=trainable, resume=True)
     result = train(resumed, None, DATA, killed, resume, method, callbacks=[tick])
     assert result.losses == expected.losses and result.steps == 12
+    saved_config = (killed / "checkpoint-12" / "config.json").read_text()
     for (name, value), other in zip(whole.named_parameters(), resumed.parameters(), strict=True):
         assert torch.equal(value, other), name
     # a finished run resumed: its last checkpoint loaded, no step more (the Trainer alone would take one), and no
@@ -456,9 +457,26 @@ def test_a_killed_run_resumes_where_it_stopped(tmp_path, monkeypatch, family, tr
     finished = train(again, None, DATA, killed, resume, method, callbacks=[tick])
     assert finished.losses == expected.losses
     assert all(torch.equal(a, b) for a, b in zip(whole.parameters(), again.parameters(), strict=True))
+    assert (killed / "checkpoint-12" / "config.json").read_text() == saved_config  # yarn's rope_scaling put back
     # the time counts every session: the killed one's 5 steps, then the resumed one's 7; the finished run adds 0
     assert _recorded_seconds(killed / "checkpoint-12") == result.seconds == finished.seconds == 120
     assert json.loads((killed / "train_summary.json").read_text())["seconds"] == 120
+
+
+def test_a_resume_failing_in_the_trainer_leaves_the_checkpoints_config_as_it_was(tmp_path):
+    """yarn's ``rope_scaling`` (for transformers 4's readers) is taken out of the checkpoint's config.json only while
+    the Trainer resumes: a resume that fails there (a damaged optimizer state) puts it back."""
+    settings = _settings(batch_size=2)
+    killed = tmp_path / "killed"
+    with pytest.raises(KeyboardInterrupt):
+        train(make_tiny("llama"), None, DATA, killed, settings, "yarn:factor=2", callbacks=[_Kill(6)])
+    config = killed / "checkpoint-5" / "config.json"
+    saved = config.read_text()
+    assert json.loads(saved)["rope_scaling"]["rope_type"] == "yarn"
+    (killed / "checkpoint-5" / "optimizer.pt").write_bytes(b"damaged")
+    with pytest.raises(Exception, match="optimizer|pickle|zip|load"):
+        train(make_tiny("llama"), None, DATA, killed, dataclasses.replace(settings, resume=True), "yarn:factor=2")
+    assert config.read_text() == saved
 
 
 class _Tick(TrainerCallback):

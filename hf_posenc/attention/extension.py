@@ -160,7 +160,7 @@ def extension_state(module: nn.Module) -> ExtensionState:
 
 def checked_mask(module: nn.Module, mask: Any, kwargs: dict[str, Any]) -> PositionMask:
     """The mask, and on the first layer a check that the rotary embedding used these positions at every real
-    (non-padding) query; padding queries are free (``generate()`` gives them 1)."""
+    (non-padding) query; padding queries are free (:func:`positions_over_mask` fills them in)."""
     if not isinstance(mask, PositionMask):
         raise TypeError(
             f"The hf_posenc extension attention got an attention mask of type {type(mask).__name__}; pass a 2D "
@@ -184,9 +184,10 @@ POSITIONS_ERROR = (
 def positions_over_mask(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
     """Forward pre-hook of a patched decoder. With padding in a 2D ``attention_mask`` (covering the cache and the
     new tokens), a token's position is the count of non-padding tokens before it, what :func:`extension_mask`
-    and log-n read. ``position_ids`` not given are filled in so, as ``generate()`` makes them (padding at 1): a
-    padded forward gives each row its own logits, as the unpatched model does. Given ones that disagree at a
-    real token raise (the rotary embedding would turn q and k by other positions than the method's)."""
+    and log-n read. ``position_ids`` are made so where they are not given, as ``generate()`` makes them (padding,
+    free, at 1), or where they count from another start in a row (:func:`counts_real_tokens`): a padded forward
+    gives each row its own logits, as the unpatched model does. Given ones that disagree at a real token otherwise
+    raise: the rotary embedding would turn q and k by other distances than the method's."""
     names = _forward_parameters(type(module))
     passed = {**dict(zip(names, args, strict=False)), **kwargs}
     mask, tokens = passed.get("attention_mask"), passed.get("input_ids")
@@ -197,14 +198,26 @@ def positions_over_mask(module: nn.Module, args: tuple, kwargs: dict[str, Any]) 
     real = mask[:, -new:].bool()
     counted = (mask.long().cumsum(-1) - 1)[:, -new:]
     given = passed.get("position_ids")
-    if given is None:
-        index = names.index("position_ids")
-        if index < len(args):
-            return (*args[:index], counted.masked_fill(~real, 1), *args[index + 1 :]), kwargs
-        return args, {**kwargs, "position_ids": counted.masked_fill(~real, 1)}
-    if not bool(((given.expand_as(counted) == counted) | ~real).all()):
-        raise ValueError(POSITIONS_ERROR)
-    return None
+    if given is not None:
+        given = given.expand_as(counted)
+        if not counts_real_tokens(given, counted, real):
+            raise ValueError(POSITIONS_ERROR)
+        if bool(((given == counted) | ~real).all()):
+            return None
+    index = names.index("position_ids")
+    if index < len(args):
+        return (*args[:index], counted.masked_fill(~real, 1), *args[index + 1 :]), kwargs
+    return args, {**kwargs, "position_ids": counted.masked_fill(~real, 1)}
+
+
+def counts_real_tokens(given: torch.Tensor, counted: torch.Tensor, real: torch.Tensor) -> bool:
+    """Whether ``given`` position_ids (B, q) of a padded batch equal the ``counted`` non-padding tokens at every
+    ``real`` query plus one offset per row (padding queries are free): positions from another start, which the
+    hook above replaces by the count. ``generate()`` starts a row whose prompt is all padding at 1 (its padding at
+    0, then one more a step); a batch given ``arange`` in every row starts each row at its padding's length."""
+    offset = torch.where(real, given - counted, 0)
+    first = offset.gather(1, real.long().argmax(1, keepdim=True))  # the row's offset at its first real query
+    return bool(((offset == first) | ~real).all())
 
 
 @functools.cache

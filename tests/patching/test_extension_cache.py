@@ -250,6 +250,30 @@ def test_left_padded_batch_generates_as_each_alone(case, cache):
         torch.testing.assert_close(logits[row], alone_logits[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    ("case", "cache"),
+    [("self-extend-blocked", "dynamic"), ("dca-eager", "dynamic"), ("logn-sdpa", "dynamic")]
+    + [("self-extend+logn-blocked", "static")],
+)
+def test_a_batch_with_an_empty_prompt_generates_each_row_as_alone(case, cache):
+    """generate() on a left-padded batch whose second prompt is empty (all padding, as a tokenizer that adds no
+    BOS pads ""): generate() counts that row's tokens from 1 (before: a ValueError at the first step). Each row's
+    tokens and logits are its own: the empty row's from its first token on equal generating from that token alone
+    (80 tokens: past L, the window and DCA's first chunk)."""
+    model = patched_tiny(case)
+    prompt = tokens(20, seed=14)
+    batch = torch.cat([prompt, torch.zeros_like(prompt)])
+    mask = torch.cat([torch.ones_like(prompt), torch.zeros_like(prompt)])
+    extra = {"cache_implementation": "static"} if cache == "static" else {}
+    sequences, logits = greedy(model, batch, 80, mask, **extra)
+    alone_sequence, alone_logits = greedy(model, prompt, 80, **extra)
+    assert torch.equal(sequences[0], alone_sequence[0])
+    torch.testing.assert_close(logits[0], alone_logits[0], rtol=1e-4, atol=1e-4)
+    empty_sequence, empty_logits = greedy(model, sequences[1:, 20:21], 79, **extra)
+    assert torch.equal(sequences[1, 20:], empty_sequence[0])
+    torch.testing.assert_close(logits[1, 1:], empty_logits[0], rtol=1e-4, atol=1e-4)
+
+
 def test_flex_left_padded_batch_equals_eager():
     """Flex's block masks follow each row's positions: the eager reference's logits on the real tokens."""
     model = hf_posenc.patch(tiny("llama"), "self-extend", original_max_position_embeddings=L, backend="flex", **SE)
@@ -267,14 +291,22 @@ def test_flex_left_padded_batch_equals_eager():
     "case", ["self-extend-blocked", "dca-eager", "self-extend+logn-blocked", "logn-sdpa", "yarn+logn"]
 )
 def test_positions_that_do_not_count_real_tokens_are_refused(case):
-    """The methods read positions from the mask: a padded batch given position_ids 0..n-1 in every row (the
-    rotary embedding then disagrees with the mask) is a ValueError, not silently different logits."""
+    """The methods read positions from the mask: a padded batch given position_ids that restart inside a row (packed
+    sequences; the rotary embedding then disagrees with the mask on distances) is a ValueError, not silently
+    different logits. Positions 0..n-1 in every row disagree with the count by one offset a row: no distance
+    changes, and each row has its logits alone."""
     model = patched_tiny(case)
-    batch, mask = left_padded(tokens(30, seed=12), tokens(21, seed=13))
+    long, short = tokens(90, seed=12), tokens(71, seed=13)
+    batch, mask = left_padded(long, short)
+    packed = torch.cat([torch.arange(45), torch.arange(45)])
     with torch.no_grad(), pytest.raises(ValueError, match=r"position_ids must count the non-padding tokens"):
-        model(batch, attention_mask=mask, position_ids=torch.arange(30).expand(2, -1))
+        model(batch, attention_mask=mask, position_ids=packed.expand(2, -1))
     with torch.no_grad(), pytest.raises(ValueError, match=r"position_ids must count the non-padding tokens"):
-        model.model(batch, mask, torch.arange(30)[None])  # positionally, to the decoder itself
+        model.model(batch, mask, packed[None])  # positionally, to the decoder itself
+    with torch.no_grad():
+        together = model(batch, attention_mask=mask, position_ids=torch.arange(90).expand(2, -1)).logits
+        for row, alone in enumerate([long, short]):
+            torch.testing.assert_close(together[row, mask[row].bool()], model(alone).logits[0], **TOLERANCE)
 
 
 @pytest.mark.parametrize("case", ["self-extend+logn-blocked", "dca-blocked", "self-extend-sdpa", "dca+logn-sdpa"])

@@ -45,7 +45,7 @@ logger = logging.getLogger("hf_posenc")
 SERVED_ROLES = ("remap", "temperature")
 VLLM_DCA_KEY = "dual_chunk_attention_config"  # what vLLM reads for Qwen2 (Qwen2.5-1M ships it)
 VLLM_DCA_MODEL_TYPES = ("qwen2",)
-_STANDARD = {"eager": "eager", "flex_attention": "flex"}  # standard names with a remap backend of their kind
+_STANDARD = {"eager": "eager", "sdpa": "sdpa", "flex_attention": "flex"}  # standard names -> the remap backend
 
 
 def _check_model(model: nn.Module, remaps: bool) -> None:
@@ -173,18 +173,28 @@ def _positions_over_mask(module: nn.Module) -> None:
 
 def extension_loading(params: dict[str, Any], kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Loading a saved model patched with these methods: an ``attn_implementation`` asked for picks a remap's
-    backend (``"hf_posenc_extension_flex"``, or ``"eager"`` / ``"flex_attention"`` for those backends), and the
-    base model's implementation (what ``unpatch`` gives back): eager for the eager backend, SDPA otherwise. For
-    log-n alone it is the implementation wrapped (``"hf_posenc_logn_sdpa"`` or ``"sdpa"``: SDPA)."""
+    backend (``"hf_posenc_extension_flex"``, or ``"eager"`` / ``"sdpa"`` / ``"flex_attention"`` for the backend of
+    that kind), and the base model's implementation (what ``unpatch`` gives back): eager for the eager backend, SDPA
+    otherwise. For log-n alone it is the implementation wrapped (``"hf_posenc_logn_sdpa"`` or ``"sdpa"``: SDPA).
+    A name with no counterpart (``"flash_attention_2"`` for a remap, another method's) is a ``ValueError``."""
     asked = kwargs.get("attn_implementation")
     if asked is None:
         return params, kwargs
     if "backend" not in params:  # log-n alone: the base model runs the implementation it wraps
         base = next((name for name, wrapper in TEMPERATURE_IMPLEMENTATIONS.items() if wrapper == asked), asked)
+        _refuse_unserved(asked, base in TEMPERATURE_IMPLEMENTATIONS, [*TEMPERATURE_IMPLEMENTATIONS])
         return params, {**kwargs, "attn_implementation": base}
-    backend = EXTENSION_BACKEND_OF.get(asked) or _STANDARD.get(asked, params["backend"])
+    backend = EXTENSION_BACKEND_OF.get(asked) or _STANDARD.get(asked)
+    _refuse_unserved(asked, backend is not None, [*_STANDARD, *EXTENSION_IMPLEMENTATIONS.values()])
     base = "eager" if backend == "eager" else "sdpa"
     return {**params, "backend": backend}, {**kwargs, "attn_implementation": base}
+
+
+def _refuse_unserved(asked: str, served: bool, names: list[str]) -> None:
+    if not served:
+        raise ValueError(
+            f"attn_implementation={asked!r} has no counterpart for this model's patch; use one of {', '.join(names)}."
+        )
 
 
 def _backend_now(model: nn.Module, info: PatchInfo) -> PatchInfo:

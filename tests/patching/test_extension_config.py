@@ -17,6 +17,7 @@ from helpers import PLAIN_LOAD, assert_refused, assert_same, snapshot
 from transformers import AutoModelForCausalLM
 
 import hf_posenc
+from hf_posenc.attention import EXTENSION_IMPLEMENTATIONS
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -312,20 +313,41 @@ def test_a_combination_on_gpt2_is_refused_as_its_parts_are(method):
         ("hf_posenc_extension_eager", "eager"),
         ("hf_posenc_extension_blocked", "blocked"),
         ("hf_posenc_extension_flex", "flex"),
+        ("sdpa", "sdpa"),  # before: the standard names other than eager and flex_attention were ignored
+        ("flex_attention", "flex"),
     ],
 )
 def test_attn_implementation_at_load_naming_an_extension_backend(tmp_path, asked, backend):
-    """As with ALiBi, an extension implementation named at load selects that backend; the model runs, and unpatch
-    leaves a standard implementation that runs without the patch (not the extension one, which needs it)."""
-    model = patched("self-extend")  # sdpa ("auto" on CPU)
+    """As with ALiBi, an extension implementation named at load, or a standard name, selects that backend; the model
+    runs, and unpatch leaves a standard implementation that runs without the patch (not the extension one, which
+    needs it): eager after the eager backend, SDPA after the others."""
+    model = hf_posenc.patch(tiny("llama", "eager"), "self-extend", original_max_position_embeddings=L, backend="eager")
     model.save_pretrained(tmp_path)
     loaded = hf_posenc.from_pretrained(str(tmp_path), attn_implementation=asked).eval()
     assert hf_posenc.get_patch(loaded).params["backend"] == backend
-    assert loaded.config._attn_implementation == asked
+    assert loaded.config._attn_implementation == EXTENSION_IMPLEMENTATIONS[backend]
     torch.testing.assert_close(logits(loaded, IDS), logits(model, IDS), rtol=1e-5, atol=1e-5)
     hf_posenc.unpatch(loaded)
-    assert loaded.config._attn_implementation in ("eager", "sdpa")
+    assert loaded.config._attn_implementation == ("eager" if backend == "eager" else "sdpa")
     logits(loaded, IDS)
+
+
+@pytest.mark.parametrize(
+    ("method", "asked"),
+    [
+        ("self-extend", "flash_attention_2"),
+        ("self-extend", "hf_posenc_alibi_sdpa"),
+        ("self-extend", "hf_posenc_logn_sdpa"),
+        ("logn", "hf_posenc_alibi_eager"),
+        ("logn", "hf_posenc_extension_sdpa"),
+    ],
+)
+def test_attn_implementation_at_load_without_a_counterpart_is_refused(tmp_path, method, asked):
+    """A name the patch cannot run (before: silently the recorded backend) is a ValueError naming the ones it can,
+    as for ALiBi."""
+    hf_posenc.patch(tiny("llama"), method, original_max_position_embeddings=L).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=rf"attn_implementation='{asked}' has no counterpart .* use one of"):
+        hf_posenc.from_pretrained(str(tmp_path), attn_implementation=asked)
 
 
 # The attention implementation must stay one that applies the method.

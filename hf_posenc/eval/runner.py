@@ -175,17 +175,18 @@ def run_perplexity(
     todo = {spec.text: [n for n in lengths if (spec.text, n) not in done] for spec in specs}
     if accelerator.is_main_process:
         remove_stale_temporaries(output, PERPLEXITY_FILES)
+    # loaded and compared even when every result is there: a model saved over its folder is refused, not shown stale
+    loading = set().union(*todo.values()) or set(lengths)
+    longest = max(input_shape(w, bos_id is not None)[0] for n in loading for w in plans[n].windows)
+    model, resolved, loaded = load_checked(model_source, saved, specs, accelerator, max(docs, key=len), longest)
+    details = {**model_details(model_source, saved, arguments["dtype"]), **loaded}
+    if previous:
+        check_same_model(previous["model_details"], details, output / RESULTS_JSON)
     if not any(todo.values()):
         report = {**previous, "results": sort_results(results, [spec.text for spec in specs])}
         if accelerator.is_main_process:
             report_file.write(write_perplexity_results, output, report)
         return report
-
-    longest = max(input_shape(w, bos_id is not None)[0] for n in set().union(*todo.values()) for w in plans[n].windows)
-    model, resolved, loaded = load_checked(model_source, saved, specs, accelerator, max(docs, key=len), longest)
-    details = {**model_details(model_source, saved, arguments["dtype"]), **loaded}
-    if previous:
-        check_same_model(previous["model_details"], details, output / RESULTS_JSON)
     rows = {row["method"]: row.get("params") or {} for row in results}
     refuse_duplicates(specs, list(rows), output / RESULTS_JSON, resolved={**rows, **resolved})
     report = {
@@ -317,18 +318,20 @@ def run_passkey(
     }
     if accelerator.is_main_process:
         remove_stale_temporaries(output, PASSKEY_FILES)
-    model = None
+    # loaded and compared even when every result is there: a model saved over its folder is refused, not shown stale
+    longest = max(len(p.input_ids) for n in lengths for _, p in prompts[n])
+    model, resolved, loaded = load_checked(
+        model_source, saved, specs, accelerator, prompts[lengths[0]][0][1].input_ids, longest
+    )
+    report["model_details"].update(loaded)
+    if previous:
+        check_same_model(previous.get("model_details") or {}, report["model_details"], output / PASSKEY_JSON)
+    computed = False
     for spec in specs:
         todo = [n for n in lengths if (spec.text, n) not in done]
-        if todo and model is None:
-            longest = max(len(p.input_ids) for n in lengths for _, p in prompts[n])
-            ids = prompts[todo[0]][0][1].input_ids
-            model, resolved, loaded = load_checked(model_source, saved, specs, accelerator, ids, longest)
-            report["model_details"].update(loaded)
-            if previous:
-                check_same_model(previous.get("model_details") or {}, report["model_details"], output / PASSKEY_JSON)
         if not todo:
             continue
+        computed = True
         with method_applied(model, spec, resolved[spec.text]):
             for n in todo:
                 desc = f"passkey {spec.text} @ {n}"
@@ -340,6 +343,6 @@ def run_passkey(
                 report |= {"trials": done_trials, "accuracy": accuracy_grid(done_trials)}
                 if accelerator.is_main_process:
                     report_file.write(write_passkey_results, output, report)
-    if accelerator.is_main_process and model is None:
+    if accelerator.is_main_process and not computed:
         report_file.write(write_passkey_results, output, previous)
-    return report if model is not None else previous
+    return report if computed else previous

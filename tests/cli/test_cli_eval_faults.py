@@ -138,8 +138,7 @@ def test_a_rerun_removes_the_temporaries_a_killed_run_left(tiny_dir, tmp_path, m
     then = time.time() - STALE_AFTER - 1  # killed a while ago: younger ones may be another run's, writing now
     for path in out.iterdir():
         os.utime(path, (then, then))
-    monkeypatch.setattr(runner, "load_model_at_commit", lambda *a, **k: pytest.fail("nothing to compute"))
-    assert main(argv) == 0
+    assert main(argv) == 0  # nothing to compute
     assert sorted(p.name for p in out.iterdir()) == [
         ".ppl_vs_length.draft.png",
         "ppl_vs_length.png",
@@ -328,9 +327,12 @@ def test_an_output_inside_the_dataset_folder_is_refused_before_anything(tiny_dir
 
 @pytest.mark.parametrize("command", ["eval", "passkey"])
 @pytest.mark.parametrize("change", ["weights", "trained context"])
-def test_resuming_on_a_model_changed_under_the_same_name_is_refused(tiny_dir, tmp_path, capsys, command, change):
+@pytest.mark.parametrize("rerun", ["more lengths", "the same"])
+def test_resuming_on_a_model_changed_under_the_same_name_is_refused(tiny_dir, tmp_path, capsys, command, change, rerun):
     """The model's folder saved over (retrained, another seed) or its config edited between two runs into one
-    output folder: rows of two models would share one file under one name. Refused in one line, nothing changed."""
+    output folder: rows of two models would share one file under one name. Refused in one line, nothing changed;
+    also where every result asked for is there (before: the old numbers printed as this model's, the model not
+    loaded)."""
     from conftest import make_tiny
 
     model_dir, out = tmp_path / "model", tmp_path / "out"
@@ -341,6 +343,7 @@ def test_resuming_on_a_model_changed_under_the_same_name_is_refused(tiny_dir, tm
     else:
         argv = ["passkey", "--model", str(model_dir), "--output", str(out), "--depths", "0.5"]
         first, then = "400", "400,420"  # a passkey prompt of the character tokenizer needs 339 tokens
+    then = first if rerun == "the same" else then
     assert main([*argv, "--method", "none", "--lengths", first]) == 0
     before = folder_files(out)
     if change == "weights":

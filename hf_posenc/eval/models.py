@@ -11,6 +11,7 @@ import torch
 from huggingface_hub import hf_hub_download
 from transformers import AutoTokenizer
 
+from ..hub_commit import TOKENIZER_SOURCES
 from ..hub_errors import HubError, call_hub
 from ..hub_reach import CONFIG_FILE, require_reachable
 from ..offline import smollm2_gguf
@@ -193,6 +194,12 @@ def load_tokenizer(source: ModelSource, saved: SavedPatch | None = None):
         repo, revision = saved.weights_from, saved.weights_revision
         action = f"Reading the tokenizer of {repo!r}"
         return call_hub(lambda: AutoTokenizer.from_pretrained(repo, revision=revision), HubError, action, None)
+    folder = Path(source.name)
+    if not source.gguf_file and folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_SOURCES):
+        raise ValueError(  # transformers' own error there suggests installing sentencepiece or tiktoken
+            f"The folder {source.name} holds no tokenizer (none of {', '.join(TOKENIZER_SOURCES)}): save the model's "
+            "tokenizer there too (`tokenizer.save_pretrained`)."
+        )
     kwargs = {key: value for key, value in source.loading_kwargs.items() if key in ("gguf_file", "revision")}
     with loading_errors(source.name, source.gguf_file):
         return AutoTokenizer.from_pretrained(source.name, **kwargs)

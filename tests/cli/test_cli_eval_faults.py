@@ -411,3 +411,19 @@ def test_a_card_refuses_results_of_another_local_model_from_any_folder(tiny_dir,
     assert f"measured on 'a', not on the base model '{tmp_path / 'b'}'" in _one_line_error(capsys, "card")
     assert main([*card, "--model", str(tmp_path / "a"), "--output", "card.md"]) == 0
     assert "| 32 |" in (tmp_path / "elsewhere" / "card.md").read_text()
+
+
+@pytest.mark.parametrize("command", ["eval", "passkey"])
+def test_a_model_folder_without_a_tokenizer_is_one_line_before_anything(tiny_dir, tmp_path, capsys, command):
+    """A folder saved with the model alone (``model.save_pretrained``): hf_posenc's line saying what to save there,
+    not transformers' advice to install sentencepiece or tiktoken; no output folder made."""
+    model_dir, out = tmp_path / "model", tmp_path / "out"
+    model_dir.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_dir / "model" / name, model_dir / name)
+    argv = [command, "--model", str(model_dir), "--method", "none", "--output", str(out)]
+    extra = ["--dataset", str(tiny_dir / "texts"), "--lengths", "32"] if command == "eval" else ["--lengths", "400"]
+    assert main(argv + extra) == 2
+    error = _one_line_error(capsys, command)
+    assert f"The folder {model_dir} holds no tokenizer" in error and "tokenizer.save_pretrained" in error
+    assert not out.exists()

@@ -10,6 +10,7 @@ that a cached model loads at once there too.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,31 +56,38 @@ def hub_unreachable(
 
 
 @contextmanager
-def cache_only_if_unreachable(name: str | None, revision: str | None = None) -> Iterator[None]:
-    """For a command-line run that reads the Hub model ``name``: where ``HF_HUB_OFFLINE`` is not set and no
-    connection to the Hub can be made (:func:`hub_unreachable`), huggingface_hub reads its cache alone inside the
-    block, as ``HF_HUB_OFFLINE=1`` would, with a warning. A cached model then loads at once rather than after
+def cache_only_if_unreachable(
+    name: str | None, revision: str | None = None, *, dataset: bool = False
+) -> Iterator[str | None]:
+    """For a command-line run that reads the Hub model (or ``dataset``) ``name``: where ``HF_HUB_OFFLINE`` is not set
+    and no connection to the Hub can be made (:func:`hub_unreachable`), huggingface_hub reads its cache alone inside
+    the block, as ``HF_HUB_OFFLINE=1`` would, with a warning. A cached model then loads at once rather than after
     huggingface_hub's retries of a download (about 25 s), and one not cached fails at once (:func:`require_reachable`,
-    naming the connection error). Offline mode is restored after the block."""
-    if is_offline_mode() or not _hub_repo(name):
-        yield
-        return
-    reason = hub_unreachable(name, revision)
+    naming the connection error). A dataset: `datasets`, which reads the setting once when imported, reads the cache
+    alone too (also where this run's model block set it). Offline mode is restored after the block. Yields why the
+    Hub cannot be reached, or None."""
+    reason = hub_unreachable(name, revision) if _hub_repo(name) else None
     if reason is None:
-        yield
+        yield None
         return
-    logger.warning(
-        "hf_posenc: the Hub cannot be reached (%s): this run reads huggingface_hub's cache alone, as HF_HUB_OFFLINE=1 "
-        "would (set it to skip this check).",
-        reason,
-    )
-    constants.HF_HUB_OFFLINE = True
-    _CACHE_ONLY_SINCE.append(reason)
-    try:
-        yield
-    finally:
-        _CACHE_ONLY_SINCE.pop()
-        constants.HF_HUB_OFFLINE = False
+    held = contextlib.ExitStack()
+    if not is_offline_mode():
+        logger.warning(
+            "hf_posenc: the Hub cannot be reached (%s): this run reads huggingface_hub's cache alone, as "
+            "HF_HUB_OFFLINE=1 would (set it to skip this check).",
+            reason,
+        )
+        held.callback(setattr, constants, "HF_HUB_OFFLINE", False)
+        held.callback(_CACHE_ONLY_SINCE.pop)
+        constants.HF_HUB_OFFLINE = True
+        _CACHE_ONLY_SINCE.append(reason)
+    if dataset:
+        import datasets.config
+
+        held.callback(setattr, datasets.config, "HF_HUB_OFFLINE", datasets.config.HF_HUB_OFFLINE)
+        datasets.config.HF_HUB_OFFLINE = True
+    with held:
+        yield reason
 
 
 def cached_file(repo_id: str, filename: str, revision: str | None = None) -> Path | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..hub_errors import refuse_missing_folder
+from ..hub_reach import cache_only_if_unreachable
 from .local_files import LOCAL_SPLIT, local_rows
 
 PROTOCOLS = ("sliding", "disjoint", "truncate")
@@ -170,13 +171,19 @@ def load_texts(source: TextSource) -> list[str]:
             refuse_missing_folder(source.path)
         except FileNotFoundError as error:
             raise ValueError(f"Cannot load dataset {error}.") from None
-        try:
-            dataset = load_dataset(source.path, source.config, split=source.read_split, streaming=source.streaming)
-        except Exception as error:  # datasets raises many types (not found, offline, bad config)
-            raise ValueError(
-                f"Cannot load dataset {source.path!r} (config {source.config!r}, split {source.read_split!r}): "
-                f"{error}. Give a Hub dataset id or an existing local file or folder."
-            ) from error
+        with cache_only_if_unreachable(source.path, dataset=True) as unreachable:  # a cached one at once offline
+            try:
+                dataset = load_dataset(source.path, source.config, split=source.read_split, streaming=source.streaming)
+            except Exception as error:  # datasets raises many types (not found, offline, bad config)
+                advice = (
+                    f"The Hub cannot be reached ({unreachable}), and the datasets cache does not hold it."
+                    if unreachable
+                    else "Give a Hub dataset id or an existing local file or folder."
+                )
+                raise ValueError(
+                    f"Cannot load dataset {source.path!r} (config {source.config!r}, split {source.read_split!r}): "
+                    f"{error}. {advice}"
+                ) from error
     texts = []
     for row in dataset:  # a streamed dataset may not know its columns before the first row
         if source.text_column not in row:

@@ -207,3 +207,30 @@ def test_a_connection_that_cannot_be_made_is_unreachable_and_one_made_is_not(mon
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     reason = hub_reach.hub_unreachable("me/model")
     assert reason == (f"{error}: the network said no" if unreachable else None)
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_a_hub_dataset_not_cached_fails_at_once_with_no_connection(
+    tiny_dir, tmp_path, monkeypatch, retries, capsys, offline
+):
+    """A Hub ``--dataset`` with no connection (HF_HUB_OFFLINE unset) is read from the datasets cache alone, as a
+    model is (before: huggingface_hub's five retries, then advice to give a Hub dataset id); one not there is one
+    line naming the reason, nothing is written, and datasets is online again after it. With HF_HUB_OFFLINE set the
+    line names that."""
+    import datasets.config
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", CLOSED)
+    monkeypatch.setattr(constants, "ENDPOINT", CLOSED)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", CLOSED + "/{repo_id}/resolve/{revision}/{filename}")
+    output = tmp_path / "out"
+    argv = ["eval", "--model", str(tiny_dir / "model"), "--dataset", "someone/texts", "--output", str(output)]
+    assert main([*argv, "--method", "none", "--lengths", "8"]) == 2
+    line = _one_line_error(capsys, "eval")
+    reason = "HF_HUB_OFFLINE is set" if offline else "ConnectError: "
+    assert "Cannot load dataset 'someone/texts'" in line and f"The Hub cannot be reached ({reason}" in line
+    assert "the datasets cache does not hold it" in line
+    assert retries == [] and not output.exists()
+    assert datasets.config.HF_HUB_OFFLINE is offline and constants.HF_HUB_OFFLINE is offline

@@ -182,6 +182,20 @@ def test_card_without_results_or_license_has_no_model_index():
     assert "holds the full model" in card.text
 
 
+@pytest.mark.parametrize("config_only", [True, False])
+def test_the_native_snippet_imports_what_it_uses(config_only):
+    """A config-only repo's snippet builds the base with the repo's config (AutoConfig); one holding the weights
+    loads it whole, and imports no AutoConfig it would not use."""
+    text = str(
+        render_card(
+            yarn_model().config, repo_id="me/x", base_model="org/tiny", base_revision=None, config_only=config_only
+        )
+    )
+    imports = "from transformers import AutoConfig, AutoModelForCausalLM"
+    assert (imports in text) is config_only and ("config=AutoConfig.from_pretrained" in text) is config_only
+    assert config_only or "from transformers import AutoModelForCausalLM\n" in text
+
+
 def test_non_native_method_card_says_it_needs_hf_posenc():
     model = hf_posenc.patch(make_tiny("llama"), "dynamic-yarn", original_max_position_embeddings=64)
     text = str(render_card(model.config, repo_id="me/x", base_model="org/tiny", base_revision=None, config_only=True))

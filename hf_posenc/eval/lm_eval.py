@@ -37,7 +37,7 @@ from .scoring import serves_every_length
 from .specs import parse_methods, refuse_duplicates
 
 LM_EVAL_JSON = "lm_eval.json"
-INSTALL_HINT = "pip install 'hf-posenc[lm-eval]'"
+INSTALL_HINT = "pip install 'hf-posenc[lm-eval]' (from a checkout: pip install -e '.[lm-eval]')"
 _TOKENIZER_KEYS = ("tokenizer", "pretrained")  # what lm-eval's synthetic tasks (RULER) read from the metadata
 # HFLM arguments that load a model: given a loaded one (as here), HFLM ignores them with a warning. The parameter
 # of run_lm_eval that does the job, or why there is none.

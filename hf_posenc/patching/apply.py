@@ -128,7 +128,8 @@ def plan_patch(model: nn.Module, method_name: str, params: dict[str, Any]) -> Pl
     if record and not record.baked:
         raise RuntimeError(
             "This model's config already carries an hf_posenc patch but was not loaded through hf_posenc; "
-            "load it with hf_posenc.from_pretrained(...) to get a model that can be unpatched."
+            "load it with hf_posenc.from_pretrained(...) to get a model that can be unpatched. (A model built from "
+            "the config object of one patched since shares it: give each model its own copy.deepcopy(config).)"
         )
     method = get_method(method_name)
     return plan_method(model, method, dict(params))

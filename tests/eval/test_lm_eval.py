@@ -264,6 +264,7 @@ def test_push_uploads_the_lm_eval_results_beside_the_card(run, tiny_dir, fake_hu
     [
         (0.5, "Only the first 50% of each task's examples (lm-eval's `--limit 0.5`): not a full evaluation."),
         (3, "At most 3 examples per task (lm-eval's `--limit`): not a full evaluation unless a task has no more."),
+        (1, "At most 1 example per task (lm-eval's `--limit`): not a full evaluation unless a task has no more."),
     ],
 )
 def test_the_card_says_a_limit_as_lm_eval_reads_it(run, tiny_dir, tmp_path, limit, said):

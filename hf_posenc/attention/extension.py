@@ -185,7 +185,7 @@ def positions_over_mask(module: nn.Module, args: tuple, kwargs: dict[str, Any]) 
     """Forward pre-hook of a patched decoder. With padding in a 2D ``attention_mask`` (covering the cache and the
     new tokens), a token's position is the count of non-padding tokens before it, what :func:`extension_mask`
     and log-n read. ``position_ids`` are made so where they are not given, as ``generate()`` makes them (padding,
-    free, at 1), or where they count from another start in a row (:func:`counts_real_tokens`): a padded forward
+    free, at 1), or where they are ``generate()``'s count from 1 (:func:`counts_real_tokens`): a padded forward
     gives each row its own logits, as the unpatched model does. Given ones that disagree at a real token otherwise
     raise: the rotary embedding would turn q and k by other distances than the method's."""
     names = _forward_parameters(type(module))
@@ -200,7 +200,7 @@ def positions_over_mask(module: nn.Module, args: tuple, kwargs: dict[str, Any]) 
     given = passed.get("position_ids")
     if given is not None:
         given = given.expand_as(counted)
-        if not counts_real_tokens(given, counted, real):
+        if not counts_real_tokens(given, counted, real, left_padded=~mask[:, :1].bool()):
             raise ValueError(POSITIONS_ERROR)
         if bool(((given == counted) | ~real).all()):
             return None
@@ -210,14 +210,16 @@ def positions_over_mask(module: nn.Module, args: tuple, kwargs: dict[str, Any]) 
     return args, {**kwargs, "position_ids": counted.masked_fill(~real, 1)}
 
 
-def counts_real_tokens(given: torch.Tensor, counted: torch.Tensor, real: torch.Tensor) -> bool:
+def counts_real_tokens(
+    given: torch.Tensor, counted: torch.Tensor, real: torch.Tensor, left_padded: torch.Tensor
+) -> bool:
     """Whether ``given`` position_ids (B, q) of a padded batch equal the ``counted`` non-padding tokens at every
-    ``real`` query plus one offset per row (padding queries are free): positions from another start, which the
-    hook above replaces by the count. ``generate()`` starts a row whose prompt is all padding at 1 (its padding at
-    0, then one more a step); a batch given ``arange`` in every row starts each row at its padding's length."""
+    ``real`` query (padding queries are free), or, in a row that starts with padding (``left_padded``, (B, 1)), the
+    count plus one at every real query: ``generate()`` starts a row whose prompt is all padding at 1 (its padding at
+    0, then one more a step), which the hook above replaces by the count. Any other offset is refused, as it may
+    differ from the one the cached keys were turned with (a call sees only its own tokens)."""
     offset = torch.where(real, given - counted, 0)
-    first = offset.gather(1, real.long().argmax(1, keepdim=True))  # the row's offset at its first real query
-    return bool(((offset == first) | ~real).all())
+    return bool(((offset == 0) | ~real).all(-1).logical_or(((offset == 1) | ~real).all(-1) & left_padded[:, 0]).all())
 
 
 @functools.cache

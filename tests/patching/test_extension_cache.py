@@ -257,7 +257,8 @@ def test_left_padded_batch_generates_as_each_alone(case, cache):
 )
 def test_a_batch_with_an_empty_prompt_generates_each_row_as_alone(case, cache):
     """generate() on a left-padded batch whose second prompt is empty (all padding, as a tokenizer that adds no
-    BOS pads ""): generate() counts that row's tokens from 1 (before: a ValueError at the first step). Each row's
+    BOS pads ""): generate() counts that row's tokens from 1 (before: a ValueError at the first step; now the only
+    offset from the count taken, and only in a row that starts with padding). Each row's
     tokens and logits are its own: the empty row's from its first token on equal generating from that token alone
     (80 tokens: past L, the window and DCA's first chunk)."""
     model = patched_tiny(case)
@@ -291,22 +292,28 @@ def test_flex_left_padded_batch_equals_eager():
     "case", ["self-extend-blocked", "dca-eager", "self-extend+logn-blocked", "logn-sdpa", "yarn+logn"]
 )
 def test_positions_that_do_not_count_real_tokens_are_refused(case):
-    """The methods read positions from the mask: a padded batch given position_ids that restart inside a row (packed
-    sequences; the rotary embedding then disagrees with the mask on distances) is a ValueError, not silently
-    different logits. Positions 0..n-1 in every row disagree with the count by one offset a row: no distance
-    changes, and each row has its logits alone."""
+    """The methods read positions from the mask: a padded batch given position_ids 0..n-1 in every row, or ones that
+    restart inside a row (packed sequences), or a later call that restarts after the cached tokens, or an offset
+    in a row without padding beside a padded one: the rotary embedding would disagree with the mask (and a call sees
+    only its own tokens, so an offset may differ from the cached keys'). A ValueError, not silently other logits."""
     model = patched_tiny(case)
     long, short = tokens(90, seed=12), tokens(71, seed=13)
     batch, mask = left_padded(long, short)
-    packed = torch.cat([torch.arange(45), torch.arange(45)])
-    with torch.no_grad(), pytest.raises(ValueError, match=r"position_ids must count the non-padding tokens"):
-        model(batch, attention_mask=mask, position_ids=packed.expand(2, -1))
-    with torch.no_grad(), pytest.raises(ValueError, match=r"position_ids must count the non-padding tokens"):
-        model.model(batch, mask, packed[None])  # positionally, to the decoder itself
+    error = r"position_ids must count the non-padding tokens"
     with torch.no_grad():
-        together = model(batch, attention_mask=mask, position_ids=torch.arange(90).expand(2, -1)).logits
-        for row, alone in enumerate([long, short]):
-            torch.testing.assert_close(together[row, mask[row].bool()], model(alone).logits[0], **TOLERANCE)
+        for position_ids in [torch.arange(90), torch.cat([torch.arange(45), torch.arange(45)])]:
+            with pytest.raises(ValueError, match=error):
+                model(batch, attention_mask=mask, position_ids=position_ids.expand(2, -1))
+            with pytest.raises(ValueError, match=error):
+                model.model(batch, mask, position_ids[None])  # positionally, to the decoder itself
+        shifted = (mask.cumsum(-1) - 1).clamp(min=0)
+        shifted[0] += 5  # the unpadded row counted from 5
+        with pytest.raises(ValueError, match=error):
+            model(batch, attention_mask=mask, position_ids=shifted)
+        cache = DynamicCache(config=model.config)
+        model(batch[:, :70], attention_mask=mask[:, :70], past_key_values=cache)
+        with pytest.raises(ValueError, match=error):  # the second call counted from 0 again
+            model(batch[:, 70:], attention_mask=mask, past_key_values=cache, position_ids=torch.arange(20)[None])
 
 
 @pytest.mark.parametrize("case", ["self-extend+logn-blocked", "dca-blocked", "self-extend-sdpa", "dca+logn-sdpa"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,6 +80,8 @@ def cache_only_if_unreachable(
         )
         held.callback(setattr, constants, "HF_HUB_OFFLINE", False)
         held.callback(_CACHE_ONLY_SINCE.pop)
+        if "datasets.config" not in sys.modules:  # imported in the block, it would read offline mode for good
+            held.callback(_datasets_online)
         constants.HF_HUB_OFFLINE = True
         _CACHE_ONLY_SINCE.append(reason)
     if dataset:
@@ -88,6 +91,13 @@ def cache_only_if_unreachable(
         datasets.config.HF_HUB_OFFLINE = True
     with held:
         yield reason
+
+
+def _datasets_online() -> None:
+    """`datasets` online again where it was imported while this run read the cache alone."""
+    config = sys.modules.get("datasets.config")
+    if config is not None:
+        config.HF_HUB_OFFLINE = False
 
 
 def cached_file(repo_id: str, filename: str, revision: str | None = None) -> Path | None:

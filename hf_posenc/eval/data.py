@@ -176,13 +176,13 @@ def load_texts(source: TextSource) -> list[str]:
                 dataset = load_dataset(source.path, source.config, split=source.read_split, streaming=source.streaming)
             except Exception as error:  # datasets raises many types (not found, offline, bad config)
                 advice = (
-                    f"The Hub cannot be reached ({unreachable}), and the datasets cache does not hold it."
+                    f"The Hub cannot be reached ({unreachable}): only the datasets cache was read."
                     if unreachable
                     else "Give a Hub dataset id or an existing local file or folder."
                 )
                 raise ValueError(
                     f"Cannot load dataset {source.path!r} (config {source.config!r}, split {source.read_split!r}): "
-                    f"{error}. {advice}"
+                    f"{str(error).rstrip('.')}. {advice}"
                 ) from error
     texts = []
     for row in dataset:  # a streamed dataset may not know its columns before the first row

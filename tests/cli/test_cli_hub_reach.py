@@ -231,6 +231,26 @@ def test_a_hub_dataset_not_cached_fails_at_once_with_no_connection(
     line = _one_line_error(capsys, "eval")
     reason = "HF_HUB_OFFLINE is set" if offline else "ConnectError: "
     assert "Cannot load dataset 'someone/texts'" in line and f"The Hub cannot be reached ({reason}" in line
-    assert "the datasets cache does not hold it" in line
+    assert "only the datasets cache was read" in line and ".." not in line
     assert retries == [] and not output.exists()
     assert datasets.config.HF_HUB_OFFLINE is offline and constants.HF_HUB_OFFLINE is offline
+
+
+def test_datasets_first_imported_while_the_cache_is_read_alone_is_online_after():
+    """`datasets` reads offline mode once, when imported: imported inside a run's cache-only block (the CLI imports
+    it only to read a dataset), it stayed offline for the rest of the process."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from hf_posenc.hub_reach import cache_only_if_unreachable\n"
+        "with cache_only_if_unreachable('someone/model'):\n"
+        "    import datasets.config; inside = datasets.config.HF_HUB_OFFLINE\n"
+        "print(inside, datasets.config.HF_HUB_OFFLINE, 'datasets' in sys.modules)\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env={**env, "HF_ENDPOINT": CLOSED}, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["True", "False", "True"]

@@ -20,7 +20,7 @@ from .hub_errors import redact
 RESULTS_FILE = "eval_results.json"
 LM_EVAL_FILE = "lm_eval.json"
 # What a tokenizer loads from, one of them at least: its config, or the vocabulary of transformers' tokenizers of
-# causal LMs (BPE, WordPiece, SentencePiece).
+# causal LMs (BPE, WordPiece, SentencePiece), or mistral-common's (what MistralCommonBackend saves alone).
 TOKENIZER_SOURCES = (
     "tokenizer_config.json",
     "tokenizer.json",
@@ -29,6 +29,7 @@ TOKENIZER_SOURCES = (
     "tokenizer.model",
     "spiece.model",
     "sentencepiece.bpe.model",
+    "tekken.json",
 )
 # The files a tokenizer's save_pretrained writes: those, and its special tokens, BPE merges and chat templates.
 TOKENIZER_FILES = (

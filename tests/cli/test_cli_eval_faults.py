@@ -427,3 +427,13 @@ def test_a_model_folder_without_a_tokenizer_is_one_line_before_anything(tiny_dir
     error = _one_line_error(capsys, command)
     assert f"The folder {model_dir} holds no tokenizer" in error and "tokenizer.save_pretrained" in error
     assert not out.exists()
+    (model_dir / "tekken.json").write_text("{}")  # mistral-common's tokenizer, all a folder may hold: left to it
+    from hf_posenc.eval import models
+
+    def reached(*args, **kwargs):
+        raise LookupError("transformers reads the tokenizer")
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(models.AutoTokenizer, "from_pretrained", reached)
+        with pytest.raises(LookupError, match="transformers reads the tokenizer"):
+            main(argv + extra)

@@ -31,6 +31,13 @@ TOKENIZER_SOURCES = (
     "sentencepiece.bpe.model",
     "tekken.json",
 )
+
+
+def holds_tokenizer(names: set[str]) -> bool:
+    """Whether a folder or repo with files ``names`` holds a tokenizer (one of :data:`TOKENIZER_SOURCES`)."""
+    return not names.isdisjoint(TOKENIZER_SOURCES)
+
+
 # The files a tokenizer's save_pretrained writes: those, and its special tokens, BPE merges and chat templates.
 TOKENIZER_FILES = (
     *TOKENIZER_SOURCES,

@@ -71,25 +71,24 @@ def cache_only_if_unreachable(
     if reason is None:
         yield None
         return
-    held = contextlib.ExitStack()
-    if not is_offline_mode():
-        logger.warning(
-            "hf_posenc: the Hub cannot be reached (%s): this run reads huggingface_hub's cache alone, as "
-            "HF_HUB_OFFLINE=1 would (set it to skip this check).",
-            reason,
-        )
-        held.callback(setattr, constants, "HF_HUB_OFFLINE", False)
-        held.callback(_CACHE_ONLY_SINCE.pop)
-        if "datasets.config" not in sys.modules:  # imported in the block, it would read offline mode for good
-            held.callback(_datasets_online)
-        constants.HF_HUB_OFFLINE = True
-        _CACHE_ONLY_SINCE.append(reason)
-    if dataset:
-        import datasets.config
+    with contextlib.ExitStack() as held:  # each setting put back as it was made, also if a later one fails
+        if not is_offline_mode():
+            logger.warning(
+                "hf_posenc: the Hub cannot be reached (%s): this run reads huggingface_hub's cache alone, as "
+                "HF_HUB_OFFLINE=1 would (set it to skip this check).",
+                reason,
+            )
+            held.callback(setattr, constants, "HF_HUB_OFFLINE", False)
+            held.callback(_CACHE_ONLY_SINCE.pop)
+            if "datasets.config" not in sys.modules:  # imported in the block, it would read offline mode for good
+                held.callback(_datasets_online)
+            constants.HF_HUB_OFFLINE = True
+            _CACHE_ONLY_SINCE.append(reason)
+        if dataset:
+            import datasets.config
 
-        held.callback(setattr, datasets.config, "HF_HUB_OFFLINE", datasets.config.HF_HUB_OFFLINE)
-        datasets.config.HF_HUB_OFFLINE = True
-    with held:
+            held.callback(setattr, datasets.config, "HF_HUB_OFFLINE", datasets.config.HF_HUB_OFFLINE)
+            datasets.config.HF_HUB_OFFLINE = True
         yield reason
 
 

@@ -19,7 +19,7 @@ from ..eval.models import reachable_saved_patch
 from ..files import atomic_write_text
 from ..fingerprint import model_fingerprint
 from ..hub import build_card, push_to_hub
-from ..hub_commit import TOKENIZER_SOURCES
+from ..hub_commit import TOKENIZER_SOURCES, holds_tokenizer
 from ..hub_errors import HubError, call_hub
 from ..patching import patch
 from ..record import PatchRecord
@@ -170,7 +170,7 @@ def _tokenizer(source: str, revision: str | None, token: str | None) -> PreTrain
             lambda: HfApi(token=token).list_repo_files(source, revision=revision), HubError, action, token
         )
         files, place = set(listed), f"the repo {source!r}"
-    if not files & set(TOKENIZER_SOURCES):
+    if not holds_tokenizer(files):
         raise ValueError(
             f"`with_weights` pushes the tokenizer with the weights, and {place} holds none (no "
             f"{', '.join(TOKENIZER_SOURCES)}): save the model's tokenizer there (`tokenizer.save_pretrained`)."

@@ -11,7 +11,7 @@ import torch
 from huggingface_hub import hf_hub_download
 from transformers import AutoTokenizer
 
-from ..hub_commit import TOKENIZER_SOURCES
+from ..hub_commit import TOKENIZER_SOURCES, holds_tokenizer
 from ..hub_errors import HubError, call_hub
 from ..hub_reach import CONFIG_FILE, require_reachable
 from ..offline import smollm2_gguf
@@ -195,7 +195,11 @@ def load_tokenizer(source: ModelSource, saved: SavedPatch | None = None):
         action = f"Reading the tokenizer of {repo!r}"
         return call_hub(lambda: AutoTokenizer.from_pretrained(repo, revision=revision), HubError, action, None)
     folder = Path(source.name)
-    if not source.gguf_file and folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_SOURCES):
+    if (
+        not source.gguf_file
+        and folder.is_dir()
+        and not holds_tokenizer({path.name for path in folder.iterdir() if path.is_file()})
+    ):
         raise ValueError(  # transformers' own error there suggests installing sentencepiece or tiktoken
             f"The folder {source.name} holds no tokenizer (none of {', '.join(TOKENIZER_SOURCES)}): save the model's "
             "tokenizer there too (`tokenizer.save_pretrained`)."

@@ -326,14 +326,16 @@ def run_passkey(
     report["model_details"].update(loaded)
     if previous:
         check_same_model(previous.get("model_details") or {}, report["model_details"], output / PASSKEY_JSON)
-    computed = False
+    todo = {spec.text: [n for n in lengths if (spec.text, n) not in done] for spec in specs}
+    if not any(todo.values()):
+        if accelerator.is_main_process:
+            report_file.write(write_passkey_results, output, previous)
+        return previous
     for spec in specs:
-        todo = [n for n in lengths if (spec.text, n) not in done]
-        if not todo:
+        if not todo[spec.text]:
             continue
-        computed = True
         with method_applied(model, spec, resolved[spec.text]):
-            for n in todo:
+            for n in todo[spec.text]:
                 desc = f"passkey {spec.text} @ {n}"
                 flags = passkey_flags(model, tokenizer, [p for _, p in prompts[n]], accelerator, desc)
                 done_trials += [
@@ -343,6 +345,4 @@ def run_passkey(
                 report |= {"trials": done_trials, "accuracy": accuracy_grid(done_trials)}
                 if accelerator.is_main_process:
                     report_file.write(write_passkey_results, output, report)
-    if accelerator.is_main_process and not computed:
-        report_file.write(write_passkey_results, output, previous)
-    return report if computed else previous
+    return report

@@ -36,6 +36,7 @@ from .changes import (
     ATTENTION,
     check_implementation_before_calls,
     masks_in_forward,
+    no_counterpart,
     positions_removed,
     refuse_training_dropout,
     replacement_updates,
@@ -229,11 +230,8 @@ def loading_backend(bias: BiasMethod, attn_implementation: str) -> tuple[str, st
     implementations = bias.implementations
     backend = _STANDARD.get(attn_implementation) or bias.backend_of.get(attn_implementation)
     if backend not in implementations:
-        raise ValueError(
-            f"attn_implementation={attn_implementation!r} has no counterpart for this model's patch; use one of "
-            f"{', '.join(name for name, mapped in _STANDARD.items() if mapped in implementations)}, "
-            f"{', '.join(implementations.values())}."
-        )
+        standard = [name for name, mapped in _STANDARD.items() if mapped in implementations]
+        raise no_counterpart(attn_implementation, [*standard, *implementations.values()])
     return backend, _BASE_OF[backend]
 
 

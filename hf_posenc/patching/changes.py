@@ -160,3 +160,11 @@ def refuse_training_dropout(model: nn.Module, backend: str, other: str = "") -> 
             f"{backend} has no attention dropout, and this model is in training mode with attention dropout: "
             f"{offer}set the dropout to 0, or call model.eval() before patching."
         )
+
+
+def no_counterpart(asked: str, names: list[str]) -> ValueError:
+    """The error for an ``attn_implementation`` asked for at load that this model's patch cannot run: it names the
+    ones that serve."""
+    return ValueError(
+        f"attn_implementation={asked!r} has no counterpart for this model's patch; use one of {', '.join(names)}."
+    )

@@ -36,7 +36,13 @@ from ..attention import (
 from ..attention.extension import ExtensionState, positions_over_mask
 from ..record import CONFIG_KEY, PatchRecord
 from ..registry import Method, params_to_dict
-from .changes import ATTENTION, check_implementation_before_calls, masks_in_forward, refuse_training_dropout
+from .changes import (
+    ATTENTION,
+    check_implementation_before_calls,
+    masks_in_forward,
+    no_counterpart,
+    refuse_training_dropout,
+)
 from .plan import PatchInfo, Plan, Planner
 from .rope_types import EXTENSION_ROPE_TYPE
 
@@ -182,19 +188,14 @@ def extension_loading(params: dict[str, Any], kwargs: dict[str, Any]) -> tuple[d
         return params, kwargs
     if "backend" not in params:  # log-n alone: the base model runs the implementation it wraps
         base = next((name for name, wrapper in TEMPERATURE_IMPLEMENTATIONS.items() if wrapper == asked), asked)
-        _refuse_unserved(asked, base in TEMPERATURE_IMPLEMENTATIONS, [*TEMPERATURE_IMPLEMENTATIONS])
+        if base not in TEMPERATURE_IMPLEMENTATIONS:
+            raise no_counterpart(asked, [*TEMPERATURE_IMPLEMENTATIONS])
         return params, {**kwargs, "attn_implementation": base}
     backend = EXTENSION_BACKEND_OF.get(asked) or _STANDARD.get(asked)
-    _refuse_unserved(asked, backend is not None, [*_STANDARD, *EXTENSION_IMPLEMENTATIONS.values()])
+    if backend is None:
+        raise no_counterpart(asked, [*_STANDARD, *EXTENSION_IMPLEMENTATIONS.values()])
     base = "eager" if backend == "eager" else "sdpa"
     return {**params, "backend": backend}, {**kwargs, "attn_implementation": base}
-
-
-def _refuse_unserved(asked: str, served: bool, names: list[str]) -> None:
-    if not served:
-        raise ValueError(
-            f"attn_implementation={asked!r} has no counterpart for this model's patch; use one of {', '.join(names)}."
-        )
 
 
 def _backend_now(model: nn.Module, info: PatchInfo) -> PatchInfo:

@@ -9,11 +9,12 @@ import logging
 import os
 import re
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from transformers import PreTrainedConfig, PreTrainedModel
+from accelerate import PartialState
+from transformers import PreTrainedConfig, PreTrainedModel, TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME
@@ -223,31 +224,50 @@ def _finished(checkpoint: Path, processes: int) -> bool:
     return all(zipfile.is_zipfile(checkpoint / name) for name in rng_files)  # torch.save's zip: its end written last
 
 
+class _PutBackOnceRead(TrainerCallback):
+    """Calls ``put_back`` when training begins, once every process's Trainer has read the checkpoint's config:
+    its resume reads the file before ``on_train_begin``, and nothing after."""
+
+    def __init__(self, put_back: Callable[[], None]):
+        self.put_back = put_back
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        PartialState().wait_for_everyone()  # every process past its read of the trimmed file
+        self.put_back()
+
+
 @contextlib.contextmanager
-def readable_by_the_trainer(checkpoint: str) -> Iterator[None]:
+def readable_by_the_trainer(checkpoint: str, trim: bool) -> Iterator[TrainerCallback]:
     """While the Trainer resumes from ``checkpoint``, its ``config.json`` without the ``rope_scaling`` that
-    transformers' generic config class cannot read; the file as it was afterwards, whether the run finished or failed.
+    transformers' generic config class cannot read (``trim``: on the processes that save); the file as it was
+    once training begins (the callback this yields, for every process), or when the block ends first.
 
     The Trainer's resume reads that file with the generic class (only to compare transformers versions), and
     transformers 5.24 raises there on a ``yarn`` or ``llama3`` ``rope_scaling`` (its RoPE standardisation asks the
     generic class for ``max_position_embeddings``). A patch writes the key for transformers 4's readers, which load a
-    checkpoint too; the resumed model takes its patch from the record and its weights from the checkpoint. A file
-    changed meanwhile (the checkpoint written again) is left as it is."""
+    checkpoint too; the resumed model takes its patch from the record and its weights from the checkpoint. Put back
+    before the first step, the file is whole after a run killed while it trains (SIGTERM, which skips every
+    ``finally``: torchrun's to the other processes when one fails, a scheduler's pre-emption). A file changed
+    meanwhile (the checkpoint written again) is left as it is."""
     path = Path(checkpoint) / CONFIG_NAME
-    original = _unreadable_rope_scaling(path)
+    original = _unreadable_rope_scaling(path) if trim else None
     if original is None:
-        yield
+        yield _PutBackOnceRead(lambda: None)
         return
     config = json.loads(original)
     del config["rope_scaling"]
     trimmed = json.dumps(config, indent=2, sort_keys=True) + "\n"
     atomic_write_text(path, trimmed)
-    try:
-        yield
-    finally:
+
+    def put_back() -> None:
         with contextlib.suppress(OSError):  # the checkpoint rotated away by save_total_limit: nothing to put back
             if path.read_text(encoding="utf-8") == trimmed:
                 atomic_write_text(path, original)
+
+    try:
+        yield _PutBackOnceRead(put_back)
+    finally:
+        put_back()
 
 
 def _unreadable_rope_scaling(path: Path) -> str | None:

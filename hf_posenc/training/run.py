@@ -121,7 +121,7 @@ def train(
         model.to(args.device)
     model.train()
     added = apply_method(model, spec)
-    # the first process's lock on the output, and the resumed checkpoint's config put back, when it returns or fails
+    # the first process's lock on the output until the run returns or fails; the resumed checkpoint's config put back
     with contextlib.ExitStack() as held:
         adapting = False  # whether LoRA adapters may be in the model (removed if the run stops before the Trainer runs)
         try:
@@ -136,8 +136,9 @@ def train(
                 held.enter_context(run_lock(output_dir))
                 _write_json(output_dir / RUN_FILE, identity)
             checkpoint = last_checkpoint(output_dir, args.world_size) if settings.resume else None
-            if checkpoint is not None and args.should_save:  # put back when the run returns or fails
-                held.enter_context(readable_by_the_trainer(checkpoint))
+            read_back = []  # its config put back once every process's Trainer has read it, or when the run fails
+            if checkpoint is not None:
+                read_back.append(held.enter_context(readable_by_the_trainer(checkpoint, trim=args.should_save)))
             PartialState().wait_for_everyone()  # the checkpoint as every process reads it
             clock = _Clock(_seconds_at(checkpoint))
             trainer = PositionRateTrainer(
@@ -146,7 +147,7 @@ def train(
                 train_dataset=data,
                 data_collator=default_data_collator,
                 processing_class=tokenizer,
-                callbacks=[clock, _StopIfFinished(), *(callbacks or [])],
+                callbacks=[*read_back, clock, _StopIfFinished(), *(callbacks or [])],
                 position_parameters=added,
                 position_learning_rate=settings.position_learning_rate,
             )

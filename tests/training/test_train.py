@@ -479,6 +479,34 @@ def test_a_resume_failing_in_the_trainer_leaves_the_checkpoints_config_as_it_was
     assert config.read_text() == saved
 
 
+class _ReadConfig(TrainerCallback):
+    """Read ``path`` as the first step begins, then stop the run as SIGTERM would (no ``finally`` is run then)."""
+
+    def __init__(self, path: Path):
+        self.path, self.text = path, None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.text = self.path.read_text()
+        raise KeyboardInterrupt
+
+
+def test_a_resumed_checkpoints_config_is_whole_once_training_begins(tmp_path):
+    """The checkpoint's config.json is trimmed only until the Trainer has read it: a resume killed by SIGTERM while
+    it trains (which runs no ``finally``: torchrun's to the other processes, a scheduler's pre-emption) leaves it
+    whole. Before, it was put back only when ``train`` returned or raised."""
+    settings = _settings(batch_size=2)
+    killed = tmp_path / "killed"
+    with pytest.raises(KeyboardInterrupt):
+        train(make_tiny("llama"), None, DATA, killed, settings, "yarn:factor=2", callbacks=[_Kill(6)])
+    config = killed / "checkpoint-5" / "config.json"
+    saved = config.read_text()
+    reader = _ReadConfig(config)
+    resume = dataclasses.replace(settings, resume=True)
+    with pytest.raises(KeyboardInterrupt):
+        train(make_tiny("llama"), None, DATA, killed, resume, "yarn:factor=2", callbacks=[reader])
+    assert reader.text == saved
+
+
 class _Tick(TrainerCallback):
     """A clock that advances 10 s at the end of each training step, and only then."""
 

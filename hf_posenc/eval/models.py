@@ -16,6 +16,7 @@ from ..hub_errors import HubError, call_hub
 from ..hub_reach import CONFIG_FILE, require_reachable
 from ..offline import smollm2_gguf
 from ..patching import learned_table_rows
+from ..patching.changes import NoCounterpart
 from ..provenance import FULL_COMMIT, is_hub_id
 from ..saved import SavedPatch, load_base_model, loading_errors, saved_patch
 
@@ -151,6 +152,11 @@ def load_model(source: ModelSource, device: torch.device, saved: SavedPatch | No
         model = load_base_model(source.name, saved, dtype=dtype, **source.loading_kwargs)
     except ImportError as error:  # flash-attn (or another backend's package) not installed, or no CUDA for it
         raise ValueError(f"`attn_implementation` {source.attn_implementation!r} cannot be used here: {error}") from None
+    except NoCounterpart as error:  # the saved patch's backends have their own names, which this option does not take
+        raise ValueError(
+            f"`attn_implementation` {source.attn_implementation!r} cannot run the patch saved in {source.name}; use "
+            f"one of {', '.join(error.standard)}."
+        ) from None
     return (model if source.device_map is not None else model.to(device)).eval()
 
 

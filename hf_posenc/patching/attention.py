@@ -34,9 +34,9 @@ from ..provenance import accelerate_hooks
 from ..registry import Method, params_to_dict
 from .changes import (
     ATTENTION,
+    NoCounterpart,
     check_implementation_before_calls,
     masks_in_forward,
-    no_counterpart,
     positions_removed,
     refuse_training_dropout,
     replacement_updates,
@@ -231,7 +231,7 @@ def loading_backend(bias: BiasMethod, attn_implementation: str) -> tuple[str, st
     backend = _STANDARD.get(attn_implementation) or bias.backend_of.get(attn_implementation)
     if backend not in implementations:
         standard = [name for name, mapped in _STANDARD.items() if mapped in implementations]
-        raise no_counterpart(attn_implementation, [*standard, *implementations.values()])
+        raise NoCounterpart(attn_implementation, standard, [*implementations.values()])
     return backend, _BASE_OF[backend]
 
 

@@ -162,9 +162,13 @@ def refuse_training_dropout(model: nn.Module, backend: str, other: str = "") -> 
         )
 
 
-def no_counterpart(asked: str, names: list[str]) -> ValueError:
-    """The error for an ``attn_implementation`` asked for at load that this model's patch cannot run: it names the
-    ones that serve."""
-    return ValueError(
-        f"attn_implementation={asked!r} has no counterpart for this model's patch; use one of {', '.join(names)}."
-    )
+class NoCounterpart(ValueError):
+    """An ``attn_implementation`` asked for at load that this model's patch cannot run; ``standard``: the
+    transformers names that serve (each picks the patch's backend of its kind)."""
+
+    def __init__(self, asked: str, standard: list[str], own: list[str]):
+        super().__init__(
+            f"attn_implementation={asked!r} has no counterpart for this model's patch; use one of "
+            f"{', '.join([*standard, *own])}."
+        )
+        self.standard = standard

@@ -38,9 +38,9 @@ from ..record import CONFIG_KEY, PatchRecord
 from ..registry import Method, params_to_dict
 from .changes import (
     ATTENTION,
+    NoCounterpart,
     check_implementation_before_calls,
     masks_in_forward,
-    no_counterpart,
     refuse_training_dropout,
 )
 from .plan import PatchInfo, Plan, Planner
@@ -189,11 +189,11 @@ def extension_loading(params: dict[str, Any], kwargs: dict[str, Any]) -> tuple[d
     if "backend" not in params:  # log-n alone: the base model runs the implementation it wraps
         base = next((name for name, wrapper in TEMPERATURE_IMPLEMENTATIONS.items() if wrapper == asked), asked)
         if base not in TEMPERATURE_IMPLEMENTATIONS:
-            raise no_counterpart(asked, [*TEMPERATURE_IMPLEMENTATIONS])
+            raise NoCounterpart(asked, [*TEMPERATURE_IMPLEMENTATIONS], [*TEMPERATURE_IMPLEMENTATIONS.values()])
         return params, {**kwargs, "attn_implementation": base}
     backend = EXTENSION_BACKEND_OF.get(asked) or _STANDARD.get(asked)
     if backend is None:
-        raise no_counterpart(asked, [*_STANDARD, *EXTENSION_IMPLEMENTATIONS.values()])
+        raise NoCounterpart(asked, [*_STANDARD], [*EXTENSION_IMPLEMENTATIONS.values()])
     base = "eager" if backend == "eager" else "sdpa"
     return {**params, "backend": backend}, {**kwargs, "attn_implementation": base}
 

@@ -12,7 +12,9 @@ from helpers import gpu
 from hub_server import TOKEN
 from huggingface_hub import HfApi
 from tiny_runs import eval_args, results_of
+from transformers import AutoModelForCausalLM
 
+import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.eval.models import ModelSource, check_placement
 
@@ -64,6 +66,28 @@ def test_combinations_that_cannot_work_are_one_line_and_write_nothing(tiny_dir, 
     err = capsys.readouterr().err.strip()
     assert err.startswith("hf-posenc eval: error:") and message in err and "\n" not in err, err
     assert not output.exists() or not any(output.iterdir())
+
+
+def test_an_attn_implementation_a_saved_patch_cannot_run_names_only_the_ones_the_option_takes(
+    tiny_dir, tmp_path, capsys
+):
+    """A folder saved with Self-Extend runs its own backends (``hf_posenc_extension_sdpa``, ...), which
+    ``--attn-implementation`` does not take: the error offers the transformers names that pick them."""
+    folder = tmp_path / "self-extend"
+    shutil.copytree(tiny_dir / "model", folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    hf_posenc.patch(model, "self-extend", group_size=2, window=16)
+    model.save_pretrained(folder)
+    output = tmp_path / "out"
+    args = ["eval", "--model", str(folder), "--dataset", str(tiny_dir / "texts"), "--output", str(output)]
+    capsys.readouterr()
+    assert main([*args, "--lengths", "32", "--attn-implementation", "flash_attention_2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"hf-posenc eval: error: --attn-implementation 'flash_attention_2' cannot run the patch saved in {folder}; "
+        "use one of eager, sdpa, flex_attention."
+    )
+    assert not output.exists()
 
 
 def test_max_memory_is_parsed_or_refused_by_the_parser(tiny_dir, tmp_path, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,6 +28,32 @@ def pytest_configure(config):
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+
+
+# The longest files (half a minute to four minutes of a core each), collected first: pytest-xdist hands the files to
+# its workers in collection order (``--no-loadscope-reorder`` in pyproject.toml), and the longest collected last
+# would keep one core busy minutes after the other had finished. Its own order, by the count of tests, ran the
+# floor's run (3 tests, 4 minutes) last.
+LONGEST_FIRST = (
+    "test_transformers_floor.py",
+    "training/test_train.py",
+    "eval/test_eval_real_model.py",
+    "cli/test_cli_hub.py",
+    "attention/test_extension_flex.py",
+    "test_hub.py",
+    "patching/test_real_model.py",
+    "attention/test_alibi_flex_compiled.py",
+    "cli/test_cli_lm_eval.py",
+)
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        path = item.path.resolve().relative_to(TESTS).as_posix()
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each file's tests keep their order
 
 
 TINY = dict(

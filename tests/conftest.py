@@ -50,8 +50,9 @@ TESTS = Path(__file__).resolve().parent
 
 def pytest_collection_modifyitems(config, items):
     def rank(item) -> int:
-        path = item.path.resolve().relative_to(TESTS).as_posix()
-        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+        path = item.path.resolve()
+        name = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else None  # a doctest elsewhere
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: each file's tests keep their order
 

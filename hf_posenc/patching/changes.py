@@ -171,4 +171,7 @@ class NoCounterpart(ValueError):
             f"attn_implementation={asked!r} has no counterpart for this model's patch; use one of "
             f"{', '.join([*standard, *own])}."
         )
-        self.standard = standard
+        self.asked, self.standard, self.own = asked, standard, own
+
+    def __reduce__(self):  # pickled and copied with the arguments it was made from, not its message
+        return type(self), (self.asked, self.standard, self.own)

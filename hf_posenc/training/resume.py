@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 RUN_FILE = "train_run.json"
 RUN_FORMAT = 1
+ORIGINAL_SUFFIX = ".hf-posenc-original"  # a trimmed checkpoint config.json as it was, beside it
 RUN_LOCK = ".hf-posenc-train.lock"  # held by the run's first process while it trains
 _RNG_FILE = re.compile(r"rng_state(?:_(\d+))?\.pth")  # the Trainer's, one per process (no rank: one process)
 
@@ -246,10 +247,15 @@ def readable_by_the_trainer(checkpoint: str, trim: bool) -> Iterator[TrainerCall
     transformers 5.24 raises there on a ``yarn`` or ``llama3`` ``rope_scaling`` (its RoPE standardisation asks the
     generic class for ``max_position_embeddings``). A patch writes the key for transformers 4's readers, which load a
     checkpoint too; the resumed model takes its patch from the record and its weights from the checkpoint. Put back
-    before the first step, the file is whole after a run killed while it trains (SIGTERM, which skips every
-    ``finally``: torchrun's to the other processes when one fails, a scheduler's pre-emption). A file changed
-    meanwhile (the checkpoint written again) is left as it is."""
+    before the first step, the file is whole after a run killed while it trains. Killed before (SIGTERM skips every
+    ``finally``: torchrun's to the other processes when one fails, a scheduler's pre-emption), the file as it was
+    waits beside it (``ORIGINAL_SUFFIX``) and the next resume puts it back first. A file changed meanwhile (the
+    checkpoint written again) is left as it is."""
     path = Path(checkpoint) / CONFIG_NAME
+    kept = path.with_name(path.name + ORIGINAL_SUFFIX)
+    if trim and kept.is_file():  # a resume killed while the file was trimmed
+        atomic_write_text(path, kept.read_text(encoding="utf-8"))
+        kept.unlink()
     original = _unreadable_rope_scaling(path) if trim else None
     if original is None:
         yield _PutBackOnceRead(lambda: None)
@@ -257,12 +263,14 @@ def readable_by_the_trainer(checkpoint: str, trim: bool) -> Iterator[TrainerCall
     config = json.loads(original)
     del config["rope_scaling"]
     trimmed = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    atomic_write_text(kept, original)
     atomic_write_text(path, trimmed)
 
     def put_back() -> None:
         with contextlib.suppress(OSError):  # the checkpoint rotated away by save_total_limit: nothing to put back
             if path.read_text(encoding="utf-8") == trimmed:
                 atomic_write_text(path, original)
+            kept.unlink(missing_ok=True)
 
     try:
         yield _PutBackOnceRead(put_back)

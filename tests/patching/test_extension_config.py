@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import re
 import subprocess
 import sys
@@ -346,8 +347,10 @@ def test_attn_implementation_at_load_without_a_counterpart_is_refused(tmp_path, 
     """A name the patch cannot run (before: silently the recorded backend) is a ValueError naming the ones it can,
     as for ALiBi."""
     hf_posenc.patch(tiny("llama"), method, original_max_position_embeddings=L).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=rf"attn_implementation='{asked}' has no counterpart .* use one of"):
+    with pytest.raises(ValueError, match=rf"attn_implementation='{asked}' has no counterpart .* use one of") as caught:
         hf_posenc.from_pretrained(str(tmp_path), attn_implementation=asked)
+    copied = pickle.loads(pickle.dumps(caught.value))  # as an error crosses processes
+    assert str(copied) == str(caught.value) and copied.standard == caught.value.standard
 
 
 # The attention implementation must stay one that applies the method.

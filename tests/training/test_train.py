@@ -28,6 +28,7 @@ import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.training import TrainSettings, pack_windows, release_gguf, select_trainable, train
 from hf_posenc.training import run as run_module
+from hf_posenc.training.resume import readable_by_the_trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[2]
@@ -505,6 +506,27 @@ def test_a_resumed_checkpoints_config_is_whole_once_training_begins(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         train(make_tiny("llama"), None, DATA, killed, resume, "yarn:factor=2", callbacks=[reader])
     assert reader.text == saved
+
+
+def test_a_resume_killed_before_training_begins_leaves_the_config_for_the_next_resume(tmp_path):
+    """Killed between the trim and the first step (SIGTERM: no ``finally``), the checkpoint's config.json as it was
+    waits beside it, and the next resume puts it back before it reads it."""
+    folder = tmp_path / "checkpoint-5"
+    hf_posenc.patch(make_tiny("llama"), "yarn", factor=2).save_pretrained(folder)
+    config = folder / "config.json"
+    saved = config.read_text()
+    assert json.loads(saved)["rope_scaling"]["rope_type"] == "yarn"
+    killed = readable_by_the_trainer(str(folder), trim=True)  # held: a generator collected runs its finally
+    killed.__enter__()  # the process killed inside the block
+    assert "rope_scaling" not in json.loads(config.read_text())
+    with readable_by_the_trainer(str(folder), trim=True):
+        assert "rope_scaling" not in json.loads(config.read_text())
+    assert config.read_text() == saved
+    assert sorted(path.name for path in folder.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
 
 
 class _Tick(TrainerCallback):

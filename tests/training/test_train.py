@@ -464,9 +464,9 @@ def test_a_killed_run_resumes_where_it_stopped(tmp_path, monkeypatch, family, tr
     assert json.loads((killed / "train_summary.json").read_text())["seconds"] == 120
 
 
-def test_a_resume_failing_in_the_trainer_leaves_the_checkpoints_config_as_it_was(tmp_path):
-    """yarn's ``rope_scaling`` (for transformers 4's readers) is taken out of the checkpoint's config.json only while
-    the Trainer resumes: a resume that fails there (a damaged optimizer state) puts it back."""
+def _killed_yarn_run(tmp_path: Path) -> tuple[TrainSettings, Path, Path, str]:
+    """A yarn run killed after its checkpoint at step 5: its settings, folder, that checkpoint's config.json and the
+    file's text (with the ``rope_scaling`` written for transformers 4's readers)."""
     settings = _settings(batch_size=2)
     killed = tmp_path / "killed"
     with pytest.raises(KeyboardInterrupt):
@@ -474,6 +474,13 @@ def test_a_resume_failing_in_the_trainer_leaves_the_checkpoints_config_as_it_was
     config = killed / "checkpoint-5" / "config.json"
     saved = config.read_text()
     assert json.loads(saved)["rope_scaling"]["rope_type"] == "yarn"
+    return settings, killed, config, saved
+
+
+def test_a_resume_failing_in_the_trainer_leaves_the_checkpoints_config_as_it_was(tmp_path):
+    """yarn's ``rope_scaling`` (for transformers 4's readers) is taken out of the checkpoint's config.json only while
+    the Trainer resumes: a resume that fails there (a damaged optimizer state) puts it back."""
+    settings, killed, config, saved = _killed_yarn_run(tmp_path)
     (killed / "checkpoint-5" / "optimizer.pt").write_bytes(b"damaged")
     with pytest.raises(Exception, match="optimizer|pickle|zip|load"):
         train(make_tiny("llama"), None, DATA, killed, dataclasses.replace(settings, resume=True), "yarn:factor=2")
@@ -481,7 +488,8 @@ def test_a_resume_failing_in_the_trainer_leaves_the_checkpoints_config_as_it_was
 
 
 class _ReadConfig(TrainerCallback):
-    """Read ``path`` as the first step begins, then stop the run as SIGTERM would (no ``finally`` is run then)."""
+    """Read ``path`` as the first step begins (what a run killed then by SIGTERM, which runs no ``finally``, would
+    leave), then stop the run."""
 
     def __init__(self, path: Path):
         self.path, self.text = path, None
@@ -495,12 +503,7 @@ def test_a_resumed_checkpoints_config_is_whole_once_training_begins(tmp_path):
     """The checkpoint's config.json is trimmed only until the Trainer has read it: a resume killed by SIGTERM while
     it trains (which runs no ``finally``: torchrun's to the other processes, a scheduler's pre-emption) leaves it
     whole. Before, it was put back only when ``train`` returned or raised."""
-    settings = _settings(batch_size=2)
-    killed = tmp_path / "killed"
-    with pytest.raises(KeyboardInterrupt):
-        train(make_tiny("llama"), None, DATA, killed, settings, "yarn:factor=2", callbacks=[_Kill(6)])
-    config = killed / "checkpoint-5" / "config.json"
-    saved = config.read_text()
+    settings, killed, config, saved = _killed_yarn_run(tmp_path)
     reader = _ReadConfig(config)
     resume = dataclasses.replace(settings, resume=True)
     with pytest.raises(KeyboardInterrupt):

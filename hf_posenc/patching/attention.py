@@ -34,6 +34,7 @@ from ..provenance import accelerate_hooks
 from ..registry import Method, params_to_dict
 from .changes import (
     ATTENTION,
+    STANDARD_BACKENDS,
     NoCounterpart,
     check_implementation_before_calls,
     masks_in_forward,
@@ -184,9 +185,8 @@ BIAS_METHODS = {
     "alibi": BiasMethod(IMPLEMENTATIONS, _resolve_alibi, _install_alibi),
     "t5-bias": BiasMethod(T5_IMPLEMENTATIONS, _resolve_t5, _install_t5),
 }
-# Standard implementations -> the backend that replaces each, and back: the base model is built with eager or
+# A backend -> the standard implementation the base model is built with (STANDARD_BACKENDS the other way): eager or
 # SDPA (GPT-2 has no flex_attention), so a model unpatched after loading gets those.
-_STANDARD = {"eager": "eager", "sdpa": "sdpa", "flex_attention": "flex"}
 _BASE_OF = {"eager": "eager", "sdpa": "sdpa", "flex": "sdpa", "cudnn": "sdpa"}
 
 
@@ -228,9 +228,9 @@ def loading_backend(bias: BiasMethod, attn_implementation: str) -> tuple[str, st
     names (``"hf_posenc_alibi_flex"``) that backend; the base model (what ``unpatch`` gives back) gets eager for
     eager, SDPA otherwise."""
     implementations = bias.implementations
-    backend = _STANDARD.get(attn_implementation) or bias.backend_of.get(attn_implementation)
+    backend = STANDARD_BACKENDS.get(attn_implementation) or bias.backend_of.get(attn_implementation)
     if backend not in implementations:
-        standard = [name for name, mapped in _STANDARD.items() if mapped in implementations]
+        standard = [name for name, mapped in STANDARD_BACKENDS.items() if mapped in implementations]
         raise NoCounterpart(attn_implementation, standard, [*implementations.values()])
     return backend, _BASE_OF[backend]
 

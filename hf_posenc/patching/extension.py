@@ -38,6 +38,7 @@ from ..record import CONFIG_KEY, PatchRecord
 from ..registry import Method, params_to_dict
 from .changes import (
     ATTENTION,
+    STANDARD_BACKENDS,
     NoCounterpart,
     check_implementation_before_calls,
     masks_in_forward,
@@ -51,7 +52,6 @@ logger = logging.getLogger("hf_posenc")
 SERVED_ROLES = ("remap", "temperature")
 VLLM_DCA_KEY = "dual_chunk_attention_config"  # what vLLM reads for Qwen2 (Qwen2.5-1M ships it)
 VLLM_DCA_MODEL_TYPES = ("qwen2",)
-_STANDARD = {"eager": "eager", "sdpa": "sdpa", "flex_attention": "flex"}  # standard names -> the remap backend
 
 
 def _check_model(model: nn.Module, remaps: bool) -> None:
@@ -191,9 +191,9 @@ def extension_loading(params: dict[str, Any], kwargs: dict[str, Any]) -> tuple[d
         if base not in TEMPERATURE_IMPLEMENTATIONS:
             raise NoCounterpart(asked, [*TEMPERATURE_IMPLEMENTATIONS], [*TEMPERATURE_IMPLEMENTATIONS.values()])
         return params, {**kwargs, "attn_implementation": base}
-    backend = EXTENSION_BACKEND_OF.get(asked) or _STANDARD.get(asked)
+    backend = EXTENSION_BACKEND_OF.get(asked) or STANDARD_BACKENDS.get(asked)
     if backend is None:
-        raise NoCounterpart(asked, [*_STANDARD], [*EXTENSION_IMPLEMENTATIONS.values()])
+        raise NoCounterpart(asked, [*STANDARD_BACKENDS], [*EXTENSION_IMPLEMENTATIONS.values()])
     base = "eager" if backend == "eager" else "sdpa"
     return {**params, "backend": backend}, {**kwargs, "attn_implementation": base}
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from huggingface_hub import hf_hub_download
 from transformers import AutoTokenizer
+from transformers import utils as transformers_utils
 
 from ..hub_commit import TOKENIZER_SOURCES, holds_tokenizer
 from ..hub_errors import HubError, call_hub
@@ -17,13 +18,35 @@ from ..hub_reach import CONFIG_FILE, require_reachable
 from ..offline import smollm2_gguf
 from ..patching import learned_table_rows
 from ..patching.changes import NoCounterpart
+from ..patching.loading import base_attn_implementation
 from ..provenance import FULL_COMMIT, is_hub_id
-from ..saved import SavedPatch, load_base_model, loading_errors, saved_patch
+from ..saved import SavedPatch, load_base_model, loading_errors, read_config, saved_patch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
+# attn_implementation -> (the pip package that provides it, transformers' check that it is usable)
+FLASH_ATTENTION_PACKAGES = {
+    "flash_attention_2": ("flash-attn", "is_flash_attn_2_available"),
+    "flash_attention_3": ("flash-attn-3", "is_flash_attn_3_available"),
+}
+
+
+def flash_attention_problem(attn_implementation: str | None) -> str | None:
+    """Why ``attn_implementation`` (``flash_attention_2`` or ``_3``) cannot run on this machine, or None.
+
+    Checked before any model loads: transformers finds out only while building the model, and may then try to
+    fetch a kernel from the Hub, which needs remote code that hf_posenc never trusts.
+    """
+    if attn_implementation not in FLASH_ATTENTION_PACKAGES:
+        return None
+    if not torch.cuda.is_available():
+        return "flash attention needs a CUDA GPU, and none is visible"
+    package, available = FLASH_ATTENTION_PACKAGES[attn_implementation]
+    if not getattr(transformers_utils, available)():
+        return f"the package {package} is not installed (or is too old for transformers)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -106,8 +129,34 @@ class ModelSource:
 
     def saved_patch(self) -> SavedPatch | None:
         """The patch the model was saved or pushed with (read from its config), or None (:func:`reachable_saved_patch`:
-        the Hub model not in the cache where the Hub cannot be reached fails at once)."""
-        return reachable_saved_patch(self.name, gguf_file=self.gguf_file, revision=self.revision)
+        the Hub model not in the cache where the Hub cannot be reached fails at once); the first read of every
+        command, which therefore also refuses an ``attn_implementation`` that cannot load this model here
+        (:meth:`check_attn_implementation`) before anything slow."""
+        saved = reachable_saved_patch(self.name, gguf_file=self.gguf_file, revision=self.revision)
+        self.check_attn_implementation(saved)
+        return saved
+
+    def check_attn_implementation(self, saved: SavedPatch | None) -> None:
+        """Raise ``ValueError`` if the model cannot be built with ``attn_implementation``: a saved patch that has no
+        backend of that kind, or flash attention without its package or a GPU (:func:`flash_attention_problem`).
+
+        Raises:
+            ValueError: naming the implementations that serve, or what is missing.
+        """
+        asked = self.attn_implementation
+        if asked is None:
+            return
+        if saved is not None:
+            try:
+                asked = base_attn_implementation(read_config(self.name, revision=self.revision), asked)
+            except NoCounterpart as error:  # the saved patch's own backend names, which this option does not take
+                raise ValueError(
+                    f"`attn_implementation` {asked!r} cannot run the patch saved in {self.name}; use one of "
+                    f"{', '.join(error.standard)}."
+                ) from None
+        problem = flash_attention_problem(asked)
+        if problem is not None:
+            raise ValueError(f"`attn_implementation` {self.attn_implementation!r} cannot be used here: {problem}.")
 
 
 def reachable_saved_patch(

@@ -67,15 +67,40 @@ def load_patched_model(pretrained_model_name_or_path: str, **kwargs: Any) -> Pre
         if given is not None
         else PretrainedConfig.get_config_dict(pretrained_model_name_or_path, **config_kwargs)[0]
     )
-    base_config, params = record.base_config(config), dict(record.params)
-    planner = planner_for_config(base_config, get_method(record.method))
-    if planner is not None and planner.loading is not None:
-        params, kwargs = planner.loading(params, kwargs)
+    base_config = record.base_config(config)
+    params, kwargs = _loading(record, base_config, kwargs)
     model = AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, config=base_config, **kwargs)
     patch(model, record.method, **params)
     _load_added_tensors(model, pretrained_model_name_or_path, config_kwargs)
     _warn_where_edited(pretrained_model_name_or_path, config, in_file, model.config, record)
     return model
+
+
+def _loading(
+    record: PatchRecord, base_config: PretrainedConfig, kwargs: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The parameters to patch with and the ``from_pretrained`` arguments to build the base with: the method's
+    planner may pick its backend from ``attn_implementation`` (raising :class:`NoCounterpart` for a name it
+    cannot run) and build the base with another."""
+    params = dict(record.params)
+    planner = planner_for_config(base_config, get_method(record.method))
+    if planner is not None and planner.loading is not None:
+        params, kwargs = planner.loading(params, kwargs)
+    return params, kwargs
+
+
+def base_attn_implementation(config: PretrainedConfig, attn_implementation: str) -> str:
+    """The implementation :func:`load_patched_model` builds the base model with when asked for
+    ``attn_implementation`` on a model saved with ``config``: the name itself where the config records no patch.
+
+    Raises:
+        NoCounterpart: the saved patch cannot run ``attn_implementation``.
+    """
+    record = PatchRecord.from_config(config, missing_ok=True)
+    if record is None or record.baked:
+        return attn_implementation
+    _, kwargs = _loading(record, record.base_config(config), {"attn_implementation": attn_implementation})
+    return kwargs["attn_implementation"]
 
 
 def _refuse_unmerged_adapters(source: str, config_kwargs: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 import hf_posenc
 from hf_posenc.cli import main
+from hf_posenc.eval import models
 from hf_posenc.eval.models import ModelSource, check_placement
 
 METHODS = ["--method", "none", "--method", "yarn:factor=2", "--lengths", "32,48"]
@@ -88,6 +89,49 @@ def test_an_attn_implementation_a_saved_patch_cannot_run_names_only_the_ones_the
         "use one of eager, sdpa, flex_attention."
     )
     assert not output.exists()
+
+
+@pytest.mark.parametrize("saved_method", [None, "yarn"])
+def test_flash_attention_that_cannot_run_is_refused_before_the_model_or_tokenizer_loads(
+    tiny_dir, tmp_path, capsys, monkeypatch, saved_method
+):
+    """A plain folder, and one saved with a RoPE scaling (which flash attention could run): transformers would find
+    out only while building the model, and may reach for a Hub kernel first; the command says it before loading."""
+    folder = tiny_dir / "model"
+    if saved_method is not None:
+        folder = tmp_path / "saved"
+        shutil.copytree(tiny_dir / "model", folder)
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        hf_posenc.patch(model, saved_method, factor=2)
+        model.save_pretrained(folder)
+
+    def never(*args, **kwargs):
+        raise AssertionError("loaded before the check")
+
+    monkeypatch.setattr(models, "load_base_model", never)
+    monkeypatch.setattr(models.AutoTokenizer, "from_pretrained", never)
+    output = tmp_path / "out"
+    args = ["eval", "--model", str(folder), "--dataset", str(tiny_dir / "texts"), "--output", str(output)]
+    capsys.readouterr()
+    assert main([*args, "--lengths", "32", "--attn-implementation", "flash_attention_3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "hf-posenc eval: error: --attn-implementation 'flash_attention_3' cannot be used here: flash attention needs "
+        "a CUDA GPU, and none is visible."
+    )
+    assert not output.exists()
+
+
+def test_flash_attention_on_a_gpu_needs_its_package(monkeypatch):
+    monkeypatch.setattr(models.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(models.transformers_utils, "is_flash_attn_2_available", lambda: False)
+    monkeypatch.setattr(models.transformers_utils, "is_flash_attn_3_available", lambda: True)
+    source = ModelSource("m", attn_implementation="flash_attention_2")
+    with pytest.raises(ValueError, match=r"'flash_attention_2' cannot be used here: the package flash-attn is not"):
+        source.check_attn_implementation(None)
+    ModelSource("m", attn_implementation="flash_attention_3").check_attn_implementation(None)
+    ModelSource("m", attn_implementation="sdpa").check_attn_implementation(None)
+    assert models.flash_attention_problem(None) is None
 
 
 def test_max_memory_is_parsed_or_refused_by_the_parser(tiny_dir, tmp_path, capsys):

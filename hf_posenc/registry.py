@@ -6,11 +6,12 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-FrequencyFn = Callable[..., tuple[torch.Tensor, float]]
+FrequencyFn = Callable[..., "tuple[torch.Tensor, float]"]
 TransformersRopeFn = Callable[[Any, int, float], "dict[str, Any] | None"]
 
 

@@ -32,7 +32,7 @@ from hf_posenc.cli.eval import OFFLINE_JOIN, OFFLINE_LENGTHS  # noqa: E402
 from hf_posenc.eval.data import TextSource, parse_lengths  # noqa: E402
 from hf_posenc.eval.models import ModelSource  # noqa: E402
 from hf_posenc.eval.results import format_table  # noqa: E402
-from hf_posenc.eval.runner import run_perplexity  # noqa: E402
+from hf_posenc.eval.runner import PerplexityConfig, run_perplexity  # noqa: E402
 from hf_posenc.offline import essays_dir, smollm2_gguf  # noqa: E402
 
 METHODS = ["none", "yarn:factor=4"]  # the offline default's
@@ -46,20 +46,9 @@ def evaluate(methods: list[str], lengths: list[int], derive: bool) -> dict:
     folder, name = smollm2_gguf()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as output:
-        report = run_perplexity(
-            model_source=ModelSource(str(folder), name),
-            text_source=TextSource(str(essays_dir()), join=OFFLINE_JOIN),
-            methods=methods,
-            lengths=lengths,
-            protocol="truncate",
-            stride=None,
-            bos="auto",
-            max_windows=None,
-            batch_size=1,
-            chunk_size=2048,
-            output=Path(output),
-            derive_lengths=derive,
-        )
+        config = PerplexityConfig(lengths=lengths, methods=methods, derive_lengths=derive)
+        source = ModelSource(str(folder), name)
+        report = run_perplexity(source, TextSource(str(essays_dir()), join=OFFLINE_JOIN), config, Path(output))
     rows = [
         {key: row[key] for key in ("method", "length", "ppl", "nll", "tokens", "forwards", "derived_from", "seconds")}
         for row in report["results"]

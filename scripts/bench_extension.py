@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import environment, synchronize, time_rounds, write_json  # noqa: E402
 
 import hf_posenc  # noqa: E402, F401  (registers the attention functions)
-from hf_posenc.attention import EXTENSION_FUNCTIONS, TEMPERATURE_FUNCTIONS  # noqa: E402
+from hf_posenc.attention import REMAP, TEMPERATURE  # noqa: E402
 from hf_posenc.attention.compiled_flex import compiled_flex  # noqa: E402
 from hf_posenc.attention.extension import ExtensionState, extension_mask, torch_compiled  # noqa: E402
 from hf_posenc.attention.extension_flex import _compiles  # noqa: E402
@@ -94,13 +94,13 @@ def variants_for(
         variants["flex-causal"] = causal_flex(query, key, value, scale)
     for name, module in method_modules(args, rotary).items():
         if module.hf_posenc_extension.remap is None:
-            function = TEMPERATURE_FUNCTIONS["sdpa"]
+            function = TEMPERATURE["sdpa"].attention
             variants[name] = lambda f=function, m=module: f(
                 m, query, key, value, None, scaling=scale, is_causal=causal, position_ids=position_ids
             )
             continue
         for backend in backends:
-            function = EXTENSION_FUNCTIONS[backend]
+            function = REMAP[backend].attention
             label = name if len(backends) == 1 else f"{name}/{backend}"
             variants[label] = lambda f=function, m=module: f(m, query, key, value, mask, scaling=scale)
     return variants
@@ -210,9 +210,9 @@ def main() -> None:
         "--profile", type=Path, default=None, help="folder: also write a torch.profiler table of each call"
     )
     args = parser.parse_args()
-    unknown = set(args.backend.split(",")) - set(EXTENSION_FUNCTIONS)
+    unknown = set(args.backend.split(",")) - set(REMAP.names)
     if unknown:
-        parser.error(f"unknown --backend {', '.join(sorted(unknown))}: choose from {', '.join(EXTENSION_FUNCTIONS)}")
+        parser.error(f"unknown --backend {', '.join(sorted(unknown))}: choose from {', '.join(REMAP.names)}")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     rows = []
     for length in parse_lengths(args.lengths):

@@ -3,20 +3,15 @@ the tiny model saved for the eval commands come from the plugins hub_server and 
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import CONFIGS, make_tiny
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
-    GPT2Config,
-    LlamaConfig,
-    MistralConfig,
-    Qwen2Config,
-    Qwen3Config,
 )
 
 pytest_plugins = ("hub_server", "tiny_runs")  # the fake_hub fixture; tiny_dir and eval runs on it
@@ -40,7 +35,7 @@ LONGEST_FIRST = (
     "eval/test_eval_real_model.py",
     "cli/test_cli_hub.py",
     "attention/test_extension_flex.py",
-    "test_hub.py",
+    "hub/test_hub.py",
     "patching/test_real_model.py",
     "attention/test_alibi_flex_compiled.py",
     "cli/test_cli_lm_eval.py",
@@ -55,39 +50,6 @@ def pytest_collection_modifyitems(config, items):
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: each file's tests keep their order
-
-
-TINY = dict(
-    vocab_size=97,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-)
-
-CONFIGS = {  # each call its own copy of TINY: a test that edits its config's rope_parameters changes no other's
-    "llama": lambda: LlamaConfig(**copy.deepcopy(TINY)),
-    "mistral": lambda: MistralConfig(**copy.deepcopy(TINY), sliding_window=None),
-    "qwen2": lambda: Qwen2Config(**copy.deepcopy(TINY)),
-    "qwen3": lambda: Qwen3Config(**copy.deepcopy(TINY), head_dim=16),
-}
-
-
-def make_tiny(family: str, *, seed: int = 0, attn_implementation: str = "eager", **overrides):
-    """A tiny random causal LM of ``family`` (weights seeded, float32, eval mode)."""
-    if family == "gpt2":
-        defaults = dict(vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0)
-        config = GPT2Config(**{**defaults, **overrides})
-    else:
-        config = CONFIGS[family]()
-        for key, value in overrides.items():
-            setattr(config, key, value)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")

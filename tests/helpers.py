@@ -173,7 +173,7 @@ def write_results(
 def resolved_params(spec: str) -> dict:
     """``spec``'s parameters as a patch of the tiny Llama (trained context 64) resolves them, as eval records them
     (the note that the trained context was not given left out)."""
-    from conftest import make_tiny
+    from tiny_models import make_tiny
 
     name, params = parse_method_spec(spec)
     logger = logging.getLogger("hf_posenc")

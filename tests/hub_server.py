@@ -334,7 +334,7 @@ def fake_hub(monkeypatch, tmp_path):
 
 def upload_base(seed: int = 0) -> str:
     """Put a tiny Llama with an Apache-2.0 card on the fake Hub as BASE_REPO; return its commit."""
-    from conftest import make_tiny
+    from tiny_models import make_tiny
 
     api = HfApi(token=TOKEN)
     api.create_repo(BASE_REPO, exist_ok=True)

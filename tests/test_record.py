@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import make_tiny
+from tiny_models import make_tiny
 
 import hf_posenc
 from hf_posenc.record import CONFIG_KEY, PatchRecord

@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
-from conftest import make_tiny
+from tiny_models import make_tiny
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 

@@ -7,7 +7,10 @@ Library functions raise errors that speak Python: a parameter they name is writt
 (`` `output` ``). Here each backticked name of a parameter of the command becomes its flag (``--output``):
 the argparse destination of each option, plus the names a command maps itself (``parameter_flags``).
 
-Every message printed goes through :func:`hf_posenc.hub_errors.redact` (a server may echo the token). Ctrl-C
+A command module imports at its top only what its parser needs (``--help`` and a mistyped option answer without
+torch); what a command runs is imported when it runs.
+
+Every message printed goes through :func:`hf_posenc.hub.errors.redact` (a server may echo the token). Ctrl-C
 exits 130 with one line: the command's ``interrupted`` default, its ``{output}`` filled with ``--output``.
 """
 
@@ -21,15 +24,16 @@ import sys
 from safetensors import SafetensorError
 
 from .._startup import INTERRUPTED_EXIT, quiet_interrupt
-from ..hub_errors import HubError, redact
+from ..hub.errors import HubError, redact
 
 COMMAND_MODULES = (
     "hf_posenc.cli.eval",
-    "hf_posenc.cli.hub",
+    "hf_posenc.cli.share",
     "hf_posenc.cli.train",
     "hf_posenc.cli.plot",
     "hf_posenc.cli.lm_eval",
     "hf_posenc.cli.check",
+    "hf_posenc.cli.methods",
 )
 _PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
 INTERRUPTED = "interrupted."
@@ -73,8 +77,9 @@ def with_flags(message: str, flags: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    with quiet_interrupt():  # importing the commands' modules
+    with quiet_interrupt():  # the parser, then (seconds) what the command runs
         args = build_parser().parse_args(argv)
+        load_library()
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:
@@ -88,6 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         # bad input, files (safetensors' own error: a weights file written to a full disk), model loading
         _report(args, f"error: {error}")
         return 2
+
+
+def load_library() -> None:
+    """What ``import hf_posenc`` does outside the command, done once its arguments are parsed: the methods registered,
+    and hf_posenc's rope types and attention backends registered with transformers (seconds of torch)."""
+    for module in ("hf_posenc.methods", "hf_posenc.patching"):
+        importlib.import_module(module)
 
 
 def _report(args: argparse.Namespace, message: str) -> None:

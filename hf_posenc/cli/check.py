@@ -1,5 +1,5 @@
 """``hf-posenc check CONFIG_OR_REPO``: whether vLLM, SGLang, llama.cpp and TGI build a saved config as transformers
-5 does (:mod:`hf_posenc.serving`), from the raw ``config.json`` alone (no model, no remote code)."""
+5 does (:mod:`hf_posenc.serving.engines`), from the raw ``config.json`` alone (no model, no remote code)."""
 
 from __future__ import annotations
 
@@ -12,24 +12,19 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import hf_hub_download
-from transformers import AutoConfig
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-from transformers.utils import logging as transformers_logging
 
 from .._version import __version__
-from ..hub_errors import HubError, call_hub, refuse_missing_folder
-from ..hub_reach import CONFIG_FILE, cached_file, hub_unreachable
-from ..metadata import read_metadata
-from ..patching.rope_types import OWN_ROPE_TYPES
+from ..hub.errors import HubError, call_hub, refuse_missing_folder
+from ..hub.metadata import read_metadata
+from ..hub.reach import CONFIG_FILE, cached_file, hub_unreachable
 from ..record import PatchRecord
 from ..registry import Method, get_method
-from ..serving import ENGINES, REFERENCE_READS, Finding, View, config_rotary_dim, engine_findings, rope_view
+from ..serving.engines import ENGINES, REFERENCE_READS, Finding, View, config_rotary_dim, engine_findings, rope_view
 
 _REPO_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 
 EPILOG = f"""\
-For each engine, from what its source reads (hf_posenc/serving.py names the files and versions): ok (built as
+For each engine, from what its source reads (hf_posenc/serving/engines.py names the files and versions): ok (built as
 transformers 5 builds it), differs (built otherwise: the detail gives both values), refused (the engine raises),
 ignored (built without the method: plain RoPE). A 'config' line flags keys other readers take otherwise
 (rope_scaling against rope_parameters, the top-level rope_theta); a 'record' line, an hf_posenc record that says
@@ -142,6 +137,8 @@ def _native_gap(config: dict[str, Any], record: PatchRecord, method: Method, vie
 def _own_gap(record: PatchRecord, view: View) -> str | None:
     """A record of hf_posenc's own rope types whose config says a rope type of transformers', or names another
     method."""
+    from ..patching.rope_types import OWN_ROPE_TYPES
+
     if view.rope_type not in OWN_ROPE_TYPES:
         return f"{view.source} says rope type {view.rope_type!r}, where the record says hf_posenc's own rope type"
     named = view.params.get("method", record.method)
@@ -193,6 +190,11 @@ def _check_transformers_reads(config: dict[str, Any]) -> None:
     """Raise what transformers 5 raises building ``config`` (its config class validates the RoPE keys: a yarn
     without ``factor``, a llama3 without its frequency factors), for a model type and rope type it knows; the
     engines' verdicts compare with what transformers builds, so there is nothing to compare with otherwise."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.utils import logging as transformers_logging
+
     rope_type = rope_view(config, REFERENCE_READS).rope_type
     if config.get("model_type") not in CONFIG_MAPPING or rope_type not in ("default", *ROPE_INIT_FUNCTIONS):
         return
@@ -267,7 +269,7 @@ def read_config(source: str, revision: str | None = None) -> dict[str, Any]:
 
 def _download(repo_id: str, revision: str | None) -> Path:
     """The Hub repo's ``config.json``, downloaded (or the cached copy where the Hub cannot be reached:
-    :func:`~hf_posenc.hub_reach.hub_unreachable`); a failure of the Hub is an OSError here (exit 2: the config could
+    :func:`~hf_posenc.hub.reach.hub_unreachable`); a failure of the Hub is an OSError here (exit 2: the config could
     not be read), with its redacted message (the CLI prints it on one line, as every message)."""
     action = f"Reading {CONFIG_FILE} of {repo_id!r}" + (f" at {revision!r}" if revision else "")
     unreachable = hub_unreachable(repo_id, revision)

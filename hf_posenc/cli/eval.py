@@ -6,26 +6,15 @@ import argparse
 import re
 import textwrap
 from pathlib import Path
-
-import torch
-from accelerate import PartialState
+from typing import TYPE_CHECKING, Any
 
 from ..eval.data import PROTOCOL_HELP, PROTOCOLS, TextSource, parse_length, parse_lengths
-from ..eval.results import (
-    PASSKEY_CSV,
-    PASSKEY_JSON,
-    PASSKEY_PLOT,
-    PPL_PLOT,
-    RESULTS_CSV,
-    RESULTS_JSON,
-    coverage_note,
-    derivation_note,
-    format_table,
-)
-from ..eval.runner import MAX_TRIALS, run_passkey, run_perplexity
-from ..eval.specs import DEFAULT_METHODS, parse_methods
+from ..eval.defaults import DEFAULT_METHODS, MAX_TRIALS
 from ..offline import essays_dir
 from .model_options import add_dtype_argument, add_loading_arguments, model_source_of, reads_cache_if_unreachable
+
+if TYPE_CHECKING:
+    from ..eval.models import ModelSource
 
 OFFLINE_LENGTHS = "2k,8k,16k"
 OFFLINE_JOIN = "\n\n"
@@ -183,8 +172,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, 
     parser.add_argument("--output", type=Path, help="results folder (default: hf-posenc-results/<run>)")
 
 
-def _dtype_shown(model_source) -> str:
+def _dtype_shown(model_source: ModelSource) -> str:
     """The dtype the model will run in (``auto`` resolved for the device it will run on)."""
+    import torch
+
     return model_source.resolved_dtype(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
@@ -202,6 +193,8 @@ def _offline_note(args: argparse.Namespace) -> str:
 
 @reads_cache_if_unreachable
 def eval_command(args: argparse.Namespace) -> int:
+    from ..eval.runner import PerplexityConfig, run_perplexity
+
     model_source = model_source_of(args)
     offline = args.dataset is None  # the bundled essays: a local folder, with every data option as for one
     text_source = TextSource(
@@ -213,49 +206,59 @@ def eval_command(args: argparse.Namespace) -> int:
         args.max_documents,
         OFFLINE_JOIN if offline and args.join is None else args.join,
     )
-    note = _offline_note(args) if offline else None
     if args.model is None and args.dataset is None and _is_main_process():
-        parse_methods(args.methods)  # a bad spec is refused before the banner announces it
-        print(
-            f"Offline default: {model_source.gguf_file} ({_dtype_shown(model_source)}) on the "
-            f"{f'first {args.max_documents} ' if args.max_documents else ''}bundled essays joined into one document; "
-            f"methods {', '.join(args.methods or DEFAULT_METHODS)}; {_windows_phrase(args)} at "
-            f"lengths {', '.join(map(str, args.lengths))} (see hf-posenc eval --help)."
-        )
+        _offline_banner(args, model_source)
     output = args.output = args.output or _default_output(  # named by the Ctrl-C line too
         "eval", model_source.gguf_file or model_source.name, args.dataset or "essays", args.protocol
     )
-    report = run_perplexity(
-        model_source=model_source,
-        text_source=text_source,
-        methods=args.methods,
+    config = PerplexityConfig(
         lengths=args.lengths,
+        methods=args.methods,
         protocol=args.protocol,
         stride=args.stride,
         bos=args.bos,
         max_windows=args.max_windows,
         batch_size=args.batch_size,
         chunk_size=args.chunk_size,
-        output=output,
-        note=note,
         derive_lengths=not args.one_forward_per_length,
+        note=_offline_note(args) if offline else None,
     )
+    report = run_perplexity(model_source, text_source, config, output)
     _end_processes()
     if _is_main_process():
-        bos = "prepended" if report["protocol_details"]["bos"] else "none"
-        print(
-            f"\nPerplexity (protocol {report['protocol']}, BOS {bos}, token-weighted; "
-            f"trained context {report['model_details']['trained_context']}):"
-        )
-        print(format_table(report["results"]))
-        for note in (
-            coverage_note(report["results"], report["dataset_details"]["documents"]),
-            derivation_note(report["results"]),
-        ):
-            if note:
-                print(note)
-        print(f"\nResults: {output / RESULTS_JSON} and {RESULTS_CSV}\nPlot:    {output / PPL_PLOT}")
+        _print_perplexity(report, output)
     return 0
+
+
+def _offline_banner(args: argparse.Namespace, model_source: ModelSource) -> None:
+    """What the offline default runs, printed before it loads; a bad method spec is refused first."""
+    from ..eval.specs import parse_methods
+
+    parse_methods(args.methods)
+    print(
+        f"Offline default: {model_source.gguf_file} ({_dtype_shown(model_source)}) on the "
+        f"{f'first {args.max_documents} ' if args.max_documents else ''}bundled essays joined into one document; "
+        f"methods {', '.join(args.methods or DEFAULT_METHODS)}; {_windows_phrase(args)} at "
+        f"lengths {', '.join(map(str, args.lengths))} (see hf-posenc eval --help)."
+    )
+
+
+def _print_perplexity(report: dict[str, Any], output: Path) -> None:
+    from ..eval.results import PPL_PLOT, RESULTS_CSV, RESULTS_JSON, coverage_note, derivation_note, format_table
+
+    bos = "prepended" if report["protocol_details"]["bos"] else "none"
+    print(
+        f"\nPerplexity (protocol {report['protocol']}, BOS {bos}, token-weighted; "
+        f"trained context {report['model_details']['trained_context']}):"
+    )
+    print(format_table(report["results"]))
+    for note in (
+        coverage_note(report["results"], report["dataset_details"]["documents"]),
+        derivation_note(report["results"]),
+    ):
+        if note:
+            print(note)
+    print(f"\nResults: {output / RESULTS_JSON} and {RESULTS_CSV}\nPlot:    {output / PPL_PLOT}")
 
 
 def _windows_phrase(args: argparse.Namespace) -> str:
@@ -271,39 +274,50 @@ def _windows_phrase(args: argparse.Namespace) -> str:
 
 @reads_cache_if_unreachable
 def passkey_command(args: argparse.Namespace) -> int:
+    from ..eval.runner import PasskeyConfig, run_passkey
+
     model_source = model_source_of(args)
     output = args.output = args.output or _default_output("passkey", model_source.gguf_file or model_source.name)
-    report = run_passkey(
-        model_source=model_source,
-        methods=args.methods,
+    config = PasskeyConfig(
         lengths=args.lengths,
+        methods=args.methods,
         depths=args.depths,
         trials=args.trials,
         seed=args.seed,
         bos=args.bos,
-        output=output,
     )
+    report = run_passkey(model_source, config, output)
     _end_processes()
     if _is_main_process():
-        by_length: dict[tuple[str, int], list[float]] = {}
-        for cell in report["accuracy"]:
-            by_length.setdefault((cell["method"], cell["length"]), []).append(cell["accuracy"])
-        rows = [{"method": m, "length": n, "accuracy": sum(v) / len(v)} for (m, n), v in by_length.items()]
-        print("\nPasskey accuracy (mean over depths):")
-        print(format_table(rows, value="accuracy"))
-        print(f"\nResults: {output / PASSKEY_JSON} and {PASSKEY_CSV}\nHeatmap: {output / PASSKEY_PLOT}")
+        _print_passkey(report, output)
     return 0
+
+
+def _print_passkey(report: dict[str, Any], output: Path) -> None:
+    from ..eval.results import PASSKEY_CSV, PASSKEY_JSON, PASSKEY_PLOT, format_table
+
+    by_length: dict[tuple[str, int], list[float]] = {}
+    for cell in report["accuracy"]:
+        by_length.setdefault((cell["method"], cell["length"]), []).append(cell["accuracy"])
+    rows = [{"method": m, "length": n, "accuracy": sum(v) / len(v)} for (m, n), v in by_length.items()]
+    print("\nPasskey accuracy (mean over depths):")
+    print(format_table(rows, value="accuracy"))
+    print(f"\nResults: {output / PASSKEY_JSON} and {PASSKEY_CSV}\nHeatmap: {output / PASSKEY_PLOT}")
 
 
 def _end_processes() -> None:
     """Under ``accelerate launch``: every process finishes together and closes the process group, or one
     can abort at exit ("terminate called without an active exception") while another still uses it."""
+    from accelerate import PartialState
+
     state = PartialState()
     state.wait_for_everyone()
     state.destroy_process_group()
 
 
 def _is_main_process() -> bool:
+    from accelerate import PartialState
+
     return PartialState().is_main_process
 
 

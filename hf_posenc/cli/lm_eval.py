@@ -8,10 +8,9 @@ import argparse
 import math
 from typing import Any
 
-from ..eval.lm_eval import LM_EVAL_JSON, import_lm_eval, run_lm_eval
-from ..eval.lm_eval_report import format_lm_eval_table
-from ..eval.specs import DEFAULT_METHODS
-from ..hub_reach import cache_only_if_unreachable
+from ..eval.defaults import DEFAULT_METHODS
+from ..eval.harness_report import LM_EVAL_JSON, format_lm_eval_table
+from ..hub.reach import cache_only_if_unreachable
 from .eval import _default_output
 from .model_options import add_dtype_argument, add_loading_arguments, loading
 
@@ -93,6 +92,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def build_parser() -> tuple[argparse.ArgumentParser, set[str]]:
     """hf-posenc's model options and ``lm-eval run``'s own (lm_eval imported here), and the destinations of the
     latter."""
+    from ..eval.harness import import_lm_eval
+
     import_lm_eval()
     from lm_eval._cli.run import Run
 
@@ -121,6 +122,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, set[str]]:
 
 
 def lm_eval_command(args: argparse.Namespace) -> int:
+    from ..eval.harness import run_lm_eval
+
     try:
         parser, lm_eval_options = build_parser()
     except ImportError as error:

@@ -8,9 +8,13 @@ import argparse
 import functools
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ..eval.models import ATTN_IMPLEMENTATIONS, ModelSource
-from ..hub_reach import cache_only_if_unreachable
+from ..eval.defaults import ATTN_IMPLEMENTATIONS
+from ..hub.reach import cache_only_if_unreachable
+
+if TYPE_CHECKING:
+    from ..eval.models import ModelSource
 
 
 def add_loading_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -47,12 +51,15 @@ def add_dtype_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup
 
 
 def model_source_of(args: argparse.Namespace) -> ModelSource:
+    """The :class:`~hf_posenc.eval.models.ModelSource` of ``--model`` and the options that say how to load it."""
+    from ..eval.models import ModelSource
+
     return ModelSource.named(args.model, args.gguf_file, args.dtype, **loading(args))
 
 
 def reads_cache_if_unreachable(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """``command``, reading huggingface_hub's cache alone where ``--model`` is a Hub id and the Hub cannot be reached
-    (:func:`~hf_posenc.hub_reach.cache_only_if_unreachable`: a cached model loads at once, without retries)."""
+    (:func:`~hf_posenc.hub.reach.cache_only_if_unreachable`: a cached model loads at once, without retries)."""
 
     @functools.wraps(command)
     def run(args: argparse.Namespace) -> int:

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..architectures import rotary_dim
-from ..encoding_data import TrainedT5Table
-from ..encoding_plots import write_bias_plot, write_frequency_plot
-from ..eval.models import reachable_saved_patch, trained_context
 from ..files import nearest_existing
-from ..patching.attention import T5_TABLE
-from ..patching.loading import read_checkpoint_tensors
-from ..saved import base_config, saved_patch
 from ..spec import MethodSpec, format_method_spec
+
+if TYPE_CHECKING:
+    from ..plots.encoding_data import TrainedT5Table
 
 KINDS = ("frequencies", "bias")
 DEFAULT_SPECS = {
@@ -90,6 +86,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def plot_command(args: argparse.Namespace) -> int:
+    from ..plots.encoding_figures import write_bias_plot, write_frequency_plot
+
     given = [name for name in BIAS_ONLY if getattr(args, name) is not None]
     if args.kind == "frequencies" and given:
         raise ValueError(
@@ -128,6 +126,11 @@ def plot_command(args: argparse.Namespace) -> int:
 def trained_t5_table(name: str) -> TrainedT5Table | None:
     """The T5 bias table of a model saved patched with ``t5-bias`` (trained: ``hf-posenc train``), read from its
     checkpoint, with its bucketing; None for any other model."""
+    from ..hub.saved import saved_patch
+    from ..patching.bias import T5_TABLE
+    from ..patching.loading import read_checkpoint_tensors
+    from ..plots.encoding_data import TrainedT5Table
+
     saved = saved_patch(name)
     if saved is None or saved.record.method != "t5-bias":
         return None
@@ -151,6 +154,10 @@ def with_bucketing_of(table: TrainedT5Table, spec: str) -> str:
 def model_geometry(name: str) -> dict[str, Any]:
     """``head_dim`` (rotary), ``base``, ``trained_context`` and ``num_heads`` of the model ``name``'s config (its
     base's, for a model saved or pushed patched); a model without RoPE (GPT-2) has no ``base``."""
+    from ..architectures import rotary_dim
+    from ..eval.models import reachable_saved_patch, trained_context
+    from ..hub.saved import base_config
+
     config = base_config(name, reachable_saved_patch(name, weights=False))
     rope = getattr(config, "rope_parameters", None) or {}
     geometry = {"trained_context": trained_context(config), "num_heads": config.num_attention_heads}

@@ -5,20 +5,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..eval.data import LOCAL_SPLIT, TextSource, check_output_outside, load_texts
-from ..eval.models import ModelSource, load_model, load_tokenizer
+from ..fields import field_help
 from ..offline import essays_dir
 from ..spec import MethodSpec
-from ..training.packing import PackedWindows, pack_texts
-from ..training.resume import check_output
-from ..training.run import SUMMARY_FILE, TrainResult, TrainSettings, train
-from ..training.settings import DEFAULT_LORA_RANK
-from ..training.trainable import TRAINABLE
+from ..training.settings import TRAINABLE, TrainSettings
 from .eval import _is_main_process, _length, _positive_int
 from .model_options import model_source_of, reads_cache_if_unreachable
+
+if TYPE_CHECKING:
+    from ..eval.models import ModelSource
+    from ..training.packing import PackedWindows
+    from ..training.run import TrainResult
 
 # Library parameters whose flag has another name: train(texts=..., output_dir=...), TextSource(config=...).
 PARAMETER_FLAGS = {"texts": "--dataset", "output_dir": "--output", "config": "--dataset-config"}
@@ -72,7 +72,7 @@ def add_parser(subparsers) -> None:
     )
     command.add_argument("--method", required=True, metavar="SPEC", help="'name' or 'name:key=value,...'")
     command.add_argument("--output", type=Path, required=True, help="folder of the checkpoints and the trained model")
-    command.add_argument("--resume", action="store_true", help="continue the run in --output from its last checkpoint")
+    command.add_argument("--resume", action="store_true", help=field_help(TrainSettings)["resume"])
     data = command.add_argument_group("data")
     data.add_argument(
         "--dataset",
@@ -92,76 +92,49 @@ def add_parser(subparsers) -> None:
     )
 
 
+def _training_options() -> dict[str, dict]:
+    """argparse's settings of each :class:`TrainSettings` field but ``resume``; the help is the field's own."""
+    return {
+        "length": {"type": _length, "required": True},
+        "steps": {"type": _positive_int, "required": True},
+        "learning_rate": {"type": float},
+        "position_learning_rate": {"type": float},
+        "batch_size": {"type": _positive_int},
+        "gradient_accumulation_steps": {"type": _positive_int},
+        "warmup_steps": {"type": int},
+        "trainable": {"choices": TRAINABLE},
+        "lora_rank": {"type": _positive_int},
+        "lora_alpha": {"type": float},
+        "save_steps": {"type": _positive_int},
+        "seed": {"type": int},
+        "gradient_checkpointing": {"action": "store_true"},
+        "bf16": {"action": argparse.BooleanOptionalAction},
+    }
+
+
 def _add_training_arguments(group) -> None:
-    defaults = {field.name: field.default for field in dataclasses.fields(TrainSettings)}
-    group.add_argument("--length", type=_length, required=True, help="tokens per window, BOS included (k = 1024)")
-    group.add_argument("--steps", type=_positive_int, required=True, help="optimizer steps")
-    group.add_argument(
-        "--learning-rate",
-        type=float,
-        default=defaults["learning_rate"],
-        help="peak, linear decay (default: %(default)s)",
-    )
-    group.add_argument(
-        "--position-learning-rate",
-        type=float,
-        help="peak learning rate of the position parameters, the T5 table or GPT-2's table pi interpolates "
-        "(default: --learning-rate; the T5 table's values are tens of units: try 1e-2)",
-    )
-    group.add_argument(
-        "--batch-size", type=_positive_int, default=defaults["batch_size"], help="windows per device (default: 1)"
-    )
-    group.add_argument(
-        "--gradient-accumulation-steps",
-        type=_positive_int,
-        default=defaults["gradient_accumulation_steps"],
-        help="forwards per optimizer step (default: 1)",
-    )
-    group.add_argument("--warmup-steps", type=int, default=defaults["warmup_steps"], help="(default: 0)")
-    group.add_argument(
-        "--trainable",
-        choices=TRAINABLE,
-        default=defaults["trainable"],
-        help="all; position: the position parameters (what the patch adds, or GPT-2's table pi interpolates) and "
-        "the norms; lora: those and LoRA adapters on every linear layer, merged at the end (needs peft) (default: all)",
-    )
-    group.add_argument("--lora-rank", type=_positive_int, help=f"with --trainable lora (default: {DEFAULT_LORA_RANK})")
-    group.add_argument(
-        "--lora-alpha", type=float, help="with --trainable lora: updates scaled by alpha / rank (default: 2 * rank)"
-    )
-    group.add_argument(
-        "--save-steps", type=_positive_int, default=defaults["save_steps"], help="checkpoint every N (default: 500)"
-    )
-    group.add_argument("--seed", type=int, default=defaults["seed"], help="(default: 0)")
-    group.add_argument("--gradient-checkpointing", action="store_true", help="less memory, more compute")
-    group.add_argument(
-        "--bf16",
-        action=argparse.BooleanOptionalAction,
-        help="bfloat16 autocast of the float32 weights (default: on a CUDA GPU that supports it; on a CPU only "
-        "when asked: it pays where the CPU has AVX512-BF16 or AMX)",
-    )
+    """An option for every setting, with the setting's help and default (:mod:`hf_posenc.fields`)."""
+    helps = field_help(TrainSettings)
+    defaults = {item.name: item.default for item in dataclasses.fields(TrainSettings)}
+    for name, options in _training_options().items():
+        unset = options.get("required") or defaults[name] is None or defaults[name] is False
+        shown = "" if unset else " (default: %(default)s)"
+        if not options.get("required") and options.get("action") != "store_true":
+            options = {**options, "default": defaults[name]}
+        group.add_argument(f"--{name.replace('_', '-')}", help=helps[name].replace("%", "%%") + shown, **options)
 
 
 @reads_cache_if_unreachable
 def train_command(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..eval.models import load_model, load_tokenizer
+    from ..training.checkpoints import check_output
+    from ..training.packing import pack_texts
+    from ..training.run import train
+
     spec = MethodSpec.parse(args.method)
-    settings = TrainSettings(
-        length=args.length,
-        steps=args.steps,
-        learning_rate=args.learning_rate,
-        position_learning_rate=args.position_learning_rate,
-        batch_size=args.batch_size,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        warmup_steps=args.warmup_steps,
-        trainable=args.trainable,
-        lora_rank=args.lora_rank,
-        lora_alpha=args.lora_alpha,
-        save_steps=args.save_steps,
-        seed=args.seed,
-        gradient_checkpointing=args.gradient_checkpointing,
-        bf16=args.bf16,
-        resume=args.resume,
-    )
+    settings = TrainSettings(**{name: getattr(args, name) for name in field_help(TrainSettings)})
     check_output(args.output, None, args.resume)  # before anything loads; the run itself is checked by train
     model_source = _training_source(args)
     text_source = _text_source(args)
@@ -183,6 +156,8 @@ def train_command(args: argparse.Namespace) -> int:
 def _print_result(
     args: argparse.Namespace, spec: MethodSpec, settings: TrainSettings, data: PackedWindows, result: TrainResult
 ) -> None:
+    from ..training.run import SUMMARY_FILE
+
     if result.losses:
         first = result.losses[0][1]
         print(f"\nLoss {first:.4f} at step {result.losses[0][0]} -> {result.final_loss:.4f} at step {result.steps}")

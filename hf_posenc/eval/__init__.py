@@ -1,1 +1,43 @@
-"""Long-context evaluation: perplexity against length and passkey retrieval, with accelerate."""
+"""Long-context evaluation: perplexity against length, passkey retrieval and lm-evaluation-harness tasks, with
+accelerate.
+
+>>> source = ModelSource("Qwen/Qwen2.5-0.5B")
+>>> texts = TextSource("emozilla/pg19-test", max_documents=20)
+>>> config = PerplexityConfig(lengths=[4096, 16384], methods=["none", "yarn:factor=4"])
+>>> report = run_perplexity(source, texts, config, Path("out"))  # results.json, results.csv, the plot
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._startup import lazy_exports
+
+if TYPE_CHECKING:
+    from .data import TextSource
+    from .harness import run_lm_eval
+    from .models import ModelSource
+    from .runner import PasskeyConfig, PerplexityConfig, run_passkey, run_perplexity
+
+__all__ = [
+    "ModelSource",
+    "PasskeyConfig",
+    "PerplexityConfig",
+    "TextSource",
+    "run_lm_eval",
+    "run_passkey",
+    "run_perplexity",
+]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "TextSource": ".data",
+        "run_lm_eval": ".harness",
+        "ModelSource": ".models",
+        "PasskeyConfig": ".runner",
+        "PerplexityConfig": ".runner",
+        "run_passkey": ".runner",
+        "run_perplexity": ".runner",
+    },
+)

@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..hub_errors import refuse_missing_folder
-from ..hub_reach import cache_only_if_unreachable
+from ..hub.errors import refuse_missing_folder
+from ..hub.reach import cache_only_if_unreachable
 from .local_files import LOCAL_SPLIT, local_rows
 
 PROTOCOLS = ("sliding", "disjoint", "truncate")

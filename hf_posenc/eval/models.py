@@ -12,20 +12,19 @@ from huggingface_hub import hf_hub_download
 from transformers import AutoTokenizer
 from transformers import utils as transformers_utils
 
-from ..hub_commit import TOKENIZER_SOURCES, holds_tokenizer
-from ..hub_errors import HubError, call_hub
-from ..hub_reach import CONFIG_FILE, require_reachable
+from ..hub.commit import TOKENIZER_SOURCES, holds_tokenizer
+from ..hub.errors import HubError, call_hub
+from ..hub.provenance import FULL_COMMIT
+from ..hub.reach import CONFIG_FILE, is_hub_id, require_reachable
+from ..hub.saved import SavedPatch, load_base_model, loading_errors, read_config, saved_patch
 from ..offline import smollm2_gguf
-from ..patching import learned_table_rows
 from ..patching.changes import NoCounterpart
 from ..patching.loading import base_attn_implementation
-from ..provenance import FULL_COMMIT, is_hub_id
-from ..saved import SavedPatch, load_base_model, loading_errors, read_config, saved_patch
+from .defaults import ATTN_IMPLEMENTATIONS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
 # attn_implementation -> (the pip package that provides it, transformers' check that it is usable)
 FLASH_ATTENTION_PACKAGES = {
     "flash_attention_2": ("flash-attn", "is_flash_attn_2_available"),
@@ -167,9 +166,9 @@ def reachable_saved_patch(
     token: str | None = None,
     weights: bool = True,
 ) -> SavedPatch | None:
-    """:func:`~hf_posenc.saved.saved_patch` of the model ``name`` (``model``), the first a command reads of it: a Hub
-    model, or the base a config-only push takes its weights from, that is not in the cache (with ``weights``, its
-    weights too) where the Hub cannot be reached fails first, at once (:func:`~hf_posenc.hub_reach.require_reachable`).
+    """:func:`~hf_posenc.hub.saved.saved_patch` of the model ``name`` (``model``), the first a command reads of it: a
+    Hub model, or the base a config-only push takes its weights from, that is not in the cache (with ``weights``, its
+    weights too) where the Hub cannot be reached fails first, at once (:func:`~hf_posenc.hub.reach.require_reachable`).
     """
     require_reachable(name, revision, filename=gguf_file or CONFIG_FILE, token=token)
     saved = saved_patch(name, gguf_file=gguf_file, revision=revision, token=token)
@@ -195,7 +194,8 @@ def check_placement(source: ModelSource, num_processes: int) -> None:
 
 def load_model(source: ModelSource, device: torch.device, saved: SavedPatch | None = None):
     """The base model, in eval mode, on ``device`` (or split as ``source.device_map`` says): a saved patch
-    (``source.saved_patch()``) undone, so that every method evaluated applies to the base (:mod:`hf_posenc.saved`)."""
+    (``source.saved_patch()``) undone, so that every method evaluated applies to the base
+    (:mod:`hf_posenc.hub.saved`)."""
     dtype = DTYPES[source.resolved_dtype(device)]
     try:
         model = load_base_model(source.name, saved, dtype=dtype, **source.loading_kwargs)
@@ -288,11 +288,10 @@ def resolve_bos(bos: str, tokenizer) -> int | None:
 EVAL_SHORTER = "Evaluate it at `lengths` up to {rows} (runs with the same `output` add up)"
 
 
-def check_position_table(model, method: str, longest: int, shorter: str = EVAL_SHORTER) -> None:
-    """Raise ``ValueError`` if ``model`` (patched with the method spec ``method``) looks positions up in a
-    learned table with fewer rows than ``longest`` input tokens (:func:`learned_table_rows`); ``shorter`` says how
-    the caller's command evaluates at most ``{rows}`` tokens."""
-    rows = learned_table_rows(model)
+def check_position_table(model, rows: int | None, method: str, longest: int, shorter: str = EVAL_SHORTER) -> None:
+    """Raise ``ValueError`` if ``model``, patched with the method spec ``method``, looks positions up in a learned
+    table of ``rows`` rows (:func:`~hf_posenc.patching.learned_table_rows`; None: any length runs), fewer than
+    ``longest`` input tokens; ``shorter`` says how the caller's command evaluates at most ``{rows}`` tokens."""
     if rows is not None and longest > rows:
         raise ValueError(
             f"`methods` {method!r}: {type(model).__name__} has a learned table of {rows} positions, and the longest "

@@ -16,8 +16,8 @@ from typing import Any
 
 from .._version import __version__
 from ..files import atomic_write_text, json_text
-from ..plots import length_label, plot_passkey_heatmap, plot_ppl_vs_length
-from ..report_files import report_for_file
+from ..plots.figures import length_label, plot_passkey_heatmap, plot_ppl_vs_length
+from ..reports.schema import report_for_file
 
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files import CHECK_PREFIX, nearest_existing, remove_temporaries, same_place, stale, write_problem
-from ..report_files import RUN_DETAILS, RUN_FIELDS, fields_problem, read_report
+from ..reports.schema import RUN_DETAILS, RUN_FIELDS, fields_problem, read_report
 
 _ADVICE = "move it away or choose another `output` folder"
 
@@ -49,7 +49,7 @@ def check_output(folder: Path, files: Sequence[str]) -> None:
 
 
 def load_previous(path: Path, arguments: dict[str, Any], *, kind: str) -> dict[str, Any] | None:
-    """The report already in ``path`` for the same ``arguments``, checked (:mod:`hf_posenc.report_files`);
+    """The report already in ``path`` for the same ``arguments``, checked (:mod:`hf_posenc.reports.schema`);
     None if there is no file.
 
     Raises:
@@ -99,7 +99,7 @@ def document_hashes(docs: list[list[int]]) -> list[str]:
 def check_same_data(before: dict[str, Any], now: dict[str, Any], path: Path) -> None:
     """Raise ``ValueError`` if the ``dataset_details`` of the results in ``path`` (``before``) describe other
     documents than this run's (``now``): other counts, or a document whose tokens changed. Results written
-    before document hashes were recorded compare by counts."""
+    without document hashes compare by counts."""
     then_counts, now_counts = _counts(before), _counts(now)
     if then_counts != now_counts:
         raise ValueError(
@@ -120,7 +120,7 @@ def check_same_data(before: dict[str, Any], now: dict[str, Any], path: Path) -> 
 
 def scored_bos(report: dict[str, Any]) -> bool | None:
     """Whether the rows of ``report`` (a perplexity or passkey results file) were scored with a BOS token; None
-    in a passkey file written before it said so."""
+    in a passkey file that does not say."""
     return report["protocol_details"]["bos"] if "protocol_details" in report else report.get("bos")
 
 
@@ -142,8 +142,8 @@ def check_same_bos(before: dict[str, Any], bos: str, bos_id: int | None, path: P
 def check_same_model(before: dict[str, Any], now: dict[str, Any], path: Path) -> None:
     """Raise ``ValueError`` if the ``model_details`` of the results in ``path`` (``before``) describe another model
     than the one loaded now (``now``) under the same arguments: another fingerprint
-    (:func:`~hf_posenc.fingerprint.model_fingerprint`: weights retrained or replaced in the same folder, another
-    commit of a branch) or trained context (its config edited). Files written before fingerprints were recorded
+    (:func:`~hf_posenc.hub.fingerprint.model_fingerprint`: weights retrained or replaced in the same folder, another
+    commit of a branch) or trained context (its config edited). Files without fingerprints
     compare what they hold."""
     for key, what in (("fingerprint", "weights differ"), ("trained_context", "trained context differs")):
         if key in before and key in now and before[key] != now[key]:
@@ -161,7 +161,7 @@ def prompt_hashes(prompts: dict[int, list[list[int]]]) -> dict[str, str]:
 
 def check_same_prompts(before: dict[str, str] | None, now: dict[str, str], path: Path) -> None:
     """Raise ``ValueError`` if a length scored in ``path`` had other prompt tokens than this run's (the tokenizer
-    changed under the same model name). Files written before prompt hashes were recorded are not compared."""
+    changed under the same model name). Files without prompt hashes are not compared."""
     changed = sorted(int(n) for n in now if before and n in before and before[n] != now[n])
     if changed:
         raise ValueError(

@@ -11,15 +11,16 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
 
-from ..fingerprint import model_fingerprint
-from ..patching import get_patch
-from ..saved import SavedPatch
+from ..hub.fingerprint import model_fingerprint
+from ..hub.saved import SavedPatch
+from ..patching import dry_run, learned_table_rows
 from ..spec import MethodSpec
 from .data import (
     TextSource,
@@ -30,6 +31,7 @@ from .data import (
     load_texts,
     tokenize_texts,
 )
+from .defaults import MAX_TRIALS
 from .models import (
     ModelSource,
     check_placement,
@@ -83,10 +85,10 @@ def load_checked(
     """Load the (base) model, check the chunked head applies to it, and that every method patches it and
     takes inputs of ``longest`` tokens; returns the model, each method's parameters as resolved on it, and what the
     results' ``model_details`` say of the model as loaded: its trained context, fingerprint
-    (:func:`~hf_posenc.fingerprint.model_fingerprint`, which a resume compares) and Hub commit
-    (:func:`~hf_posenc.eval.models.loaded_commit`, which a push compares). The notes of patching about
-    what was not given (the trained context assumed) are logged here only: the run patches again from the
-    resolved parameters."""
+    (:func:`~hf_posenc.hub.fingerprint.model_fingerprint`, which a resume compares) and Hub commit
+    (:func:`~hf_posenc.eval.models.loaded_commit`, which a push compares). Each method is planned without being
+    applied (:func:`~hf_posenc.patching.dry_run`); the notes of planning about what was not given (the trained
+    context assumed) are logged here only: the run patches from the resolved parameters."""
     model, commit = load_model_at_commit(model_source, accelerator.device, saved)
     loaded = {
         "trained_context": trained_context(model.config),
@@ -97,137 +99,210 @@ def load_checked(
     resolved = {}
     with notes_once():
         for spec in specs:
-            with method_applied(model, spec, spec.params):
-                resolved[spec.text] = {} if spec.unpatched else dict(get_patch(model).params)
-                check_position_table(model, spec.text, longest)
-                warn_past_reach(spec, resolved[spec.text], longest)
+            planned = None if spec.unpatched else dry_run(model, spec)
+            resolved[spec.text] = {} if planned is None else dict(planned.info.params)
+            rows = learned_table_rows(model) if planned is None else planned.table_rows
+            check_position_table(model, rows, spec.text, longest)
+            warn_past_reach(spec, resolved[spec.text], longest)
     return model, resolved, loaded
 
 
+@dataclass(frozen=True)
+class PerplexityConfig:
+    """What a perplexity run measures, and how (``hf-posenc eval``'s options).
+
+    Attributes:
+        lengths (`list[int]`): the context lengths, in tokens.
+        methods (`list[str]`, *optional*): method specs (``"yarn:factor=4"``); None: :func:`parse_methods`' default.
+        protocol (`str`, defaults to ``"truncate"``): ``truncate``, ``disjoint`` or ``sliding`` windows.
+        stride (`int`, *optional*): the step of ``sliding`` windows (default: half the length).
+        bos (`str`, defaults to ``"auto"``): ``auto``, ``prepend`` or ``none``.
+        max_windows (`int`, *optional*): score only the first N windows per length.
+        batch_size (`int`, defaults to 1): windows per forward.
+        chunk_size (`int`, defaults to 2048): positions per output-head call.
+        derive_lengths (`bool`, defaults to `True`): ``truncate`` reads shorter lengths from the longest forward of a
+            method that does not depend on the input's length; False: one forward per length.
+        note (`str`, *optional*): what the data is, for the report's ``protocol_details``.
+    """
+
+    lengths: list[int]
+    methods: Sequence[str] | None = None
+    protocol: str = "truncate"
+    stride: int | None = None
+    bos: str = "auto"
+    max_windows: int | None = None
+    batch_size: int = 1
+    chunk_size: int = 2048
+    derive_lengths: bool = True
+    note: str | None = None
+
+
+@dataclass
+class _Run:
+    """A run under way: the loaded model and what every method is scored on, and where the report goes."""
+
+    model: Any
+    accelerator: Accelerator
+    output: Path
+    writer: SoleWriter
+    report: dict[str, Any]
+    resolved: dict[str, dict[str, Any]]
+    bos_id: int | None
+
+    def save(self, write: Any) -> None:
+        if self.accelerator.is_main_process:
+            self.writer.write(write, self.output, self.report)
+
+
 def run_perplexity(
-    *,
-    model_source: ModelSource,
-    text_source: TextSource,
-    methods: Sequence[str] | None,
-    lengths: list[int],
-    protocol: str,
-    stride: int | None,
-    bos: str,
-    max_windows: int | None,
-    batch_size: int,
-    chunk_size: int,
-    output: Path,
-    note: str | None = None,
-    derive_lengths: bool = True,
+    model_source: ModelSource, text_source: TextSource, config: PerplexityConfig, output: Path
 ) -> dict[str, Any]:
     """Perplexity of every method at every length on the same windows; writes and returns the report.
 
-    Method specs (and methods given twice; None: :func:`parse_methods`' default), the output folder (a
-    folder that can be written; results of other arguments or data, and files of other runs, are refused),
-    the data and every length are checked before the model is loaded. (method, length) pairs already in
-    ``output`` are kept and not recomputed. ``truncate``: a method that does not depend on the input's length
-    scores each document once, at the longest missing length it fits, and reads the shorter ones from that
-    forward (``derive_lengths=False``: one forward per length).
+    Method specs (and methods given twice), the output folder (a folder that can be written; results of other
+    arguments or data, and files of other runs, are refused), the data and every length are checked before the
+    model is loaded. (method, length) pairs already in ``output`` are kept and not recomputed. ``truncate``: a
+    method that does not depend on the input's length scores each document once, at the longest missing length it
+    fits, and reads the shorter ones from that forward.
+
+    Args:
+        model_source (`ModelSource`): the model, and how to load it.
+        text_source (`TextSource`): the documents.
+        config (`PerplexityConfig`): lengths, methods and protocol.
+        output (`Path`): the results folder (``results.json``, ``results.csv``, ``ppl_vs_length.png``).
     """
-    check_protocol(protocol, stride)
+    check_protocol(config.protocol, config.stride)
     saved = model_source.saved_patch()
-    specs = parse_methods(methods, saved)
+    specs = parse_methods(config.methods, saved)
     check_output(output, PERPLEXITY_FILES)
     check_output_outside(output, text_source)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     check_placement(model_source, accelerator.num_processes)
-    arguments = {
-        "model": model_source.name,
-        "gguf_file": model_source.gguf_file,
-        "dtype": model_source.resolved_dtype(accelerator.device),
-        **model_source.identity,
-        "dataset": text_source.describe(),
-        "protocol": protocol,
-        "stride": stride,
-        "bos": bos,
-        "max_windows": max_windows,
-    }
-    report_file = SoleWriter(output / RESULTS_JSON)
+    arguments = _perplexity_arguments(model_source, text_source, config, accelerator.device)
     previous = load_previous(output / RESULTS_JSON, arguments, kind="perplexity")
     results = previous["results"] if previous else []
     refuse_duplicates(specs, [r["method"] for r in results], output / RESULTS_JSON)
-
     tokenizer = load_tokenizer(model_source, saved)
-    bos_id = resolve_bos(bos, tokenizer)
-    with accelerator.main_process_first():
-        docs = tokenize_texts(tokenizer, load_texts(text_source))
-    doc_lengths = [len(d) for d in docs]
-    data_details = {
-        **text_source.describe(),
-        "local": text_source.local is not None,
-        "documents": len(docs),
-        "tokens": sum(doc_lengths),
-        "document_hashes": document_hashes(docs),
-    }
+    bos_id = resolve_bos(config.bos, tokenizer)
+    docs, data_details = _documents(tokenizer, text_source, accelerator)
     if previous:  # same arguments: the same data, and BOS as before?
         check_same_data(previous["dataset_details"], data_details, output / RESULTS_JSON)
-        check_same_bos(previous, bos, bos_id, output / RESULTS_JSON)
-    plans = {
-        n: build_windows(doc_lengths, n, protocol, bos=bos_id is not None, stride=stride, max_windows=max_windows)
-        for n in lengths
-    }
+        check_same_bos(previous, config.bos, bos_id, output / RESULTS_JSON)
+    plans = {n: _windows(docs, n, config, bos_id is not None) for n in config.lengths}
     done = {(r["method"], r["length"]) for r in results}
-    todo = {spec.text: [n for n in lengths if (spec.text, n) not in done] for spec in specs}
+    todo = {spec.text: [n for n in config.lengths if (spec.text, n) not in done] for spec in specs}
     if accelerator.is_main_process:
         remove_stale_temporaries(output, PERPLEXITY_FILES)
     # loaded and compared even when every result is there: a model saved over its folder is refused, not shown stale
-    loading = set().union(*todo.values()) or set(lengths)
+    loading = set().union(*todo.values()) or set(config.lengths)
     longest = max(input_shape(w, bos_id is not None)[0] for n in loading for w in plans[n].windows)
     model, resolved, loaded = load_checked(model_source, saved, specs, accelerator, max(docs, key=len), longest)
     details = {**model_details(model_source, saved, arguments["dtype"]), **loaded}
     if previous:
         check_same_model(previous["model_details"], details, output / RESULTS_JSON)
+    order = [spec.text for spec in specs]
+    if any(todo.values()):
+        rows = {row["method"]: row.get("params") or {} for row in results}
+        refuse_duplicates(specs, list(rows), output / RESULTS_JSON, resolved={**rows, **resolved})
+        report = _perplexity_report(model_source, text_source, config, bos_id)
+        report |= {"model_details": details, "dataset_details": data_details, "processes": accelerator.num_processes}
+        report |= {"device": device_description(accelerator.device), "arguments": arguments, "results": results}
+    else:
+        report = {**previous, "results": sort_results(results, order)}
+    run = _Run(model, accelerator, output, SoleWriter(output / RESULTS_JSON), report, resolved, bos_id)
     if not any(todo.values()):
-        report = {**previous, "results": sort_results(results, [spec.text for spec in specs])}
-        if accelerator.is_main_process:
-            report_file.write(write_perplexity_results, output, report)
-        return report
-    rows = {row["method"]: row.get("params") or {} for row in results}
-    refuse_duplicates(specs, list(rows), output / RESULTS_JSON, resolved={**rows, **resolved})
-    report = {
-        "protocol": protocol,
+        run.save(write_perplexity_results)
+    for spec in specs:
+        if todo[spec.text]:
+            _score_method(run, spec, todo[spec.text], docs, plans, config, order)
+    return run.report
+
+
+def _perplexity_arguments(
+    model_source: ModelSource, text_source: TextSource, config: PerplexityConfig, device: torch.device
+) -> dict[str, Any]:
+    """What a results file's ``arguments`` hold: the inputs that decide its numbers, which a resume compares."""
+    return {
+        "model": model_source.name,
+        "gguf_file": model_source.gguf_file,
+        "dtype": model_source.resolved_dtype(device),
+        **model_source.identity,
+        "dataset": text_source.describe(),
+        "protocol": config.protocol,
+        "stride": config.stride,
+        "bos": config.bos,
+        "max_windows": config.max_windows,
+    }
+
+
+def _documents(tokenizer: Any, text_source: TextSource, accelerator: Accelerator) -> tuple[list[list[int]], dict]:
+    """The documents' token ids (read and tokenized by the main process first: one download and cache) and what the
+    results' ``dataset_details`` say of them."""
+    with accelerator.main_process_first():
+        docs = tokenize_texts(tokenizer, load_texts(text_source))
+    details = {
+        **text_source.describe(),
+        "local": text_source.local is not None,
+        "documents": len(docs),
+        "tokens": sum(len(d) for d in docs),
+        "document_hashes": document_hashes(docs),
+    }
+    return docs, details
+
+
+def _windows(docs: list[list[int]], length: int, config: PerplexityConfig, bos: bool) -> WindowPlan:
+    lengths = [len(d) for d in docs]
+    return build_windows(
+        lengths, length, config.protocol, bos=bos, stride=config.stride, max_windows=config.max_windows
+    )
+
+
+def _perplexity_report(
+    model_source: ModelSource, text_source: TextSource, config: PerplexityConfig, bos_id: int | None
+) -> dict[str, Any]:
+    """A new results file's first fields: what was measured, on what, and how."""
+    return {
+        "protocol": config.protocol,
         "model": model_source.label,
         "dataset": text_source.label,
         "versions": versions(),
         "protocol_details": {
-            "stride": (stride or "half the length") if protocol == "sliding" else None,
+            "stride": (config.stride or "half the length") if config.protocol == "sliding" else None,
             "bos": bos_id is not None,
             "mean": "token-weighted over scored tokens",
-            "note": note,
+            "note": config.note,
         },
-        "model_details": details,
-        "dataset_details": data_details,
-        "processes": accelerator.num_processes,
-        "device": device_description(accelerator.device),
-        "arguments": arguments,
-        "results": results,
     }
-    for spec in specs:
-        if not todo[spec.text]:
-            continue
-        shared = derive_lengths and protocol == "truncate" and serves_every_length(model, spec.method)
-        with method_applied(model, spec, resolved[spec.text]):
-            for group in [todo[spec.text]] if shared else [[n] for n in todo[spec.text]]:
-                scores = score_lengths(
-                    model,
-                    docs,
-                    {n: plans[n].windows for n in group},
-                    accelerator=accelerator,
-                    bos_id=bos_id,
-                    batch_size=batch_size,
-                    chunk_size=chunk_size,
-                    desc=f"{spec.text} @ {','.join(map(str, group))}",
-                )
-                results += [_result(spec.text, resolved[spec.text], n, scores[n], plans[n]) for n in group]
-                report["results"] = sort_results(results, [spec.text for spec in specs])
-                if accelerator.is_main_process:
-                    report_file.write(write_perplexity_results, output, report)
-    return report
+
+
+def _score_method(
+    run: _Run,
+    spec: MethodSpec,
+    lengths: list[int],
+    docs: list[list[int]],
+    plans: dict[int, WindowPlan],
+    config: PerplexityConfig,
+    order: list[str],
+) -> None:
+    """Score ``spec`` at ``lengths``, writing the report after each forward group: every length from one forward
+    where the method serves them all (``truncate``), else one length at a time."""
+    shared = config.derive_lengths and config.protocol == "truncate" and serves_every_length(run.model, spec.method)
+    params = run.resolved[spec.text]
+    with method_applied(run.model, spec, params):
+        for group in [lengths] if shared else [[n] for n in lengths]:
+            scores = score_lengths(
+                run.model,
+                docs,
+                {n: plans[n].windows for n in group},
+                accelerator=run.accelerator,
+                bos_id=run.bos_id,
+                batch_size=config.batch_size,
+                chunk_size=config.chunk_size,
+                desc=f"{spec.text} @ {','.join(map(str, group))}",
+            )
+            rows = [*run.report["results"], *(_result(spec.text, params, n, scores[n], plans[n]) for n in group)]
+            run.report["results"] = sort_results(rows, order)
+            run.save(write_perplexity_results)
 
 
 def _result(method: str, params: dict, length: int, score: LengthScore, plan: WindowPlan) -> dict:
@@ -254,61 +329,71 @@ def _result(method: str, params: dict, length: int, score: LengthScore, plan: Wi
     }
 
 
-MAX_TRIALS = 10_000  # keys per (length, depth); each is a forward per method
+@dataclass(frozen=True)
+class PasskeyConfig:
+    """What a passkey run measures (``hf-posenc passkey``'s options).
+
+    Attributes:
+        lengths (`list[int]`): prompt lengths, in tokens.
+        methods (`list[str]`, *optional*): method specs; None: :func:`parse_methods`' default.
+        depths (`list[float]`, defaults to ``[0, 0.5, 1]``): where the key is hidden (0 = start, 1 = end).
+        trials (`int`, defaults to 1): keys per length and depth, at most ``MAX_TRIALS``.
+        seed (`int`, defaults to 0): the seed of the keys.
+        bos (`str`, defaults to ``"auto"``): ``auto``, ``prepend`` or ``none``.
+    """
+
+    lengths: list[int]
+    methods: Sequence[str] | None = None
+    depths: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0])
+    trials: int = 1
+    seed: int = 0
+    bos: str = "auto"
+
+    def __post_init__(self) -> None:
+        trials = self.trials
+        if isinstance(trials, bool) or not isinstance(trials, int) or not 0 < trials <= MAX_TRIALS:
+            raise ValueError(f"`trials` must be a whole number of keys from 1 to {MAX_TRIALS}, got {trials!r}.")
 
 
-def run_passkey(
-    *,
-    model_source: ModelSource,
-    methods: Sequence[str] | None,
-    lengths: list[int],
-    depths: list[float],
-    trials: int,
-    seed: int,
-    bos: str,
-    output: Path,
-) -> dict[str, Any]:
+def run_passkey(model_source: ModelSource, config: PasskeyConfig, output: Path) -> dict[str, Any]:
     """Passkey accuracy of every method by length and depth; writes passkey.json and the heatmap.
 
     The same keys (from ``seed``) are used at every length, depth and method. Method specs, the output
     folder and every length are checked before the model is loaded, and then nothing is written.
     Finished (method, length) pairs in ``output`` are kept and not recomputed.
+
+    Args:
+        model_source (`ModelSource`): the model, and how to load it.
+        config (`PasskeyConfig`): lengths, depths, keys and methods.
+        output (`Path`): the results folder (``passkey.json``, ``passkey.csv``, the heatmap).
     """
-    if isinstance(trials, bool) or not isinstance(trials, int) or not 0 < trials <= MAX_TRIALS:
-        raise ValueError(f"`trials` must be a whole number of keys from 1 to {MAX_TRIALS}, got {trials!r}.")
     saved = model_source.saved_patch()
-    specs = parse_methods(methods, saved)
+    specs = parse_methods(config.methods, saved)
     check_output(output, PASSKEY_FILES)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     check_placement(model_source, accelerator.num_processes)
-    arguments = {
-        "model": model_source.name,
-        "gguf_file": model_source.gguf_file,
-        "dtype": model_source.resolved_dtype(accelerator.device),
-        **model_source.identity,
-        "depths": depths,
-        "trials": trials,
-        "seed": seed,
-        "bos": bos,
-    }
-    report_file = SoleWriter(output / PASSKEY_JSON)
+    dtype = model_source.resolved_dtype(accelerator.device)
+    arguments = {"model": model_source.name, "gguf_file": model_source.gguf_file, "dtype": dtype}
+    arguments |= {**model_source.identity, "depths": config.depths, "trials": config.trials}
+    arguments |= {"seed": config.seed, "bos": config.bos}
     previous = load_previous(output / PASSKEY_JSON, arguments, kind="passkey")
     done_trials = previous["trials"] if previous else []
     refuse_duplicates(specs, list(dict.fromkeys(t["method"] for t in done_trials)), output / PASSKEY_JSON)
     tokenizer = load_tokenizer(model_source, saved)
-    bos_id = resolve_bos(bos, tokenizer)
-    keys = random_keys(trials, seed)
-    prompts = {n: [(d, build_prompt(tokenizer, n, d, k, bos_id)) for d in depths for k in keys] for n in lengths}
-    fingerprints = prompt_hashes({n: [p.input_ids for _, p in prompts[n]] for n in lengths})
+    bos_id = resolve_bos(config.bos, tokenizer)
+    keys = random_keys(config.trials, config.seed)
+    prompts = {
+        n: [(d, build_prompt(tokenizer, n, d, k, bos_id)) for d in config.depths for k in keys] for n in config.lengths
+    }
+    fingerprints = prompt_hashes({n: [p.input_ids for _, p in prompts[n]] for n in config.lengths})
     if previous:
-        check_same_bos(previous, bos, bos_id, output / PASSKEY_JSON)
+        check_same_bos(previous, config.bos, bos_id, output / PASSKEY_JSON)
     earlier = previous.get("prompt_hashes") if previous else None
     check_same_prompts(earlier, fingerprints, output / PASSKEY_JSON)
-    done = {(t["method"], t["length"]) for t in done_trials}
     report = {
         "task": "passkey retrieval, greedy (teacher-forced): the key's tokens, then no further digit",
         "model": model_source.label,
-        "model_details": model_details(model_source, saved, arguments["dtype"]),
+        "model_details": model_details(model_source, saved, dtype),
         "bos": bos_id is not None,
         "versions": versions(),
         "processes": accelerator.num_processes,
@@ -319,30 +404,35 @@ def run_passkey(
     if accelerator.is_main_process:
         remove_stale_temporaries(output, PASSKEY_FILES)
     # loaded and compared even when every result is there: a model saved over its folder is refused, not shown stale
-    longest = max(len(p.input_ids) for n in lengths for _, p in prompts[n])
-    model, resolved, loaded = load_checked(
-        model_source, saved, specs, accelerator, prompts[lengths[0]][0][1].input_ids, longest
-    )
+    longest = max(len(p.input_ids) for n in config.lengths for _, p in prompts[n])
+    first = prompts[config.lengths[0]][0][1].input_ids
+    model, resolved, loaded = load_checked(model_source, saved, specs, accelerator, first, longest)
     report["model_details"].update(loaded)
     if previous:
         check_same_model(previous.get("model_details") or {}, report["model_details"], output / PASSKEY_JSON)
-    todo = {spec.text: [n for n in lengths if (spec.text, n) not in done] for spec in specs}
+    done = {(t["method"], t["length"]) for t in done_trials}
+    todo = {spec.text: [n for n in config.lengths if (spec.text, n) not in done] for spec in specs}
+    run = _Run(model, accelerator, output, SoleWriter(output / PASSKEY_JSON), report, resolved, bos_id)
     if not any(todo.values()):
-        if accelerator.is_main_process:
-            report_file.write(write_passkey_results, output, previous)
-        return previous
+        run.report = previous
+        run.save(write_passkey_results)
     for spec in specs:
-        if not todo[spec.text]:
-            continue
-        with method_applied(model, spec, resolved[spec.text]):
-            for n in todo[spec.text]:
-                desc = f"passkey {spec.text} @ {n}"
-                flags = passkey_flags(model, tokenizer, [p for _, p in prompts[n]], accelerator, desc)
-                done_trials += [
-                    {"method": spec.text, "length": n, "depth": d, "key": p.key, "correct": ok}
-                    for (d, p), ok in zip(prompts[n], flags, strict=True)
-                ]
-                report |= {"trials": done_trials, "accuracy": accuracy_grid(done_trials)}
-                if accelerator.is_main_process:
-                    report_file.write(write_passkey_results, output, report)
-    return report
+        if todo[spec.text]:
+            _passkey_trials(run, spec, {n: prompts[n] for n in todo[spec.text]}, tokenizer, done_trials)
+    return run.report
+
+
+def _passkey_trials(
+    run: _Run, spec: MethodSpec, prompts: dict[int, list], tokenizer: Any, done_trials: list[dict[str, Any]]
+) -> None:
+    """Every trial of ``spec`` at the lengths of ``prompts``, the report written after each length."""
+    with method_applied(run.model, spec, run.resolved[spec.text]):
+        for n, trials in prompts.items():
+            desc = f"passkey {spec.text} @ {n}"
+            flags = passkey_flags(run.model, tokenizer, [p for _, p in trials], run.accelerator, desc)
+            done_trials += [
+                {"method": spec.text, "length": n, "depth": d, "key": p.key, "correct": ok}
+                for (d, p), ok in zip(trials, flags, strict=True)
+            ]
+            run.report |= {"trials": done_trials, "accuracy": accuracy_grid(done_trials)}
+            run.save(write_passkey_results)

@@ -9,19 +9,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ..hub.saved import SavedPatch, restore_saved_tensors
 from ..patching import patched
 from ..registry import get_method
-from ..saved import SavedPatch, restore_saved_tensors
 from ..spec import MethodSpec
-
-DEFAULT_METHODS = ("none", "yarn:factor=4")
+from .defaults import DEFAULT_METHODS
 
 logger = logging.getLogger("hf_posenc")
 
 
 def parse_methods(texts: Sequence[str] | None, saved: SavedPatch | None = None) -> list[MethodSpec]:
     """Every method spec parsed and checked without a model (``ValueError`` naming the bad one). None: the
-    base model and the method a saved patched model carries (:mod:`hf_posenc.saved`; a baked patch, GPT-2 ``pi``,
+    base model and the method a saved patched model carries (:mod:`hf_posenc.hub.saved`; a baked patch, GPT-2 ``pi``,
     cannot be undone: ``none`` is the model as saved, the only default), else ``DEFAULT_METHODS``."""
     if texts is None and saved is not None:
         texts = ("none",) if saved.record.baked else ("none", saved.spec)
@@ -63,7 +62,7 @@ def refuse_duplicates(
 
 
 def _row_identity(text: str, resolved: dict[str, dict[str, Any]] | None) -> tuple[str, dict[str, Any]] | None:
-    """The identity of a row already written; None for one an older version wrote that no longer builds (no
+    """The identity of a row already written; None for one that does not build (no
     valid spec can be the same method)."""
     try:
         spec = MethodSpec.parse(text, parameter="methods")
@@ -113,7 +112,7 @@ def notes_once() -> Iterator[None]:
 def method_applied(model, spec: MethodSpec, params: dict[str, Any]) -> Iterator[None]:
     """The model patched with ``spec`` for the duration, from the parameters it resolved when checked (so
     nothing is resolved, or logged, twice); ``none``: unchanged. A saved model's own method gets the tensors it
-    was saved with (:func:`~hf_posenc.saved.restore_saved_tensors`: a trained T5 table)."""
+    was saved with (:func:`~hf_posenc.hub.saved.restore_saved_tensors`: a trained T5 table)."""
     if spec.unpatched:
         yield
         return

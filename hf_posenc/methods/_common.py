@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from ..fields import documented, setting
+
 MAX_FACTOR = 2.0**24  # see scale_factor
 FLOAT32_MAX = torch.finfo(torch.float32).max
 
@@ -81,16 +83,15 @@ def positive_int(name: str, value: Any, most: int | None = None) -> int:
     return int(value)
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class RopeParams:
-    """Parameters every RoPE method has.
+    """Parameters every RoPE method has."""
 
-    Args:
-        original_max_position_embeddings (`int`, *optional*): the trained context ``L``. ``patch``
-            fills it from the model's config when omitted.
-    """
-
-    original_max_position_embeddings: int | None = None
+    original_max_position_embeddings: int | None = setting(
+        None,
+        help="the trained context ``L``. ``patch`` fills it from the model's config when omitted.",
+    )
 
     def __post_init__(self) -> None:
         if self.original_max_position_embeddings is not None:
@@ -109,13 +110,12 @@ class RopeParams:
         object.__setattr__(self, name, value)
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class ScaledRopeParams(RopeParams):
-    """Args:
-    factor (`float`): ``s = L'/L`` >= 1.
-    """
+    """The parameters of a RoPE scaling by a factor ``s``."""
 
-    factor: float
+    factor: float = setting(help="``s = L'/L`` >= 1.")
 
     def __post_init__(self) -> None:
         super().__post_init__()

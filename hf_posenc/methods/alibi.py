@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..fields import documented, setting
 from ..registry import Method, register
 from ._common import positive_int, real_number
 
@@ -48,20 +49,23 @@ def _power_of_two_slopes(n: int) -> torch.Tensor:
     return 2.0 ** (-8.0 * exponents / n)
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class AlibiParams:
-    """Args:
-    backend (`str`, defaults to ``"auto"``): attention backend: ``"eager"`` (reference), ``"sdpa"`` (a bias
-        built per call; fine on CPU), ``"flex"`` (``flex_attention`` with a score_mod: memory linear in the
-        sequence length; compiled on CUDA), ``"cudnn"`` (CUDA, the ``cudnn`` extra: cuDNN's fused ALiBi
-        kernel for causal prefills without padding, flex for the other calls; the paper's slopes only), or
-        ``"auto"``: cudnn on CUDA where its check on the GPU passes, else flex; sdpa off CUDA.
-    slopes (`tuple[float, ...]`, *optional*): one slope per query head; ``patch`` fills in the paper's
-        (:func:`alibi_slopes`).
-    """
+    """ALiBi: a linear bias of the distance, one slope per head (Press et al. 2022)."""
 
-    backend: str = "auto"
-    slopes: tuple[float, ...] | None = None
+    backend: str = setting(
+        "auto",
+        help='attention backend: ``"eager"`` (reference), ``"sdpa"`` (a bias built per call; fine on CPU), '
+        '``"flex"`` (``flex_attention`` with a score_mod: memory linear in the sequence length; compiled on '
+        'CUDA), ``"cudnn"`` (CUDA, the ``cudnn`` extra: cuDNN\'s fused ALiBi kernel for causal prefills without '
+        'padding, flex for the other calls; the paper\'s slopes only), or ``"auto"``: cudnn on CUDA where its '
+        "check on the GPU passes, else flex; sdpa off CUDA.",
+    )
+    slopes: tuple[float, ...] | None = setting(
+        None,
+        help="one slope per query head; ``patch`` fills in the paper's (:func:`alibi_slopes`).",
+    )
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

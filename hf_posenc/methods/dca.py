@@ -26,31 +26,38 @@ from typing import ClassVar
 
 import torch
 
+from ..fields import documented, setting
 from ..registry import Method, register
 from ._common import positive_int
 from .remap import RemapParams, Tiles
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class DCAParams(RemapParams):
-    """Args:
-    chunk_size (`int`, *optional*): the largest relative position used, at most ``L`` (``L`` itself, as Qwen2.5-1M
-        ships, puts the farthest keys one position past the trained ``0 .. L-1``); defaults to ``3L/4``, or to
-        the config's ``dual_chunk_attention_config`` where it has one.
-    local_size (`int`, *optional*): below ``chunk_size``; chunks are ``chunk_size - local_size`` long. Defaults
-        to ``L/16``, or to the config's ``dual_chunk_attention_config`` where it has one.
-    max_position_embeddings (`int`, *optional*): the longest input the patched model is meant to serve, at least
-        ``L``, written to the config (what vLLM and lm-evaluation-harness take as the model's length). DCA itself
-        has no longest input; by default the config's value is kept.
-    """
+    """Dual chunk attention: intra-chunk, inter-chunk and successive-chunk positions (An et al. 2024)."""
 
     SEGMENTS: ClassVar[tuple[str, ...]] = ("intra", "successive", "inter")
     TRUE_DISTANCES: ClassVar[tuple[bool, ...]] = (True, False, False)
     KEY_SEGMENTS: ClassVar[tuple[int, ...]] = (0, 1, 1)  # K(j) = j mod s outside the intra-chunk segment
 
-    chunk_size: int | None = None
-    local_size: int | None = None
-    max_position_embeddings: int | None = None
+    chunk_size: int | None = setting(
+        None,
+        help="the largest relative position used, at most ``L`` (``L`` itself, as Qwen2.5-1M ships, puts the farthest "
+        "keys one position past the trained ``0 .. L-1``); defaults to ``3L/4``, or to the config's "
+        "``dual_chunk_attention_config`` where it has one.",
+    )
+    local_size: int | None = setting(
+        None,
+        help="below ``chunk_size``; chunks are ``chunk_size - local_size`` long. Defaults to ``L/16``, or to the "
+        "config's ``dual_chunk_attention_config`` where it has one.",
+    )
+    max_position_embeddings: int | None = setting(
+        None,
+        help="the longest input the patched model is meant to serve, at least ``L``, written to the config (what vLLM "
+        "and lm-evaluation-harness take as the model's length). DCA itself has no longest input; by default the "
+        "config's value is kept.",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

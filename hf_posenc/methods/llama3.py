@@ -6,20 +6,18 @@ from dataclasses import dataclass
 
 import torch
 
+from ..fields import documented, setting
 from ..registry import Method, register
 from ._common import ScaledRopeParams, positive_number, rope_inv_freq, wavelengths
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class Llama3Params(ScaledRopeParams):
-    """Args:
-    factor (`float`): ``s`` >= 1 (8 for Llama 3.1).
-    low_freq_factor (`float`, defaults to 1): wavelengths above ``L / low_freq_factor`` are divided by s.
-    high_freq_factor (`float`, defaults to 4): wavelengths below ``L / high_freq_factor`` are kept.
-    """
+    """Llama 3.1's RoPE scaling (``factor`` 8 for Llama 3.1): wavelengths between the two bounds blended."""
 
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
+    low_freq_factor: float = setting(1.0, help="wavelengths above ``L / low_freq_factor`` are divided by s.")
+    high_freq_factor: float = setting(4.0, help="wavelengths below ``L / high_freq_factor`` are kept.")
 
     def __post_init__(self) -> None:
         super().__post_init__()

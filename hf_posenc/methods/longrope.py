@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..fields import documented, setting
 from ..registry import Method, register
 from ._common import ScaledRopeParams, attention_scale, positive_number, rope_inv_freq
 
@@ -18,19 +19,18 @@ def _factor_list(name: str, values) -> tuple[float, ...]:
     return tuple(positive_number(f"{name}[{i}]", value) for i, value in enumerate(values))
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class LongRoPEParams(ScaledRopeParams):
-    """Args:
-    factor (`float`): ``s = L'/L`` >= 1; sets the default attention factor.
-    long_factor (`list[float]`): ``lambda_i`` per pair (``head_dim // 2`` values), used past ``L``.
-    short_factor (`list[float]`, *optional*): used up to ``L``; defaults to all ones (the unscaled frequencies;
-        the attention factor still applies, as in transformers and Phi-3).
-    attention_factor (`float`, *optional*): defaults to ``sqrt(1 + ln s / ln L)`` (paper §3.3 / Phi-3).
-    """
+    """LongRoPE: a searched factor per pair past ``L`` (Ding et al. 2024); ``factor`` sets the attention factor."""
 
-    long_factor: tuple[float, ...]
-    short_factor: tuple[float, ...] | None = None
-    attention_factor: float | None = None
+    long_factor: tuple[float, ...] = setting(help="``lambda_i`` per pair (``head_dim // 2`` values), used past ``L``.")
+    short_factor: tuple[float, ...] | None = setting(
+        None,
+        help="used up to ``L``; defaults to all ones (the unscaled frequencies; the attention factor still applies, as"
+        " in transformers and Phi-3).",
+    )
+    attention_factor: float | None = setting(None, help="defaults to ``sqrt(1 + ln s / ln L)`` (paper §3.3 / Phi-3).")
 
     def __post_init__(self) -> None:
         super().__post_init__()

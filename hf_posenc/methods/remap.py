@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import torch
 
+from ..fields import documented, setting
 from ._common import RopeParams
 
 BACKENDS = ("auto", "eager", "blocked", "sdpa", "flex")
@@ -44,20 +45,10 @@ class Tiles:
             raise ValueError(f"A {self.shape} tile, and each of several, must be square: {self}.")
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class RemapParams(RopeParams):
-    """Args:
-    backend (`str`, defaults to ``"auto"``): ``"eager"`` (the reference: every segment's ``n x n`` logits in
-        float32, one softmax), ``"blocked"`` (query blocks, each against the key range its segments reach:
-        memory linear in the length), ``"sdpa"`` (a prefill without padding as :meth:`tiles`, a few fused causal
-        or full attention calls per segment merged by log-sum-exp; any other call in the same query blocks, each
-        one ``scaled_dot_product_attention`` call on the segments side by side), ``"flex"`` (``flex_attention``
-        with block masks, memory linear: per segment merged by log-sum-exp on CUDA, segments side by side in one
-        call on a CPU), or ``"auto"``: flex on CUDA, sdpa elsewhere, decided when patching (a model moved to CUDA
-        afterwards keeps sdpa).
-    original_max_position_embeddings (`int`, *optional*): the trained context ``L``; ``patch`` reads it from
-        the config when omitted.
-    """
+    """What every position remap (Self-Extend, DCA) has: the trained context and the attention backend."""
 
     SEGMENTS: ClassVar[tuple[str, ...]] = ()
     # Segments whose remapped logits equal the true-position ones (a per-pair shift common to query and key):
@@ -67,7 +58,17 @@ class RemapParams(RopeParams):
     # turns them alike (both at true distances, or both to the same ``key_position``). Empty: each its own.
     KEY_SEGMENTS: ClassVar[tuple[int, ...]] = ()
 
-    backend: str = "auto"
+    backend: str = setting(
+        "auto",
+        help='``"eager"`` (the reference: every segment\'s ``n x n`` logits in float32, one softmax), ``"blocked"``'
+        " (query blocks, each against the key range its segments reach: memory linear in the length), "
+        '``"sdpa"`` (a prefill without padding as :meth:`tiles`, a few fused causal or full attention calls per'
+        " segment merged by log-sum-exp; any other call in the same query blocks, each one "
+        '``scaled_dot_product_attention`` call on the segments side by side), ``"flex"`` (``flex_attention`` '
+        "with block masks, memory linear: per segment merged by log-sum-exp on CUDA, segments side by side in one"
+        ' call on a CPU), or ``"auto"``: flex on CUDA, sdpa elsewhere, decided when patching (a model moved to '
+        "CUDA afterwards keeps sdpa).",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -18,6 +18,7 @@ from typing import ClassVar
 
 import torch
 
+from ..fields import documented, setting
 from ..registry import Method, register
 from ._common import positive_int
 from .remap import RemapParams, Tiles
@@ -30,23 +31,26 @@ def self_extend_reach(context: int, group_size: int, window: int) -> int:
     return (context - window) * group_size + window
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class SelfExtendParams(RemapParams):
-    """Args:
-    group_size (`int`, defaults to 8): ``G``, positions past the window are floor-divided by it.
-    window (`int`, *optional*): ``W``, the neighbour window at true positions; a multiple of ``G`` below ``L``.
-        Defaults to ``L / 4`` rounded down to a multiple of ``G``.
-    max_position_embeddings (`int`, *optional*): the longest input the patched model must serve (written to the
-        config); an error if the reach ``(L - W) * G + W`` is shorter. Defaults to the reach.
-    """
+    """Self-Extend: true positions inside the window, floor-divided ones past it (Jin et al. 2024)."""
 
     SEGMENTS: ClassVar[tuple[str, ...]] = ("neighbour", "grouped")
     TRUE_DISTANCES: ClassVar[tuple[bool, ...]] = (True, False)
     KEY_SEGMENTS: ClassVar[tuple[int, ...]] = (0, 1)
 
-    group_size: int = DEFAULT_GROUP_SIZE
-    window: int | None = None
-    max_position_embeddings: int | None = None
+    group_size: int = setting(DEFAULT_GROUP_SIZE, help="``G``, positions past the window are floor-divided by it.")
+    window: int | None = setting(
+        None,
+        help="``W``, the neighbour window at true positions; a multiple of ``G`` below ``L``. Defaults to ``L / 4`` "
+        "rounded down to a multiple of ``G``.",
+    )
+    max_position_embeddings: int | None = setting(
+        None,
+        help="the longest input the patched model must serve (written to the config); an error if the reach ``(L - W) "
+        "* G + W`` is shorter. Defaults to the reach.",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..fields import documented, setting
 from ..registry import Method, register
 from ._common import positive_int, positive_number, real_number
 
@@ -53,18 +54,19 @@ def sinusoidal_table(
     return sinusoidal_embedding(positions, dim, base=base, dtype=dtype)
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class SinusoidalParams:
-    """Args:
-    scale (`float`, *optional*): multiplies the table before it is added. ``patch`` fills in the scale that
-        gives the table the root-mean-square of the learned table it replaces (``rms(wpe) * sqrt(2)``), so the
-        embeddings keep the magnitude the model was trained with; the paper uses 1 with token embeddings
-        scaled by ``sqrt(d)``, which GPT-2's are not.
-    base (`float`, defaults to 10000): the wavelength base, above 1.
-    """
+    """The sinusoidal table of Vaswani et al. 2017, in place of GPT-2's learned one."""
 
-    scale: float | None = None
-    base: float = SINUSOID_BASE
+    scale: float | None = setting(
+        None,
+        help="multiplies the table before it is added. ``patch`` fills in the scale that gives the table the "
+        "root-mean-square of the learned table it replaces (``rms(wpe) * sqrt(2)``), so the embeddings keep the "
+        "magnitude the model was trained with; the paper uses 1 with token embeddings scaled by ``sqrt(d)``, "
+        "which GPT-2's are not.",
+    )
+    base: float = setting(SINUSOID_BASE, help="the wavelength base, above 1.")
 
     def __post_init__(self) -> None:
         if self.scale is not None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..fields import documented, setting
 from ..registry import Method, register
 from ._common import positive_int
 from .alibi import alibi_slopes
@@ -97,22 +98,24 @@ def t5_bias_init(
     return -bucket_distances(num_buckets, max_distance)[:, None] * alibi_slopes(num_heads)[None, :]
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class T5BiasParams:
-    """Args:
-    num_buckets (`int`, defaults to 32): buckets of relative distance (T5: 32).
-    max_distance (`int`, defaults to 128): distances from here on share the last bucket (T5: 128).
-    init (`str`, defaults to ``"alibi"``): the table's start, ``"alibi"`` (ALiBi's slopes at each bucket's
-        distances: a working bias before any training) or ``"zeros"`` (T5's).
-    backend (`str`, defaults to ``"auto"``): ``"eager"`` (reference), ``"sdpa"`` (the bias built per call),
-        ``"flex"`` (``flex_attention``, the bucket looked up in the score_mod: memory linear in the length;
-        compiled on CUDA) or ``"auto"``: flex on CUDA, sdpa elsewhere.
-    """
+    """The T5 relative bias: a learned table over log-spaced distance buckets (Raffel et al. 2020)."""
 
-    num_buckets: int = 32
-    max_distance: int = 128
-    init: str = "alibi"
-    backend: str = "auto"
+    num_buckets: int = setting(32, help="buckets of relative distance (T5: 32).")
+    max_distance: int = setting(128, help="distances from here on share the last bucket (T5: 128).")
+    init: str = setting(
+        "alibi",
+        help="the table's start, ``\"alibi\"`` (ALiBi's slopes at each bucket's distances: a working bias before any "
+        'training) or ``"zeros"`` (T5\'s).',
+    )
+    backend: str = setting(
+        "auto",
+        help='``"eager"`` (reference), ``"sdpa"`` (the bias built per call), ``"flex"`` (``flex_attention``, the'
+        ' bucket looked up in the score_mod: memory linear in the length; compiled on CUDA) or ``"auto"``: flex'
+        " on CUDA, sdpa elsewhere.",
+    )
 
     def __post_init__(self) -> None:
         buckets, distance = check_bucketing(self.num_buckets, self.max_distance)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..fields import documented, setting
 from ..registry import Method, register
 from ._common import RopeParams, positive_int, positive_number
 
@@ -26,19 +27,20 @@ FLOAT16_MAX = torch.finfo(torch.float16).max  # the narrowest dtype a query is s
 LONGEST_POSITION = 2**40  # no input is longer (the results files' bound too)
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class TemperatureParams(RopeParams):
-    """Args:
-    variant (`str`, defaults to ``"qwen"``): ``"qwen"`` or ``"llama4"``.
-    attn_scale (`float`, *optional*): Llama 4's slope of the log; defaults to 0.1 (``variant="llama4"`` only).
-    floor_scale (`int`, *optional*): Llama 4's position bucket; defaults to 8192 (``variant="llama4"`` only).
-    original_max_position_embeddings (`int`, *optional*): the trained context ``L`` of the Qwen variant;
-        ``patch`` reads it from the config when omitted.
-    """
+    """Log-n attention temperature: queries scaled by their position (Qwen's log-n, Llama 4's variant)."""
 
-    variant: str = "qwen"
-    attn_scale: float | None = None
-    floor_scale: int | None = None
+    variant: str = setting("qwen", help='``"qwen"`` or ``"llama4"``.')
+    attn_scale: float | None = setting(
+        None,
+        help='Llama 4\'s slope of the log; defaults to 0.1 (``variant="llama4"`` only).',
+    )
+    floor_scale: int | None = setting(
+        None,
+        help='Llama 4\'s position bucket; defaults to 8192 (``variant="llama4"`` only).',
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

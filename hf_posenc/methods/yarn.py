@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..fields import documented, setting
 from ..registry import Method, register
 from ._common import (
     RopeParams,
@@ -39,20 +40,19 @@ from ._common import (
 RAMPS = ("index", "ratio")
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class RampParams(RopeParams):
-    """Args:
-    beta_fast (`float`, defaults to 32): rotations over ``L`` above which a pair is kept (``beta``).
-    beta_slow (`float`, defaults to 1): rotations over ``L`` below which a pair is interpolated (``alpha``).
-    ramp (`str`, defaults to ``"index"``): ``"index"`` (released code / transformers) or ``"ratio"``
-        (the paper's §3.2 formula); see the module docstring.
-    truncate (`bool`, defaults to True): floor/ceil the correction dims (``ramp="index"`` only).
-    """
+    """The ramp between keeping a pair's frequency and interpolating it (YaRN §3.2; the module docstring)."""
 
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    ramp: str = "index"
-    truncate: bool = True
+    beta_fast: float = setting(32.0, help="rotations over ``L`` above which a pair is kept (``beta``).")
+    beta_slow: float = setting(1.0, help="rotations over ``L`` below which a pair is interpolated (``alpha``).")
+    ramp: str = setting(
+        "index",
+        help='``"index"`` (released code / transformers) or ``"ratio"`` (the paper\'s §3.2 formula); see the module'
+        " docstring.",
+    )
+    truncate: bool = setting(True, help='floor/ceil the correction dims (``ramp="index"`` only).')
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -69,26 +69,35 @@ class RampParams(RopeParams):
             raise TypeError(f"truncate must be True or False, got {self.truncate!r}.")
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class NTKByPartsParams(RampParams, ScaledRopeParams):
     """The ramp's parameters and ``factor`` (``s = L'/L`` >= 1)."""
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class YaRNParams(NTKByPartsParams):
-    """Args:
-    attention_factor (`float`, *optional*): ``sqrt(1/t)``, multiplying cos and sin (so q.k by its
-        square; on a partial-rotary model, Phi or GPT-NeoX, only the rotated dimensions' part of q.k, as in
-        transformers: the paper's ``1/t`` scales all of it). Defaults to the paper's ``0.1 ln(s) + 1`` (§3.4).
-    mscale, mscale_all_dim (`float`, *optional*): given together (both > 0), the attention factor is
-        ``(0.1 mscale ln s + 1) / (0.1 mscale_all_dim ln s + 1)``, the variant of the YaRN authors' code
-        that DeepSeek-V2 configs use and transformers' ``yarn`` type reads. With ``attention_factor`` too,
-        the two must agree.
-    """
+    """YaRN: NTK-by-parts and an attention factor ``sqrt(1/t)`` (Peng et al. 2023, §3.4)."""
 
-    attention_factor: float | None = None
-    mscale: float | None = None
-    mscale_all_dim: float | None = None
+    attention_factor: float | None = setting(
+        None,
+        help="``sqrt(1/t)``, multiplying cos and sin (so q.k by its square; on a partial-rotary model, Phi or "
+        "GPT-NeoX, only the rotated dimensions' part of q.k, as in transformers: the paper's ``1/t`` scales all "
+        "of it). Defaults to the paper's ``0.1 ln(s) + 1`` (§3.4).",
+    )
+    mscale: float | None = setting(
+        None,
+        help="given together (both > 0), the attention factor is ``(0.1 mscale ln s + 1) / (0.1 mscale_all_dim ln s + "
+        "1)``, the variant of the YaRN authors' code that DeepSeek-V2 configs use and transformers' ``yarn`` type"
+        " reads. With ``attention_factor`` too, the two must agree.",
+    )
+    mscale_all_dim: float | None = setting(
+        None,
+        help="given together (both > 0), the attention factor is ``(0.1 mscale ln s + 1) / (0.1 mscale_all_dim ln s + "
+        "1)``, the variant of the YaRN authors' code that DeepSeek-V2 configs use and transformers' ``yarn`` type"
+        " reads. With ``attention_factor`` too, the two must agree.",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

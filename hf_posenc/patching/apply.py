@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import enum
 import logging
 import threading
@@ -30,8 +29,7 @@ from transformers import PretrainedConfig
 from ..architectures import positions_of
 from ..record import PatchRecord, set_config_attribute
 from ..registry import get_method
-from ..serving import Finding, serving_gaps
-from ..spec import format_method_spec
+from ..spec import MethodSpec
 from .dispatch import plan_method
 from .module_ref import ModuleRef
 from .plan import UNPATCHED_PREFIX, PatchInfo, Plan
@@ -67,11 +65,6 @@ class _ModuleState:
         """The module, or None where nothing holds it any more (swapped out of the model since)."""
         return self.ref()
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        if "module" in state:  # pickled by hf_posenc 0.1.0 of 2026-11-27, which held the module itself
-            state = {**{k: v for k, v in state.items() if k != "module"}, "ref": ModuleRef(state["module"])}
-        self.__dict__.update(state)
-
 
 @dataclass
 class _AppliedPatch:
@@ -84,12 +77,6 @@ class _AppliedPatch:
     report: Callable[[nn.Module, PatchInfo], PatchInfo] | None = None
     added: frozenset[str] = frozenset()  # state-dict names the patch added (the T5 bias table)
     initial: dict[str, torch.Tensor] = field(default_factory=dict)  # their values as the patch made them
-    serving: tuple[Finding, ...] | None = None  # the serving gaps of the patched config, once computed
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        if isinstance(state.get("owner"), nn.Module):  # pickled by hf_posenc 0.1.0 of 2026-11-27: the model itself
-            state = {**state, "owner": ModuleRef(state["owner"])}
-        self.__dict__.update(state)
 
 
 _APPLIED = "_hf_posenc_applied"  # the model's attribute holding its _AppliedPatch: a deepcopy or pickle carries it
@@ -267,60 +254,81 @@ def _restore_module(entry: _ModuleState) -> None:
                     attributes[key][name] = _followed(current, name, value) if in_tensors else value
 
 
-def patch(model: nn.Module, method: str, **params: Any) -> nn.Module:
+def patch(model: nn.Module, method: str | MethodSpec, **params: Any) -> nn.Module:
     """Change how ``model`` encodes position, in place.
 
     Args:
         model (`torch.nn.Module`): a loaded transformers causal LM: a RoPE decoder (Llama, Mistral, Qwen2/3,
             or any decoder whose RoPE comes from a rotary-embedding module), or GPT-2 (learned positions:
             ``alibi``, ``nope``, ``pi``, ``sinusoidal``, ``t5-bias``).
-        method (`str`): one of :func:`hf_posenc.available_methods` (or an alias such as ``"linear"``).
-        **params: the method's parameters, e.g. ``factor=4``. RoPE methods' ``original_max_position_embeddings``
-            defaults to the one the config records, else to its ``max_position_embeddings`` (logged).
+        method (`str` or `MethodSpec`): one of :func:`hf_posenc.available_methods` (or an alias such as
+            ``"linear"``), or a :class:`~hf_posenc.spec.MethodSpec` parsed already
+            (``MethodSpec.parse("yarn:factor=4")``), which carries its parameters.
+        **params: the method's parameters, e.g. ``factor=4`` (none with a ``MethodSpec``). RoPE methods'
+            ``original_max_position_embeddings`` defaults to the one the config records, else to its
+            ``max_position_embeddings`` (logged).
 
     Returns:
         The same ``model``, patched; ``model.config`` now describes the method. A wrapper (a peft ``PeftModel``, a
         compiled model) is returned as given, the model it wraps patched and holding the record.
 
     Raises:
-        ValueError / TypeError: unknown method or parameter, bad value, unsupported architecture.
+        ValueError: unknown method, bad value, unsupported architecture.
+        TypeError: unknown or missing parameter, or parameters beside a ``MethodSpec``.
         RuntimeError: the model is already patched.
-        On any error the model is left exactly as it was.
+
+    On any error the model is left exactly as it was.
     """
+    name, params = _method_and_params(method, params)
     inner = unwrapped(model)
     with _lock_of(inner):
-        plan = plan_patch(inner, method, params)
+        plan = plan_patch(inner, name, params)
         _apply(inner, plan)
         logger.info("hf_posenc: patched %s with %s %s", type(inner).__name__, plan.info.method, plan.info.params)
-        _warn_serving_gaps(inner, _applied(inner))
     return model
 
 
-_CHECKED: set[str] = set()  # the specs whose serving gaps were looked at (once a process: eval patches many times)
+def _method_and_params(method: str | MethodSpec, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The method's name and parameters, from a name and keyword arguments or from a parsed spec."""
+    if not isinstance(method, MethodSpec):
+        return method, params
+    if params:
+        raise TypeError(
+            f"patch() takes the parameters of {method.text!r} from the MethodSpec; got {', '.join(params)} too."
+        )
+    if method.unpatched:
+        raise ValueError("MethodSpec 'none' is the unpatched model: there is nothing to patch with.")
+    return method.method, dict(method.params)
 
 
-def _serving_of(model: nn.Module, applied: _AppliedPatch) -> tuple[Finding, ...]:
-    """The serving gaps of ``applied``, computed on first use (``get_patch``, or the first patch of a spec)."""
-    if applied.serving is None:
-        applied.serving = serving_gaps(model.config.to_dict())
-    return applied.serving
+@dataclass(frozen=True)
+class DryRun:
+    """What :func:`patch` would do to a model, found without changing it.
+
+    Attributes:
+        info (`PatchInfo`): what :func:`get_patch` would report: the parameters as resolved on the model.
+        table_rows (`int`, *optional*): the rows of the learned position table the patched model would look
+            positions up in (:func:`learned_table_rows`); None where any length runs.
+    """
+
+    info: PatchInfo
+    table_rows: int | None
 
 
-def _warn_serving_gaps(model: nn.Module, applied: _AppliedPatch) -> None:
-    """Log the serving gaps once per method spec; a spec seen before is not looked at again."""
-    info = applied.info
-    spec = format_method_spec(info.method, info.params)
-    if spec in _CHECKED:
-        return
-    _CHECKED.add(spec)
-    gaps = _serving_of(model, applied)
-    if not gaps:
-        return
-    logger.warning(
-        "hf_posenc: serving engines build the %s config otherwise: %s (`hf-posenc check SAVED` says how).",
-        info.method,
-        ", ".join(f"{gap.engine} ({gap.severity})" for gap in gaps),
-    )
+def dry_run(model: nn.Module, method: str | MethodSpec, **params: Any) -> DryRun:
+    """Validate ``method`` on ``model`` and resolve its parameters, as :func:`patch` would, changing nothing.
+
+    Raises:
+        ValueError: as :func:`patch` raises it.
+        TypeError: as :func:`patch` raises it.
+        RuntimeError: the model is already patched.
+    """
+    name, params = _method_and_params(method, params)
+    inner = unwrapped(model)
+    with _lock_of(inner):
+        plan = plan_patch(inner, name, params)
+    rows = _table_rows(inner, plan.info.method, plan.updates)
+    return DryRun(plan.info, rows)
 
 
 def unpatch(model: nn.Module) -> nn.Module:
@@ -350,8 +358,7 @@ def get_patch(model: nn.Module) -> PatchInfo | None:
     applied = _applied(model)
     if applied is None:
         return None
-    info = applied.info if applied.report is None else applied.report(model, applied.info)
-    return dataclasses.replace(info, serving=_serving_of(model, applied))
+    return applied.info if applied.report is None else applied.report(model, applied.info)
 
 
 def added_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -384,14 +391,20 @@ def learned_table_rows(model: nn.Module) -> int | None:
     """The rows of the learned table (GPT-2's ``wpe``) ``model``, as patched, looks positions up in; None where
     any length runs: RoPE, and the methods that replace the table (ALiBi, NoPE, sinusoidal, the T5 bias)."""
     model = unwrapped(model)
-    patch = get_patch(model)
-    if positions_of(model).kind != "learned" or (patch is not None and get_method(patch.method).role == "replace"):
+    applied = get_patch(model)
+    return _table_rows(model, None if applied is None else applied.method, {})
+
+
+def _table_rows(model: nn.Module, method: str | None, updates: dict[str, Any]) -> int | None:
+    """:func:`learned_table_rows` of ``model`` with ``method`` (None: unpatched) and the config ``updates`` of its
+    plan still to apply (GPT-2's ``n_positions`` after ``pi``)."""
+    if positions_of(model).kind != "learned" or (method is not None and get_method(method).role == "replace"):
         return None
-    return model.config.max_position_embeddings  # GPT-2's n_positions under transformers' common name
+    return updates.get("n_positions", model.config.max_position_embeddings)  # GPT-2's n_positions
 
 
 @contextlib.contextmanager
-def patched(model: nn.Module, method: str, **params: Any) -> Iterator[nn.Module]:
+def patched(model: nn.Module, method: str | MethodSpec, **params: Any) -> Iterator[nn.Module]:
     """``with hf_posenc.patched(model, "yarn", factor=4): ...`` — unpatched on exit, even on error."""
     patch(model, method, **params)
     try:

@@ -162,10 +162,6 @@ def refuse_training_dropout(model: nn.Module, backend: str, other: str = "") -> 
         )
 
 
-# transformers' attn_implementation names asked for when loading a saved patch -> the patch's backend of that kind
-STANDARD_BACKENDS = {"eager": "eager", "sdpa": "sdpa", "flex_attention": "flex"}
-
-
 class NoCounterpart(ValueError):
     """An ``attn_implementation`` asked for at load that this model's patch cannot run; ``standard``: the
     transformers names that serve (each picks the patch's backend of its kind)."""

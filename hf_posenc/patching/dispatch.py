@@ -9,10 +9,10 @@ from torch import nn
 from ..architectures import positions_of, positions_of_config, trained_context, unsupported
 from ..record import CONFIG_KEY, PatchRecord
 from ..registry import Method, combine
-from .attention import ALIBI_PLANNER, T5_PLANNER
+from .attention_level import PLANNER as EXTENSION
+from .attention_level import with_vllm_dca_key
+from .bias import ALIBI_PLANNER, T5_PLANNER
 from .encodings import PLANNER as ENCODINGS
-from .extension import PLANNER as EXTENSION
-from .extension import with_vllm_dca_key
 from .learned import PLANNER as LEARNED_TABLE
 from .legacy import with_legacy_keys
 from .plan import PatchInfo, Plan, Planner

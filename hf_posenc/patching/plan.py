@@ -1,6 +1,6 @@
 """What a patch is before it touches the model, and what a planner is.
 
-A planner (one module per kind of change: :mod:`~hf_posenc.patching.rope`, :mod:`~hf_posenc.patching.attention`,
+A planner (one module per kind of change: :mod:`~hf_posenc.patching.rope`, :mod:`~hf_posenc.patching.bias`,
 :mod:`~hf_posenc.patching.learned`) validates everything and returns a :class:`Plan`; only
 :mod:`hf_posenc.patching.apply` applies it, recording each config attribute and each changed module
 first so that ``unpatch`` restores them exactly.
@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from ..registry import Method
-from ..serving import Finding
 
 UNPATCHED_PREFIX = "hf_posenc_unpatched_"
 """A tensor a patch replaces on a module stays there, until ``unpatch``, as the non-persistent buffer of this
@@ -38,17 +37,12 @@ class PatchInfo:
         native (`bool`): the config says it in transformers' own vocabulary (loads without hf_posenc).
         rope_type (`str`, *optional*): the ``rope_type`` written to ``config.rope_parameters``; ``None`` for
             models without RoPE.
-        serving (`tuple[Finding, ...]`): the serving engines known to build the patched config otherwise
-            (``differs``) or without the method (``ignored``), from :mod:`hf_posenc.serving`; empty where every
-            engine builds it as intended or refuses it. A config of hf_posenc's own types is refused by all but
-            llama.cpp, whose converter ignores an unknown rope type. ``hf-posenc check`` gives the whole verdict.
     """
 
     method: str
     params: dict[str, Any]
     native: bool
     rope_type: str | None
-    serving: tuple[Finding, ...] = ()
 
 
 ModuleChange = Callable[[nn.Module], None]

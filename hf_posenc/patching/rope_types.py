@@ -4,7 +4,7 @@ A patch writes the method into ``config.rope_parameters``: in transformers' own 
 can say it (``linear``, ``dynamic``, ``yarn``, ``llama3``, ``longrope``, or ``default`` with a larger
 ``rope_theta`` for static NTK), so a saved model loads the same without hf_posenc; otherwise under
 hf_posenc's rope types, which plain transformers refuses to build (``KeyError: 'hf_posenc'``) instead
-of loading the unscaled model. :mod:`hf_posenc.registrations` gives transformers :func:`own_rope_init`
+of loading the unscaled model. :mod:`hf_posenc.patching.registrations` gives transformers :func:`own_rope_init`
 for those types.
 """
 

@@ -1,4 +1,5 @@
-"""The transformers model inside the wrappers a user may hand to ``patch``: peft, ``torch.compile``, data parallel.
+"""The transformers model inside the wrappers a user may hand to ``patch`` (peft, ``torch.compile``, data parallel),
+and the hooks accelerate puts on its modules.
 
 A wrapper forwards ``config`` and holds the model's modules, so a patch of the wrapper would change the right
 modules but keep its record on the wrapper: after peft's ``merge_and_unload()`` the model would be patched with no
@@ -7,6 +8,9 @@ record to unpatch it from. The record belongs on the model the wrapper wraps.
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from torch import nn
 from transformers import PreTrainedModel
 
@@ -42,3 +46,24 @@ def adapter_layers(model: nn.Module) -> list[str]:
 def _is_peft(module: nn.Module, class_name: str) -> bool:
     """Whether ``module`` is an instance of peft's class ``class_name`` (peft not imported here: it is optional)."""
     return any(cls.__name__ == class_name and cls.__module__.startswith("peft.") for cls in type(module).__mro__)
+
+
+def accelerate_hooks(module: nn.Module) -> list[Any]:
+    """The hooks accelerate put on ``module`` (a ``device_map``'s placement and offload), each apart: a
+    SequentialHook holds several; none: empty."""
+    hook = getattr(module, "_hf_hook", None)
+    return [] if hook is None else list(getattr(hook, "hooks", None) or [hook])
+
+
+def offloaded_values(model: nn.Module, name: str) -> torch.Tensor:
+    """The values of the meta tensor ``name`` of ``model``, from the ``weights_map`` of accelerate's hook on its
+    module (CPU or disk offload: the offload folder's file mapped, not loaded whole)."""
+    module_name, _, key = name.rpartition(".")
+    for each in accelerate_hooks(model.get_submodule(module_name)):
+        weights = getattr(each, "weights_map", None)
+        if weights is not None and key in weights:
+            return weights[key]
+    raise ValueError(
+        f"{name} of {type(model).__name__} is on the meta device with its values nowhere (a model built on the "
+        "meta device, not loaded): its values cannot be read."
+    )

@@ -7,9 +7,15 @@
 
 from __future__ import annotations
 
-from .packing import PackedWindows, pack_texts, pack_windows
-from .run import TrainResult, TrainSettings, train
-from .trainable import apply_method, release_gguf, select_trainable
+from typing import TYPE_CHECKING
+
+from .._startup import lazy_exports
+
+if TYPE_CHECKING:
+    from .packing import PackedWindows, pack_texts, pack_windows
+    from .run import TrainResult, train
+    from .settings import TrainSettings
+    from .trainable import apply_method, release_gguf, select_trainable
 
 __all__ = [
     "PackedWindows",
@@ -22,3 +28,18 @@ __all__ = [
     "select_trainable",
     "train",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "PackedWindows": ".packing",
+        "pack_texts": ".packing",
+        "pack_windows": ".packing",
+        "TrainResult": ".run",
+        "train": ".run",
+        "TrainSettings": ".settings",
+        "apply_method": ".trainable",
+        "release_gguf": ".trainable",
+        "select_trainable": ".trainable",
+    },
+)

@@ -9,20 +9,12 @@ peft is an optional dependency (``pip install 'hf-posenc[lora]'``).
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 from torch import nn
 
 from ..patching.wrappers import adapter_layers
 
 ADAPTER_TAG = ".lora_"  # in the names of the adapters' parameters (``...q_proj.lora_A.default.weight``)
-
-
-def require_peft() -> None:
-    """Raise ``ValueError`` unless peft can be imported."""
-    if importlib.util.find_spec("peft") is None:
-        raise ValueError("`trainable` 'lora' needs peft: pip install 'hf-posenc[lora]' (or peft).")
 
 
 def add_adapters(model: nn.Module, rank: int, alpha: float, seed: int) -> None:

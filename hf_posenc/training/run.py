@@ -33,12 +33,13 @@ from .._version import __version__
 from ..files import atomic_write_text, json_text
 from ..patching import get_patch, learned_table_rows, unpatch
 from ..spec import MethodSpec
+from .checkpoints import RUN_FILE, check_output, last_checkpoint, readable_by_the_trainer, run_identity, run_lock
 from .lora import add_adapters, merge_adapters, remove_adapters
 from .optimizer import PositionRateTrainer
 from .packing import PackedWindows, pack_texts
-from .resume import RUN_FILE, check_output, last_checkpoint, readable_by_the_trainer, run_identity, run_lock
-from .settings import TrainSettings, training_arguments
+from .settings import TrainSettings
 from .trainable import apply_method, release_gguf, select_trainable, unused_parameters
+from .trainer_arguments import training_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -101,17 +102,7 @@ def train(
     spec = method if isinstance(method, MethodSpec) else MethodSpec.parse(method)
     output_dir = Path(output_dir)
     data = texts if isinstance(texts, PackedWindows) else pack_texts(tokenizer, texts, settings.length)
-    if data.length != settings.length:
-        raise ValueError(f"`texts` are packed in windows of {data.length} tokens, not `length` {settings.length}.")
-    if settings.bf16 and model.dtype != torch.float32:
-        raise ValueError(f"`bf16` autocast trains float32 weights; the model is in {model.dtype}: load it in float32.")
-    if settings.warmup_steps >= settings.steps:  # allowed (a run started so resumes), but hardly what was meant
-        logger.warning(
-            "warmup_steps %d is not below steps %d: the learning rate does not reach learning_rate %g in this run.",
-            settings.warmup_steps,
-            settings.steps,
-            settings.learning_rate,
-        )
+    _check_settings(model, data, settings)
     args = training_arguments(model, output_dir, settings)  # its processes: the run's (accelerate launch's)
     identity = run_identity(model, spec, settings, data, args.world_size)
     check_output(output_dir, identity, settings.resume)
@@ -123,60 +114,114 @@ def train(
     added = apply_method(model, spec)
     # the first process's lock on the output until the run returns or fails; the resumed checkpoint's config put back
     with contextlib.ExitStack() as held:
-        adapting = False  # whether LoRA adapters may be in the model (removed if the run stops before the Trainer runs)
         try:
-            _check_patched(model, spec, settings, args.device, added)
-            if settings.trainable == "lora":  # the last change before the run: no check refuses it after
-                adapting = True
-                add_adapters(model, settings.resolved_lora_rank, settings.resolved_lora_alpha, settings.seed)
-            trainable = select_trainable(model, settings.trainable, added, unused_parameters(model))
-            _warn_of_coarse_position_parameters(model, added)
-            PartialState().wait_for_everyone()  # every process has checked output_dir before the first file is written
-            if args.should_save:  # the lock held from the run's record on: a second run resuming now is refused
-                held.enter_context(run_lock(output_dir))
-                _write_json(output_dir / RUN_FILE, identity)
-            checkpoint = last_checkpoint(output_dir, args.world_size) if settings.resume else None
-            read_back = []  # its config put back once every process's Trainer has read it, or when the run fails
-            if checkpoint is not None:
-                read_back.append(held.enter_context(readable_by_the_trainer(checkpoint, trim=args.should_save)))
-            PartialState().wait_for_everyone()  # the checkpoint as every process reads it
-            clock = _Clock(_seconds_at(checkpoint))
-            trainer = PositionRateTrainer(
-                model=model,
-                args=args,
-                train_dataset=data,
-                data_collator=default_data_collator,
-                processing_class=tokenizer,
-                callbacks=[*read_back, clock, _StopIfFinished(), *(callbacks or [])],
-                position_parameters=added,
-                position_learning_rate=settings.position_learning_rate,
-            )
+            session = _session(model, tokenizer, data, spec, settings, args, added, identity, held, callbacks)
         except BaseException:  # a refused check, or a failure before the Trainer runs: the model as it was handed in
-            if adapting:
-                remove_adapters(model)
             if not spec.unpatched:
                 unpatch(model)
             handed_in.restore(model)
             raise
-        clock.start()
-        try:
-            trainer.train(resume_from_checkpoint=checkpoint)
-            seconds = clock.seconds()
-        except _Finished:  # the model holds its last checkpoint's weights (saved again below); no time was trained
-            seconds = clock.earlier
-        finally:  # the model saved, or handed back stopped (patched, with the weights it has: a checkpoint's loaded, or
-            # some steps taken), generates with its KV cache as before, adapters merged
-            handed_in.restore_cache_setting(model)
-            if settings.trainable == "lora":
-                merge_adapters(model)
-        trainer.save_model(str(output_dir))
-        model.eval()
-        losses = [(entry["step"], entry["loss"]) for entry in trainer.state.log_history if "loss" in entry]
-        final = losses[-1][1] if losses else math.nan
-        result = TrainResult(final, losses, trainer.state.global_step, seconds, trainable)
+        result = _train_and_save(model, session, settings, handed_in, output_dir)
         if args.should_save:
             _write_json(output_dir / SUMMARY_FILE, _summary(model, spec, settings, data, result, args, sources))
         return result
+
+
+def _check_settings(model: PreTrainedModel, data: PackedWindows, settings: TrainSettings) -> None:
+    """Refuse settings that cannot mean what they say for this model and data; warn of a warmup that never ends."""
+    if data.length != settings.length:
+        raise ValueError(f"`texts` are packed in windows of {data.length} tokens, not `length` {settings.length}.")
+    if settings.bf16 and model.dtype != torch.float32:
+        raise ValueError(f"`bf16` autocast trains float32 weights; the model is in {model.dtype}: load it in float32.")
+    if settings.warmup_steps >= settings.steps:  # allowed (a run started so resumes), but hardly what was meant
+        logger.warning(
+            "warmup_steps %d is not below steps %d: the learning rate does not reach learning_rate %g in this run.",
+            settings.warmup_steps,
+            settings.steps,
+            settings.learning_rate,
+        )
+
+
+@dataclass
+class _Session:
+    """A Trainer ready to run: the checkpoint it resumes from, its clock and the count of values that train."""
+
+    trainer: PositionRateTrainer
+    checkpoint: str | None
+    clock: _Clock
+    trainable: int
+
+
+def _session(
+    model: PreTrainedModel,
+    tokenizer: Any,
+    data: PackedWindows,
+    spec: MethodSpec,
+    settings: TrainSettings,
+    args: TrainingArguments,
+    added: frozenset[str],
+    identity: dict[str, Any],
+    held: contextlib.ExitStack,
+    callbacks: list[TrainerCallback] | None,
+) -> _Session:
+    """Check the patched model, add LoRA adapters where asked (removed again if this fails), write the run's record
+    under its lock (``held``) and build the Trainer, resuming the run's last checkpoint where asked."""
+    adapting = False  # whether LoRA adapters may be in the model
+    try:
+        _check_patched(model, spec, settings, args.device, added)
+        if settings.trainable == "lora":  # the last change before the run: no check refuses it after
+            adapting = True
+            add_adapters(model, settings.resolved_lora_rank, settings.resolved_lora_alpha, settings.seed)
+        trainable = select_trainable(model, settings.trainable, added, unused_parameters(model))
+        _warn_of_coarse_position_parameters(model, added)
+        PartialState().wait_for_everyone()  # every process has checked output_dir before the first file is written
+        if args.should_save:  # the lock held from the run's record on: a second run resuming now is refused
+            held.enter_context(run_lock(Path(args.output_dir)))
+            _write_json(Path(args.output_dir) / RUN_FILE, identity)
+        checkpoint = last_checkpoint(Path(args.output_dir), args.world_size) if settings.resume else None
+        read_back = []  # its config put back once every process's Trainer has read it, or when the run fails
+        if checkpoint is not None:
+            read_back.append(held.enter_context(readable_by_the_trainer(checkpoint, trim=args.should_save)))
+        PartialState().wait_for_everyone()  # the checkpoint as every process reads it
+        clock = _Clock(_seconds_at(checkpoint))
+        trainer = PositionRateTrainer(
+            model=model,
+            args=args,
+            train_dataset=data,
+            data_collator=default_data_collator,
+            processing_class=tokenizer,
+            callbacks=[*read_back, clock, _StopIfFinished(), *(callbacks or [])],
+            position_parameters=added,
+            position_learning_rate=settings.position_learning_rate,
+        )
+    except BaseException:
+        if adapting:
+            remove_adapters(model)
+        raise
+    return _Session(trainer, checkpoint, clock, trainable)
+
+
+def _train_and_save(
+    model: PreTrainedModel, session: _Session, settings: TrainSettings, handed_in: _HandedIn, output_dir: Path
+) -> TrainResult:
+    """Run the Trainer and save the model, adapters merged; what it did."""
+    trainer, clock = session.trainer, session.clock
+    clock.start()
+    try:
+        trainer.train(resume_from_checkpoint=session.checkpoint)
+        seconds = clock.seconds()
+    except _Finished:  # the model holds its last checkpoint's weights (saved again below); no time was trained
+        seconds = clock.earlier
+    finally:  # the model saved, or handed back stopped (patched, with the weights it has: a checkpoint's loaded, or
+        # some steps taken), generates with its KV cache as before, adapters merged
+        handed_in.restore_cache_setting(model)
+        if settings.trainable == "lora":
+            merge_adapters(model)
+    trainer.save_model(str(output_dir))
+    model.eval()
+    losses = [(entry["step"], entry["loss"]) for entry in trainer.state.log_history if "loss" in entry]
+    final = losses[-1][1] if losses else math.nan
+    return TrainResult(final, losses, trainer.state.global_step, seconds, session.trainable)
 
 
 def _check_patched(

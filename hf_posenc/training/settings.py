@@ -1,78 +1,62 @@
-"""What a training run is asked to do (:class:`TrainSettings`), and the Trainer's arguments that say it."""
+"""How a fine-tune trains (:class:`TrainSettings`): light to import, so that ``hf-posenc train --help`` reads the
+settings' help from here without torch."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import PreTrainedModel, TrainingArguments
+from ..fields import documented, setting
 
-from .lora import require_peft
-from .trainable import TRAINABLE
-
+TRAINABLE = ("all", "position", "lora")
 DEFAULT_LORA_RANK = 16
-SAVE_TOTAL_LIMIT = 2  # checkpoints kept (model + optimizer state each): the last two, enough to resume
-
-# TrainingArguments' name for it: transformers after 5.18 renamed gradient_checkpointing (read still, with a warning)
-_CHECKPOINTING_ARGUMENT = next(
-    name
-    for name in ("activation_checkpointing", "gradient_checkpointing")
-    if name in {field.name for field in dataclasses.fields(TrainingArguments)}
-)
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
 class TrainSettings:
-    """How to train.
+    """How to train. A model not in float32 trains in its own dtype."""
 
-    Args:
-        length (`int`): tokens per training window, BOS included (the context to train at).
-        steps (`int`): optimizer steps.
-        learning_rate (`float`, defaults to 1e-4): peak learning rate (AdamW, linear decay to 0).
-        position_learning_rate (`float`, *optional*): peak learning rate of the position parameters as patched: the
-            T5 table (whose values are tens of units: at 1e-4 fifty steps move them by 1e-3), or GPT-2's table as
-            ``pi`` interpolates it. None: ``learning_rate``.
-        batch_size (`int`, defaults to 1): windows per device per forward.
-        gradient_accumulation_steps (`int`, defaults to 1): forwards per optimizer step.
-        warmup_steps (`int`, defaults to 0): steps of linear warm-up to ``learning_rate``.
-        trainable (`str`, defaults to ``"all"``): ``"all"``; ``"position"``: only the position parameters as
-            patched and the normalisation weights (:mod:`hf_posenc.training.trainable`); ``"lora"``: those and LoRA
-            adapters on every linear layer but the output layer, merged into the weights at the end (needs peft).
-        lora_rank (`int`, *optional*): the adapters' rank ``r`` (``trainable="lora"`` only); None: 16.
-        lora_alpha (`float`, *optional*): the adapters' ``α``, their update scaled by ``α / r`` (``trainable="lora"``
-            only); None: ``2·r``.
-        save_steps (`int`, defaults to 500): a checkpoint (model, optimizer, scheduler, RNG) every N steps; the
-            last two are kept.
-        seed (`int`, defaults to 0): seed of the data order and of the Trainer.
-        gradient_checkpointing (`bool`, defaults to `False`): recompute activations in the backward (less memory).
-        bf16 (`bool`, *optional*): train a float32 model in bfloat16 autocast (the weights and the optimizer state
-            stay float32). Default: where a CUDA GPU supports bfloat16; on a CPU only when asked (it pays where the
-            CPU has AVX512-BF16 or AMX, as recent Xeon and EPYC do).
-        resume (`bool`, defaults to `False`): continue the run in ``output_dir`` from its last checkpoint (the
-            same model, method, data and settings); with no run there, start one.
-
-    A model not in float32 trains in its own dtype.
-    """
-
-    length: int
-    steps: int
-    learning_rate: float = 1e-4
-    position_learning_rate: float | None = None
-    batch_size: int = 1
-    gradient_accumulation_steps: int = 1
-    warmup_steps: int = 0
-    trainable: str = "all"
-    lora_rank: int | None = None
-    lora_alpha: float | None = None
-    save_steps: int = 500
-    seed: int = 0
-    gradient_checkpointing: bool = False
-    bf16: bool | None = None
-    resume: bool = False
+    length: int = setting(help="tokens per training window, BOS included (the context to train at)")
+    steps: int = setting(help="optimizer steps")
+    learning_rate: float = setting(1e-4, help="peak learning rate (AdamW, linear decay to 0)")
+    position_learning_rate: float | None = setting(
+        None,
+        help="peak learning rate of the position parameters as patched: the T5 table (whose values are tens of "
+        "units: at 1e-4 fifty steps move them by 1e-3; try 1e-2), or GPT-2's table as pi interpolates it. None: "
+        "learning_rate",
+    )
+    batch_size: int = setting(1, help="windows per device per forward")
+    gradient_accumulation_steps: int = setting(1, help="forwards per optimizer step")
+    warmup_steps: int = setting(0, help="steps of linear warm-up to learning_rate")
+    trainable: str = setting(
+        "all",
+        help="all; position: only the position parameters as patched (what the patch adds, or GPT-2's table pi "
+        "interpolates) and the normalisation weights; lora: those and LoRA adapters on every linear layer but the "
+        "output layer, merged into the weights at the end (needs peft)",
+    )
+    lora_rank: int | None = setting(None, help=f"the adapters' rank r (trainable lora only); None: {DEFAULT_LORA_RANK}")
+    lora_alpha: float | None = setting(
+        None, help="the adapters' alpha, their update scaled by alpha / r (trainable lora only); None: 2 r"
+    )
+    save_steps: int = setting(
+        500, help="a checkpoint (model, optimizer, scheduler, RNG) every N steps; the last two are kept"
+    )
+    seed: int = setting(0, help="seed of the data order and of the Trainer")
+    gradient_checkpointing: bool = setting(False, help="recompute activations in the backward (less memory)")
+    bf16: bool | None = setting(
+        None,
+        help="train a float32 model in bfloat16 autocast (the weights and the optimizer state stay float32). None: "
+        "where a CUDA GPU supports bfloat16; on a CPU only when asked (it pays where the CPU has AVX512-BF16 or AMX)",
+    )
+    resume: bool = setting(
+        False,
+        help="continue the run in the output folder from its last checkpoint (the same model, method, data and "
+        "settings); with no run there, start one",
+    )
 
     def __post_init__(self) -> None:
         for name in ("length", "steps", "batch_size", "gradient_accumulation_steps", "save_steps", "lora_rank"):
@@ -117,7 +101,7 @@ class TrainSettings:
 
     def recorded(self) -> dict[str, Any]:
         """The settings as a run records them: the LoRA ones resolved where it trains adapters, left out where not
-        (so runs recorded before they existed compare alike); ``resume`` left out (how it was started, not what)."""
+        (so a run file without them compares alike); ``resume`` left out (how it was started, not what)."""
         settings = {key: value for key, value in dataclasses.asdict(self).items() if not key.startswith("lora_")}
         del settings["resume"]
         if self.trainable == "lora":
@@ -130,33 +114,7 @@ def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def resolved_bf16(model: PreTrainedModel, settings: TrainSettings) -> bool:
-    """``settings.bf16``, where None is: on a CUDA GPU that has bfloat16, for a float32 model."""
-    if settings.bf16 is not None:
-        return settings.bf16
-    return torch.cuda.is_available() and model.dtype == torch.float32 and torch.cuda.is_bf16_supported()
-
-
-def training_arguments(model: PreTrainedModel, output_dir: Path, settings: TrainSettings) -> TrainingArguments:
-    """The Trainer's arguments for ``settings``: bf16 autocast where asked (by default on a CUDA GPU that has it),
-    checkpoints every ``save_steps`` (the last two kept), a loss logged every step."""
-    cuda = torch.cuda.is_available()
-    bf16 = resolved_bf16(model, settings)
-    return TrainingArguments(
-        output_dir=str(output_dir),
-        max_steps=settings.steps,
-        per_device_train_batch_size=settings.batch_size,
-        gradient_accumulation_steps=settings.gradient_accumulation_steps,
-        learning_rate=settings.learning_rate,
-        warmup_steps=settings.warmup_steps,
-        save_strategy="steps",
-        save_steps=settings.save_steps,
-        save_total_limit=SAVE_TOTAL_LIMIT,
-        logging_steps=1,
-        seed=settings.seed,
-        report_to="none",
-        use_cpu=not cuda,
-        bf16=bf16,
-        remove_unused_columns=False,
-        **{_CHECKPOINTING_ARGUMENT: settings.gradient_checkpointing},
-    )
+def require_peft() -> None:
+    """Raise ``ValueError`` unless peft can be imported."""
+    if importlib.util.find_spec("peft") is None:
+        raise ValueError("`trainable` 'lora' needs peft: pip install 'hf-posenc[lora]' (or peft).")

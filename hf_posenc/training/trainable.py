@@ -18,15 +18,14 @@ from transformers import PreTrainedModel
 from transformers.utils.quantization_config import QuantizationMethod
 
 from ..architectures import position_table, positions_of
+from ..hub.saved import restore_saved_tensors, saved_tensors
 from ..patching import added_tensors, get_patch, patch
 from ..registry import get_method
-from ..saved import restore_saved_tensors, saved_tensors
 from ..spec import MethodSpec
 from .lora import is_adapter
+from .settings import TRAINABLE
 
 logger = logging.getLogger(__name__)
-
-TRAINABLE = ("all", "position", "lora")
 
 
 def apply_method(model: nn.Module, spec: MethodSpec) -> frozenset[str]:

@@ -7,11 +7,11 @@ import math
 
 import pytest
 import torch
-from conftest import make_tiny
 from helpers import generate, gpu
+from tiny_models import make_tiny
 
 import hf_posenc
-from hf_posenc.attention import IMPLEMENTATIONS, cudnn, functions
+from hf_posenc.attention import ALIBI, cudnn, functions
 from hf_posenc.attention.functions import cudnn_self_check, paper_alibi_attention
 from hf_posenc.methods import alibi_slopes
 
@@ -90,7 +90,7 @@ def on_cudnn(family="llama", **overrides):
         model = make_tiny(family, **overrides)
         hf_posenc.patch(model, "alibi", backend="eager")
         models.append(model)
-    models[0].set_attn_implementation(IMPLEMENTATIONS["cudnn"])
+    models[0].set_attn_implementation(ALIBI.implementation("cudnn"))
     return models
 
 
@@ -140,7 +140,7 @@ def test_slopes_other_than_the_papers_go_to_flex(fake_kernel):
         model = make_tiny("llama")
         hf_posenc.patch(model, "alibi", backend="eager", slopes=slopes)
         models.append(model)
-    models[0].set_attn_implementation(IMPLEMENTATIONS["cudnn"])
+    models[0].set_attn_implementation(ALIBI.implementation("cudnn"))
     ids = torch.randint(1, 97, (1, 20), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(models[0](ids).logits, models[1](ids).logits, rtol=1e-5, atol=1e-5)

@@ -14,8 +14,8 @@ import warnings
 
 import pytest
 import torch
-from conftest import make_tiny
 from helpers import generate
+from tiny_models import make_tiny
 
 import hf_posenc
 from hf_posenc.attention import compiled_flex, functions, masks

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import extension_reference as ref
 import pytest
 import torch
-from conftest import make_tiny
 from helpers import gpu
 from test_extension_flex import CASES, DIM, _inputs, _module
+from tiny_models import make_tiny
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache, StaticCache
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -10,8 +11,8 @@ import pytest
 
 from hf_posenc import _startup
 from hf_posenc.cli import build_parser, flag_names, main, with_flags
-from hf_posenc.cli import eval as eval_cli
-from hf_posenc.cli import hub as hub_cli
+from hf_posenc.cli import share as hub_cli
+from hf_posenc.eval import runner
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +81,8 @@ def _interrupted(*args, **kwargs):
 @pytest.mark.parametrize(
     ("module", "runner", "argv", "said"),
     [
-        (eval_cli, "run_perplexity", ["eval", "--model", "org/m", "--dataset", "texts", "--output", "{output}"], "results are kept in {output}; rerun the same command to resume"),
-        (eval_cli, "run_passkey", ["passkey", "--model", "org/m", "--output", "{output}"], "results are kept in {output}; rerun the same command to resume"),
+        (runner, "run_perplexity", ["eval", "--model", "org/m", "--dataset", "texts", "--output", "{output}"], "results are kept in {output}; rerun the same command to resume"),
+        (runner, "run_passkey", ["passkey", "--model", "org/m", "--output", "{output}"], "results are kept in {output}; rerun the same command to resume"),
         (hub_cli, "run_push", ["push", "--model", "org/m", "--method", "yarn", "--repo", "me/r"], "a push is one commit, so the repo holds all of it or none of it"),
         (hub_cli, "run_card", ["card", "--model", "org/m", "--method", "yarn", "--output", "{output}"], "interrupted."),
     ],
@@ -132,14 +133,39 @@ def _interrupted_run(tmp_path, monkeypatch, at: str, *command: str) -> subproces
 @pytest.mark.parametrize(
     ("at", "command"),
     [
-        ("transformers", ["-m", "hf_posenc", "eval", "--help"]),  # the package's import
-        ("training.packing", ["-m", "hf_posenc", "eval", "--help"]),  # the commands' modules, in main()
-        ("transformers", ["-c", "import sys; sys.argv[0] = '/venv/bin/hf-posenc'; import hf_posenc.cli"]),  # script
+        ("transformers", ["-m", "hf_posenc", "eval"]),  # the library, once the arguments are parsed
+        ("training.settings", ["-m", "hf_posenc", "eval", "--help"]),  # the commands' modules, in main()
+        (
+            "transformers",
+            ["-c", "import sys; sys.argv[0] = '/x/hf-posenc'; from hf_posenc.cli import main; main(['eval'])"],
+        ),
     ],
 )
 def test_ctrl_c_while_the_command_starts_is_one_line_and_130(tmp_path, monkeypatch, at, command):
     done = _interrupted_run(tmp_path, monkeypatch, at, *command)
     assert (done.returncode, done.stderr) == (130, f"hf-posenc: {_startup.STARTING}\n")
+
+
+_HEAVY = ("torch", "transformers", "accelerate", "datasets", "matplotlib")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["eval", "--help"], ["passkey", "--help"], ["train", "--help"], ["push", "--help"],
+     ["card", "--help"], ["plot", "--help"], ["check", "--help"], ["evl"], ["eval", "--lenghts", "4k"],
+     ["train", "--method", "alibi"]],
+)  # fmt: skip
+def test_help_and_a_mistyped_command_answer_without_importing_torch(argv):
+    """The command's parser imports nothing heavy: ``--help`` and a usage error answer at once (issue: under 1 s on
+    2 cores, scripts/bench_cli_help.py), and the library loads only for a command that runs."""
+    code = (
+        "import sys; sys.argv[0] = '/venv/bin/hf-posenc'\n"
+        "from hf_posenc.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit as exit_:\n    code = exit_.code\n"
+        f"print(code, [name for name in {_HEAVY!r} if name in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == f"{0 if '--help' in argv else 2} []", done.stdout[-500:] + done.stderr
 
 
 def test_a_program_importing_hf_posenc_keeps_its_keyboard_interrupt(tmp_path, monkeypatch):
@@ -193,6 +219,24 @@ def test_a_message_over_several_lines_is_printed_on_one(monkeypatch, capsys, tmp
     def failing(*args, **kwargs):
         raise OSError("We couldn't connect.\n  Check your connection.\n")
 
-    monkeypatch.setattr(eval_cli, "run_perplexity", failing)
+    monkeypatch.setattr(runner, "run_perplexity", failing)
     assert main(["eval", "--model", "org/m", "--dataset", "texts", "--output", str(tmp_path / "run")]) == 2
     assert capsys.readouterr().err == "hf-posenc eval: error: We couldn't connect. Check your connection.\n"
+
+
+def test_train_help_is_each_settings_own_help():
+    """``hf-posenc train --help`` shows every setting with the help written once, on its field."""
+    import dataclasses
+
+    from hf_posenc.fields import field_help
+    from hf_posenc.training.settings import TrainSettings
+
+    parser = build_parser()
+    [choices] = [action.choices for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    train = choices["train"]
+    by_dest = {action.dest: action for action in train._actions}
+    helps = field_help(TrainSettings)
+    assert set(helps) == {item.name for item in dataclasses.fields(TrainSettings)}
+    for name, text in helps.items():
+        assert by_dest[name].help.replace("%%", "%").startswith(text), name
+    assert "trainable (`str`, defaults to `'all'`): all; position:" in " ".join(TrainSettings.__doc__.split())

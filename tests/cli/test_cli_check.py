@@ -7,13 +7,13 @@ import json
 import logging
 
 import pytest
-from conftest import make_tiny
 from hub_server import TOKEN
 from huggingface_hub import HfApi
+from tiny_models import make_tiny
 
 import hf_posenc
 from hf_posenc.cli import main
-from hf_posenc.serving import ENGINES, engine_findings
+from hf_posenc.serving.engines import ENGINES, engine_findings
 
 
 @pytest.fixture(autouse=True)

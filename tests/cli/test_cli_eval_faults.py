@@ -333,7 +333,7 @@ def test_resuming_on_a_model_changed_under_the_same_name_is_refused(tiny_dir, tm
     output folder: rows of two models would share one file under one name. Refused in one line, nothing changed;
     also where every result asked for is there (before: the old numbers printed as this model's, the model not
     loaded)."""
-    from conftest import make_tiny
+    from tiny_models import make_tiny
 
     model_dir, out = tmp_path / "model", tmp_path / "out"
     shutil.copytree(tiny_dir / "model", model_dir)

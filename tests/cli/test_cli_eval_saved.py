@@ -10,17 +10,17 @@ from copy import deepcopy
 
 import pytest
 import torch
-from conftest import make_tiny
 from hub_server import BASE_REPO, upload_base
 from huggingface_hub import HfApi
+from tiny_models import make_tiny
 from tiny_runs import results_of
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_posenc
 from hf_posenc.cli import main
-from hf_posenc.fingerprint import model_fingerprint
+from hf_posenc.hub.fingerprint import model_fingerprint
+from hf_posenc.hub.saved import SavedPatch, load_base_model, restore_saved_tensors, saved_patch, saved_tensors
 from hf_posenc.record import PatchRecord
-from hf_posenc.saved import SavedPatch, load_base_model, restore_saved_tensors, saved_patch, saved_tensors
 from hf_posenc.spec import parse_method_spec
 
 ASKED = {"yarn": "yarn:factor=2", "dynamic-yarn": "dynamic-yarn", "alibi": "alibi"}  # the same on the base
@@ -225,7 +225,7 @@ def test_a_cards_default_name_names_the_method_once(tiny_dir, tmp_path, folder, 
 def test_a_name_names_a_method_as_a_word_of_its_own(name, method, named):
     """Before: any word that started with the method's name named it (``gpt2-pile`` for pi, ``smol-dynamic-yarn`` for
     yarn: the card kept the name)."""
-    from hf_posenc.cli.hub import _names_method
+    from hf_posenc.cli.share import _names_method
 
     assert _names_method(name, method) is named
 

@@ -205,7 +205,7 @@ def test_cli_push_with_weights_compares_the_fingerprint_eval_recorded(fake_hub, 
 
 def test_cli_push_with_weights_of_a_folder_without_a_tokenizer_is_one_clear_error(fake_hub, tmp_path, capsys):
     """Not transformers' advice to install sentencepiece or tiktoken: the folder, and what it lacks; nothing pushed."""
-    from conftest import make_tiny
+    from tiny_models import make_tiny
 
     folder = tmp_path / "no-tokenizer"
     make_tiny("llama").save_pretrained(folder)

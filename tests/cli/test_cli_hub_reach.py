@@ -198,7 +198,7 @@ def test_a_connection_that_cannot_be_made_is_unreachable_and_one_made_is_not(mon
     through huggingface_hub's retries. A connection made that waits for its answer is the download's to handle."""
     import httpx2
 
-    from hf_posenc import hub_reach
+    from hf_posenc.hub import reach as hub_reach
 
     def head(*args, **kwargs):
         raise getattr(httpx2, error)("the network said no")
@@ -244,7 +244,7 @@ def test_datasets_first_imported_while_the_cache_is_read_alone_is_online_after()
     import sys
 
     script = (
-        "import sys; from hf_posenc.hub_reach import cache_only_if_unreachable\n"
+        "import sys; from hf_posenc.hub.reach import cache_only_if_unreachable\n"
         "with cache_only_if_unreachable('someone/model'):\n"
         "    import datasets.config; inside = datasets.config.HF_HUB_OFFLINE\n"
         "print(inside, datasets.config.HF_HUB_OFFLINE, 'datasets' in sys.modules)\n"

@@ -114,7 +114,7 @@ def test_an_output_it_cannot_write_is_refused_before_any_task_runs(tiny_dir, tas
     after every method was evaluated, as the bare "[Errno 30] Read-only file system")."""
     import tempfile
 
-    from hf_posenc.eval import lm_eval
+    from hf_posenc.eval import harness as lm_eval
 
     def read_only(*args, **kwargs):
         raise OSError(30, "Read-only file system")

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, make_tiny
+from tiny_models import CONFIGS, make_tiny
 
 import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.cli import plot as plot_cli
+from hf_posenc.plots import encoding_figures
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -152,7 +153,7 @@ def test_ctrl_c_exits_130_with_one_line(monkeypatch, capsys, tmp_path):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(plot_cli, "write_frequency_plot", interrupted)
+    monkeypatch.setattr(encoding_figures, "write_frequency_plot", interrupted)
     assert main(["plot", "frequencies", "--output", str(tmp_path)]) == 130
     assert capsys.readouterr().err == "hf-posenc plot: interrupted.\n"
 

@@ -1,4 +1,4 @@
-"""lm-evaluation-harness on patched models (:mod:`hf_posenc.eval.lm_eval`) and its scores in the model card, on a tiny
+"""lm-evaluation-harness on patched models (:mod:`hf_posenc.eval.harness`) and its scores in the model card, on a tiny
 model saved to disk and two local tasks: every number compared with lm-eval run directly."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from lm_eval_tasks import TASKS, write_tasks
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_posenc
-from hf_posenc.eval.lm_eval import LM_EVAL_JSON, run_lm_eval
-from hf_posenc.eval.lm_eval_report import format_lm_eval_table
-from hf_posenc.hub import build_card
+from hf_posenc.eval.harness import LM_EVAL_JSON, run_lm_eval
+from hf_posenc.eval.harness_report import format_lm_eval_table
+from hf_posenc.hub.push import build_card
 
 lm_eval = pytest.importorskip("lm_eval")
 from lm_eval.models.huggingface import HFLM  # noqa: E402
@@ -244,7 +244,7 @@ def test_gpt2_past_its_learned_table_is_refused_before_any_task_runs(tiny_dir, t
 
 def test_push_uploads_the_lm_eval_results_beside_the_card(run, tiny_dir, fake_hub):
     """``lm_eval.json`` lands in the repo (standard JSON, no local folder named), its scores in the card."""
-    from hf_posenc.hub import push_to_hub
+    from hf_posenc.hub.push import push_to_hub
 
     report, output = run
     model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(tiny_dir / "model"), "yarn", factor=4)
@@ -281,9 +281,9 @@ def test_each_request_runs_on_the_dynamic_state_as_built(monkeypatch):
     transformers' ``dynamic`` type, each would run on the frequencies of the longest request (L = 64)."""
     from types import SimpleNamespace
 
-    from conftest import make_tiny
+    from tiny_models import make_tiny
 
-    from hf_posenc.eval import lm_eval as runner
+    from hf_posenc.eval import harness as runner
     from hf_posenc.spec import MethodSpec
 
     rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}

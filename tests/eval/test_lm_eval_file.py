@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from hf_posenc.report_files import read_report
+from hf_posenc.reports.schema import read_report
 
 ADVICE = "pass the lm_eval.json of an `hf-posenc lm-eval` run"
 
@@ -87,7 +87,7 @@ def test_a_malformed_file_is_one_error_naming_the_file_and_the_problem(tmp_path,
 def test_the_card_refuses_a_malformed_file_before_reading_it(tmp_path, changes, problem):
     """The last run of a method won silently, a string limit was a TypeError in the card's template, a list of
     arguments dropped the card's note on the limit: each is now the reader's one ValueError."""
-    from hf_posenc.card import load_lm_eval_table
+    from hf_posenc.hub.card import load_lm_eval_table
     from hf_posenc.record import PatchRecord
 
     record = PatchRecord("yarn", dict(YARN), native=True)

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 from accelerate import Accelerator
-from conftest import make_tiny
 from helpers import SPECS, family_of
+from tiny_models import make_tiny
 
 import hf_posenc
 from hf_posenc.eval.data import build_windows

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hf_posenc.eval.results import coverage_note, derivation_note, format_table, write_json
-from hf_posenc.report_files import read_report
+from hf_posenc.reports.schema import read_report
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = [

@@ -208,10 +208,10 @@ def test_the_fingerprint_reads_weights_and_rope_buffers_and_survives_a_patch_und
     ``inv_freq`` buffer), another one; a model built on the meta device has none (its offloaded weights are read:
     tests/eval/test_fingerprint_offload.py)."""
     import torch
-    from conftest import make_tiny
+    from tiny_models import make_tiny
 
     import hf_posenc
-    from hf_posenc.fingerprint import model_fingerprint
+    from hf_posenc.hub.fingerprint import model_fingerprint
 
     model = make_tiny("llama")
     fingerprint = model_fingerprint(model)

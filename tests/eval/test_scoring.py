@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate import Accelerator
-from conftest import make_tiny
 from helpers import SPECS, family_of
+from tiny_models import make_tiny
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
 import hf_posenc

@@ -4,8 +4,8 @@ changes (they used to overflow, divide by zero, or patch in inf / zero frequenci
 from __future__ import annotations
 
 import pytest
-from conftest import make_tiny
 from helpers import assert_refused, assert_same, snapshot
+from tiny_models import make_tiny
 
 import hf_posenc
 

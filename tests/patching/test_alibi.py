@@ -11,7 +11,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import make_tiny
 from helpers import (
     PLAIN_LOAD,
     assert_left_padded_batch_generates_as_each_alone,
@@ -21,14 +20,15 @@ from helpers import (
     paper_slopes,
     snapshot,
 )
+from tiny_models import make_tiny
 from transformers import AutoModelForCausalLM, BloomConfig, FalconConfig, Gemma2Config, OPTConfig
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import hf_posenc
-from hf_posenc.attention import IMPLEMENTATIONS, compiled_flex
+from hf_posenc.attention import ALIBI, compiled_flex
 from hf_posenc.methods import alibi_slopes
-from hf_posenc.patching import attention as alibi_planner
+from hf_posenc.patching import bias as alibi_planner
 
 BACKENDS = ["eager", "sdpa", "flex"]  # flex runs uncompiled on CPU: a small-size check of the score_mod
 
@@ -63,7 +63,7 @@ def tiny(family="llama", heads=4, kv_heads=2, backend="eager", seed=0):
 
 
 def test_backends_are_registered_with_both_transformers_interfaces():
-    for backend, name in IMPLEMENTATIONS.items():
+    for backend, name in zip(ALIBI.names, ALIBI.implementations, strict=True):
         assert name == f"hf_posenc_alibi_{backend}"
         assert name in ALL_ATTENTION_FUNCTIONS and name in ALL_MASK_ATTENTION_FUNCTIONS
 
@@ -231,7 +231,7 @@ def test_attn_implementation_at_load_picks_the_alibi_backend(tmp_path, family, a
     ids = torch.randint(0, 97, (1, 60), generator=torch.Generator().manual_seed(8))
     model.save_pretrained(tmp_path)
     loaded = hf_posenc.from_pretrained(str(tmp_path), attn_implementation=asked).eval()
-    assert loaded.config._attn_implementation == IMPLEMENTATIONS[backend]
+    assert loaded.config._attn_implementation == ALIBI.implementation(backend)
     assert hf_posenc.get_patch(loaded).params == {**hf_posenc.get_patch(model).params, "backend": backend}
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
@@ -250,14 +250,14 @@ def test_attn_implementation_without_alibi_counterpart_is_refused(tmp_path):
 @pytest.mark.parametrize("backend", [*BACKENDS, "cudnn"])
 def test_alibi_implementation_on_an_unpatched_model_says_so(backend):
     model = make_tiny("llama")
-    model.set_attn_implementation(IMPLEMENTATIONS[backend])
+    model.set_attn_implementation(ALIBI.implementation(backend))
     with pytest.raises(RuntimeError, match="has no ALiBi slopes.*not ones switched to them by hand"):
         model(torch.randint(0, 97, (1, 8)))
 
 
 def test_get_patch_reports_the_backend_running_now():
     model = tiny("llama", backend="eager")
-    model.set_attn_implementation(IMPLEMENTATIONS["sdpa"])
+    model.set_attn_implementation(ALIBI.implementation("sdpa"))
     assert hf_posenc.get_patch(model).params["backend"] == "sdpa"
     assert model.config.hf_posenc["params"]["backend"] == "eager"  # the saved config keeps the one asked for
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 import torch
-from conftest import make_tiny
 from helpers import assert_same, method_params, snapshot
+from tiny_models import make_tiny
 
 import hf_posenc
 from hf_posenc.patching import apply

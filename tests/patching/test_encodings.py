@@ -10,8 +10,8 @@ import sys
 
 import pytest
 import torch
-from conftest import make_tiny
 from helpers import PLAIN_LOAD, assert_refused
+from tiny_models import make_tiny
 
 import hf_posenc
 from hf_posenc.methods.sinusoidal import sinusoidal_embedding

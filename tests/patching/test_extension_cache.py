@@ -13,8 +13,8 @@ import inspect
 
 import pytest
 import torch
-from conftest import make_tiny
 from helpers import generate
+from tiny_models import make_tiny
 from transformers import DynamicCache, StaticCache
 
 import hf_posenc

@@ -13,12 +13,12 @@ import sys
 
 import pytest
 import torch
-from conftest import make_tiny
 from helpers import PLAIN_LOAD, assert_refused, assert_same, snapshot
+from tiny_models import make_tiny
 from transformers import AutoModelForCausalLM
 
 import hf_posenc
-from hf_posenc.attention import EXTENSION_IMPLEMENTATIONS
+from hf_posenc.attention import REMAP
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -326,7 +326,7 @@ def test_attn_implementation_at_load_naming_an_extension_backend(tmp_path, asked
     model.save_pretrained(tmp_path)
     loaded = hf_posenc.from_pretrained(str(tmp_path), attn_implementation=asked).eval()
     assert hf_posenc.get_patch(loaded).params["backend"] == backend
-    assert loaded.config._attn_implementation == EXTENSION_IMPLEMENTATIONS[backend]
+    assert loaded.config._attn_implementation == REMAP.implementation(backend)
     torch.testing.assert_close(logits(loaded, IDS), logits(model, IDS), rtol=1e-5, atol=1e-5)
     hf_posenc.unpatch(loaded)
     assert loaded.config._attn_implementation == ("eager" if backend == "eager" else "sdpa")

@@ -14,7 +14,7 @@ import functools
 import extension_reference as ref
 import pytest
 import torch
-from conftest import make_tiny
+from tiny_models import make_tiny
 
 import hf_posenc
 from hf_posenc.attention import extension_tiles

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-from conftest import make_tiny
 from helpers import (
     PLAIN_LOAD,
     assert_left_padded_batch_generates_as_each_alone,
@@ -19,6 +18,7 @@ from helpers import (
     paper_slopes,
     snapshot,
 )
+from tiny_models import make_tiny
 
 import hf_posenc
 

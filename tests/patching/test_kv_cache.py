@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_tiny
 from helpers import generate
+from tiny_models import make_tiny
 
 import hf_posenc
 

@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_posenc
 from hf_posenc.architectures import rotary_modules
-from hf_posenc.serving import engine_findings
+from hf_posenc.serving.engines import engine_findings
 
 L = 64
 SMALL = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=L)

@@ -11,8 +11,8 @@ import weakref
 
 import pytest
 import torch
-from conftest import make_tiny
 from helpers import assert_same, method_params, snapshot
+from tiny_models import make_tiny
 
 import hf_posenc
 
@@ -173,28 +173,6 @@ def test_a_patched_model_is_freed_with_its_last_reference(family, method):
         assert [reference() for reference in references] == [None] * 3
     finally:
         gc.enable()
-
-
-@pytest.mark.parametrize(("family", "method"), [("llama", "yarn"), ("llama", "alibi"), ("gpt2", "pi")])
-def test_a_model_pickled_by_the_release_before_weak_references_still_unpatches(family, method):
-    """hf_posenc of 2026-11-27 pickled the record holding the model and its modules themselves; such a pickle loads
-    with its patch reported and unpatches bit for bit. Before: every call on it ran the model's forward, no input."""
-    from hf_posenc.patching.apply import _APPLIED
-
-    model = patched(family, method)
-    expected = logits(model, 3 * L)
-    record = model.__dict__[_APPLIED]
-    record.__dict__["owner"] = model  # the earlier layout, as pickled
-    for entry in record.modules:
-        entry.__dict__["module"] = entry.__dict__.pop("ref")()
-    buffer = io.BytesIO()
-    torch.save(model, buffer)
-    buffer.seek(0)
-    loaded = torch.load(buffer, weights_only=False)  # a pickle the test wrote itself
-    assert hf_posenc.get_patch(loaded).method == method
-    torch.testing.assert_close(logits(loaded, 3 * L), expected, rtol=0, atol=0)
-    hf_posenc.unpatch(loaded)
-    assert_same(snapshot(make_tiny(family)), snapshot(loaded))
 
 
 @pytest.mark.parametrize(("family", "method"), [("llama", "alibi"), ("llama", "t5-bias"), ("gpt2", "alibi")])

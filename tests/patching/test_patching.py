@@ -10,8 +10,8 @@ import paper_formulas as paper
 import pytest
 import torch
 import transformers
-from conftest import make_tiny
 from helpers import assert_same, method_params, snapshot
+from tiny_models import make_tiny
 from transformers import AutoModelForCausalLM, OPTConfig
 
 import hf_posenc

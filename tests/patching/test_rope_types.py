@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 import transformers
-from conftest import make_tiny
 from helpers import PLAIN_LOAD
+from tiny_models import make_tiny
 from transformers import AutoConfig
 
 import hf_posenc

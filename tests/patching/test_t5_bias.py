@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import make_tiny
 from helpers import PLAIN_LOAD, assert_left_padded_batch_generates_as_each_alone, assert_refused, generate, gpu
+from tiny_models import make_tiny
 from torch import nn
 from transformers.models.t5.modeling_t5 import T5Attention
 

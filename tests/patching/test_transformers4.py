@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, make_tiny
 from helpers import method_params, pip_target
+from tiny_models import TINY, make_tiny
 from transformers import AutoConfig, AutoModelForCausalLM, GPTNeoXConfig, OlmoConfig, Phi3Config
 
 import hf_posenc

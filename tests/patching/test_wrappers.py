@@ -3,10 +3,10 @@ wraps, so LoRA fine-tuning of a patched model merges into a model that still unp
 
 import pytest
 import torch
-from conftest import make_tiny
 from helpers import assert_same, snapshot
 from hub_server import BASE_REPO, upload_base
 from peft import LoraConfig, get_peft_model
+from tiny_models import make_tiny
 from transformers import AutoModelForCausalLM
 
 import hf_posenc

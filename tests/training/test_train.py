@@ -18,8 +18,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers
-from conftest import make_tiny
 from helpers import assert_same, snapshot
+from tiny_models import make_tiny
 from torch import nn
 from transformers import AutoModelForCausalLM, GgufConfig, TrainerCallback
 from transformers.quantizers.quantizer_gguf import GgufHfQuantizer
@@ -28,7 +28,7 @@ import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.training import TrainSettings, pack_windows, release_gguf, select_trainable, train
 from hf_posenc.training import run as run_module
-from hf_posenc.training.resume import readable_by_the_trainer
+from hf_posenc.training.checkpoints import readable_by_the_trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,9 +187,9 @@ def test_lora_trains_low_rank_updates_of_the_linear_layers_the_norms_and_the_pos
 
 
 def test_lora_without_peft_is_refused_when_the_settings_are_made(monkeypatch):
-    from hf_posenc.training import lora
+    from hf_posenc.training import settings
 
-    monkeypatch.setattr(lora.importlib.util, "find_spec", lambda name: None if name == "peft" else object())
+    monkeypatch.setattr(settings.importlib.util, "find_spec", lambda name: None if name == "peft" else object())
     with pytest.raises(ValueError, match=re.escape("`trainable` 'lora' needs peft: pip install 'hf-posenc[lora]'")):
         _settings(trainable="lora")
 
@@ -809,7 +809,7 @@ def test_another_runs_check_folder_is_not_other_files(tmp_path):
     """A run starting on an empty folder while another checks it may see the other's check folder (made and removed
     to probe writability): that is no one's files. Before: "holds other files"."""
     from hf_posenc.files import CHECK_PREFIX
-    from hf_posenc.training.resume import check_output
+    from hf_posenc.training.checkpoints import check_output
 
     (tmp_path / "out" / f"{CHECK_PREFIX}x1").mkdir(parents=True)
     check_output(tmp_path / "out", None, resume=False)
@@ -863,7 +863,7 @@ def test_a_checkpoint_cut_short_is_passed_over_and_written_again(tmp_path, caplo
         train(make_tiny("llama"), None, DATA, killed, settings, "alibi", callbacks=[_Kill(11)])
     (killed / "checkpoint-10" / "trainer_state.json").unlink()  # as the stop left it
     resumed = make_tiny("llama")
-    with caplog.at_level(logging.WARNING, logger="hf_posenc.training.resume"):
+    with caplog.at_level(logging.WARNING, logger="hf_posenc.training.checkpoints"):
         result = train(resumed, None, DATA, killed, dataclasses.replace(settings, resume=True), "alibi")
     assert f"{killed / 'checkpoint-10'} was not finished (the run stopped while writing it)" in caplog.text
     assert result.losses == expected.losses
@@ -875,7 +875,7 @@ def test_a_checkpoint_missing_a_processs_rng_state_is_not_finished(tmp_path):
     """Each process writes its own RNG state, the others' maybe after the first process's trainer_state.json (no
     barrier): a checkpoint of a 2-process run whose second RNG file is missing or cut short is not finished (before:
     taken, and the resume went on with another random state, only an INFO line saying so)."""
-    from hf_posenc.training.resume import last_checkpoint
+    from hf_posenc.training.checkpoints import last_checkpoint
 
     for step in (1, 2):
         folder = tmp_path / f"checkpoint-{step}"
@@ -924,7 +924,7 @@ def test_a_resume_while_the_run_trains_is_refused_untouched(tmp_path):
     (the processes of a killed launcher train on) is refused before it changes a file or the model; the lock file a
     run leaves behind is no other run's file, and no lock once its process ends."""
     from hf_posenc.files import try_lock
-    from hf_posenc.training.resume import RUN_LOCK
+    from hf_posenc.training.checkpoints import RUN_LOCK
 
     out = tmp_path / "out"
     train(make_tiny("llama"), None, DATA, out, _settings(steps=2), "alibi")

@@ -1,0 +1,1 @@
+"""Every figure: results over length, passkey grids, and the encodings themselves."""

@@ -1,0 +1,1 @@
+"""The results files a run writes and reads back: their schema."""

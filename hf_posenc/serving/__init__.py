@@ -1,0 +1,1 @@
+"""What serving engines (vLLM, SGLang, TGI, llama.cpp) build from a patched config."""

@@ -1,0 +1,101 @@
+"""The README and the documentation site cannot rot: the site builds with ``mkdocs build --strict`` (a broken link,
+a missing reference or a docstring the handler cannot parse fails it), every Python example runs (offline, on the
+CPU), and every command line parses.
+
+A Python block that needs what the tests do not have starts with ``# needs: hub`` (or ``gpu``, ``long``): it is
+reported as a skipped test naming the block. The blocks of one page run in order in one fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf_posenc.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_NEEDS = re.compile(r"^# needs: (\w+)")
+
+
+def _blocks(page: Path, language: str) -> list[str]:
+    return [body for lang, body in _FENCE.findall(page.read_text(encoding="utf-8")) if lang == language]
+
+
+def _needs(block: str) -> str | None:
+    found = _NEEDS.match(block)
+    return found.group(1) if found else None
+
+
+def _name(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
+
+
+RUNNABLE = [page for page in PAGES if any(_needs(block) is None for block in _blocks(page, "python"))]
+MARKED = [(page, index) for page in PAGES for index, block in enumerate(_blocks(page, "python")) if _needs(block)]
+
+
+def test_the_site_builds_strict(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8").count("doc-heading") > 20
+
+
+@pytest.mark.parametrize("page", RUNNABLE, ids=_name)
+def test_the_python_examples_run(page, tmp_path):
+    code = "\n\n".join(block for block in _blocks(page, "python") if _needs(block) is None)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, f"{_name(page)}:\n{done.stderr[-4000:]}"
+
+
+@pytest.mark.parametrize(
+    ("page", "index"), MARKED, ids=lambda value: _name(value) if isinstance(value, Path) else str(value)
+)
+def test_examples_that_need_the_hub_or_a_gpu_are_shown_not_run(page, index):
+    block = _blocks(page, "python")[index]
+    first = next((line for line in block.splitlines()[1:] if line.strip() and not line.startswith("#")), "")
+    pytest.skip(f"{_name(page)}, example {index + 1} needs {_needs(block)}: {first.strip()[:80]}")
+
+
+def _command_lines(page: Path) -> list[str]:
+    """Each ``hf-posenc ...`` (or ``... -m hf_posenc ...``) command of the page's shell blocks, continuation lines
+    joined, cut at ``&&``, ``|`` and comments."""
+    commands = []
+    for block in _blocks(page, "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in re.split(r"&&|\|", line):
+                words = shlex.split(part, comments=True)
+                if words[:1] == ["hf-posenc"]:
+                    commands.append(words[1:])
+                elif "hf_posenc" in words and words[words.index("hf_posenc") - 1] == "-m":
+                    commands.append(words[words.index("hf_posenc") + 1 :])
+    return commands
+
+
+COMMANDS = [(page, " ".join(args)) for page in PAGES for args in _command_lines(page)]
+
+
+def test_the_pages_show_commands():
+    assert len(COMMANDS) > 20 and {args.split()[0] for _, args in COMMANDS} >= {"eval", "passkey", "train", "push"}
+
+
+@pytest.mark.parametrize(
+    ("page", "command"), COMMANDS, ids=lambda value: _name(value) if isinstance(value, Path) else value[:60]
+)
+def test_every_command_line_parses(page, command):
+    args = shlex.split(command)
+    try:
+        build_parser().parse_args(args)
+    except SystemExit as exit_:
+        assert exit_.code == 0 and "--help" in args, f"{_name(page)}: hf-posenc {command}"

@@ -69,20 +69,38 @@ def test_combinations_that_cannot_work_are_one_line_and_write_nothing(tiny_dir, 
     assert not output.exists() or not any(output.iterdir())
 
 
+def _saved_patched(tiny_dir, folder, method: str, **params):
+    """The tiny model saved into ``folder`` patched with ``method``."""
+    shutil.copytree(tiny_dir / "model", folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    hf_posenc.patch(model, method, **params)
+    model.save_pretrained(folder)
+    return folder
+
+
+def _eval_args(tiny_dir, folder, output) -> list[str]:
+    return [
+        "eval",
+        "--model",
+        str(folder),
+        "--dataset",
+        str(tiny_dir / "texts"),
+        "--output",
+        str(output),
+        "--lengths",
+        "32",
+    ]
+
+
 def test_an_attn_implementation_a_saved_patch_cannot_run_names_only_the_ones_the_option_takes(
     tiny_dir, tmp_path, capsys
 ):
     """A folder saved with Self-Extend runs its own backends (``hf_posenc_extension_sdpa``, ...), which
     ``--attn-implementation`` does not take: the error offers the transformers names that pick them."""
-    folder = tmp_path / "self-extend"
-    shutil.copytree(tiny_dir / "model", folder)
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    hf_posenc.patch(model, "self-extend", group_size=2, window=16)
-    model.save_pretrained(folder)
+    folder = _saved_patched(tiny_dir, tmp_path / "self-extend", "self-extend", group_size=2, window=16)
     output = tmp_path / "out"
-    args = ["eval", "--model", str(folder), "--dataset", str(tiny_dir / "texts"), "--output", str(output)]
     capsys.readouterr()
-    assert main([*args, "--lengths", "32", "--attn-implementation", "flash_attention_2"]) == 2
+    assert main([*_eval_args(tiny_dir, folder, output), "--attn-implementation", "flash_attention_2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
         f"hf-posenc eval: error: --attn-implementation 'flash_attention_2' cannot run the patch saved in {folder}; "
@@ -99,11 +117,7 @@ def test_flash_attention_that_cannot_run_is_refused_before_the_model_or_tokenize
     out only while building the model, and may reach for a Hub kernel first; the command says it before loading."""
     folder = tiny_dir / "model"
     if saved_method is not None:
-        folder = tmp_path / "saved"
-        shutil.copytree(tiny_dir / "model", folder)
-        model = AutoModelForCausalLM.from_pretrained(folder)
-        hf_posenc.patch(model, saved_method, factor=2)
-        model.save_pretrained(folder)
+        folder = _saved_patched(tiny_dir, tmp_path / "saved", saved_method, factor=2)
 
     def never(*args, **kwargs):
         raise AssertionError("loaded before the check")
@@ -111,9 +125,8 @@ def test_flash_attention_that_cannot_run_is_refused_before_the_model_or_tokenize
     monkeypatch.setattr(models, "load_base_model", never)
     monkeypatch.setattr(models.AutoTokenizer, "from_pretrained", never)
     output = tmp_path / "out"
-    args = ["eval", "--model", str(folder), "--dataset", str(tiny_dir / "texts"), "--output", str(output)]
     capsys.readouterr()
-    assert main([*args, "--lengths", "32", "--attn-implementation", "flash_attention_3"]) == 2
+    assert main([*_eval_args(tiny_dir, folder, output), "--attn-implementation", "flash_attention_3"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
         "hf-posenc eval: error: --attn-implementation 'flash_attention_3' cannot be used here: flash attention needs "

@@ -39,7 +39,7 @@ from .commit import LM_EVAL_FILE, RESULTS_FILE, commit_folder
 from .errors import HubError, HubPushError, call_hub
 from .metadata import METADATA_FILE, METADATA_FORMAT, read_metadata
 from .provenance import Pushed, check_measured_on, weights_commit
-from .reach import is_hub_id
+from .reach import check_target, is_hub_id
 
 _LICENSE_FIELDS = ("license", "license_name", "license_link")
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
@@ -115,6 +115,7 @@ def push_to_hub(
         HubPushError: the Hub refused or failed (auth, repo exists without ``exist_ok``, server error), also
             when reading the base model's commit and license.
     """
+    check_target(repo_id, revision)
     api = HfApi(token=token)
     errors = (HubPushError, f"Pushing to {repo_id!r}")
     results = (eval_results, lm_eval_results)
@@ -160,6 +161,7 @@ def build_card(
     Reads the base model's commit and license from the Hub when ``base_model`` is a Hub id, and raises
     :class:`HubError` when that fails.
     """
+    check_target(repo_id, revision)
     api = HfApi(token=token)
     errors = (HubError, f"Rendering the card of {repo_id!r}")
     results = (eval_results, lm_eval_results)

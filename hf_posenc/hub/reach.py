@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -161,3 +162,30 @@ def _hub_repo(name: str | None) -> bool:
 def is_hub_id(name: str | None) -> bool:
     """``org/name`` or ``name`` that is not a local folder."""
     return bool(name) and not Path(name).exists() and name.count("/") <= 1
+
+
+_REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]*")
+
+
+def check_target(repo_id: str, revision: str | None = None) -> None:
+    """Raise ``ValueError`` unless ``repo_id`` passes huggingface_hub's own check of a repo id and ``revision`` is a
+    branch name git and the Hub accept (letters, digits, ``. _ / -``; no ``..``, ``//``, or a trailing ``/``, ``.``
+    or ``.lock``): what a push writes to, and what its card's snippets name, before anything is loaded or written.
+    """
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise ValueError(f"`repo` {repo_id!r} is not a Hub repo id: {error}") from None
+    if revision is None:
+        return
+    bad = (
+        not _REVISION.fullmatch(revision)
+        or ".." in revision
+        or "//" in revision
+        or revision.endswith(("/", ".", ".lock"))
+    )
+    if bad:
+        raise ValueError(
+            f"`revision` {revision!r} is not a branch name the Hub takes: letters, digits and . _ / - only, without "
+            "'..', '//' or a trailing '/', '.' or '.lock'."
+        )

@@ -173,7 +173,8 @@ def combine(*methods: Method) -> Method:
     """The combination of ``methods`` (``get_method("yarn+logn")``): at most one of each role in
     :data:`COMBINES` (a RoPE scaling, a remap, a temperature), named in that order whatever order they were
     given in, so ``"logn+yarn"`` is ``"yarn+logn"``. Its parameters are all of the parts' (a name two parts
-    share, such as the trained context, is one parameter for both); a part's own checks apply.
+    share, such as the trained context, is one parameter for both); a part's own checks apply. A RoPE scaling that
+    changes with the length does not combine with a remap, which re-rotates cached keys: refused here, for any model.
     """
     if len(methods) < 2:
         raise ValueError("A combination names at least two methods, e.g. 'yarn+logn'.")
@@ -189,6 +190,12 @@ def combine(*methods: Method) -> Method:
     if twice:
         names = [method.name for method in methods if method.role in twice]
         raise ValueError(f"{' and '.join(map(repr, names))} both change the {twice[0]}; a combination has one of each.")
+    dynamic = [method.name for method in methods if method.role == "rope" and method.dynamic]
+    if dynamic and "remap" in roles:
+        raise ValueError(
+            f"{dynamic[0]!r} changes the frequencies with the length, and a remap re-rotates cached keys with the "
+            "current ones; combine Self-Extend or DCA with a static scaling (pi, ntk, yarn, llama3)."
+        )
     return _combination(tuple(sorted(methods, key=lambda method: COMBINES.index(method.role))))
 
 

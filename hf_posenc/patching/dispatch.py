@@ -67,11 +67,6 @@ def _plan(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
         return planner_for(model, method).plan(model, method, params)
     others = _without(method, rope)
     planners = [planner_for(model, part) for part in (rope, others)]  # an architecture neither serves: its error
-    if rope.dynamic and others.part("remap") is not None:
-        raise ValueError(
-            f"{rope.name!r} changes the frequencies with the length, and a remap re-rotates cached keys with the "
-            "current ones; combine Self-Extend or DCA with a static scaling (pi, ntk, yarn, llama3)."
-        )
     method.make_params(**params)  # every name checked against the whole combination first
     given = dict(params)
     context = trained_context(model.config, given)

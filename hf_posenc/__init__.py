@@ -12,31 +12,30 @@ with transformers, so that a plain ``AutoModelForCausalLM.from_pretrained`` load
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ._startup import is_command, quiet_interrupt, require_transformers
+from ._startup import is_command, lazy_exports, quiet_interrupt, require_transformers
 from ._version import __version__
 
 require_transformers()
 
-# public name -> the module that defines it
+# public name -> the module that defines it; the methods first, so that the registry is filled when the rest loads
 _EXPORTS = {
-    "HubError": "hf_posenc.hub.errors",
-    "HubPushError": "hf_posenc.hub.errors",
-    "from_pretrained": "hf_posenc.hub.push",
-    "push_to_hub": "hf_posenc.hub.push",
-    "alibi_slopes": "hf_posenc.methods",
-    "rope_frequencies": "hf_posenc.methods",
-    "sinusoidal_table": "hf_posenc.methods",
-    "t5_buckets": "hf_posenc.methods",
-    "PatchInfo": "hf_posenc.patching",
-    "get_patch": "hf_posenc.patching",
-    "patch": "hf_posenc.patching",
-    "patched": "hf_posenc.patching",
-    "unpatch": "hf_posenc.patching",
-    "available_methods": "hf_posenc.registry",
-    "MethodSpec": "hf_posenc.spec",
+    "alibi_slopes": ".methods",
+    "rope_frequencies": ".methods",
+    "sinusoidal_table": ".methods",
+    "t5_buckets": ".methods",
+    "available_methods": ".registry",
+    "MethodSpec": ".spec",
+    "PatchInfo": ".patching",
+    "get_patch": ".patching",
+    "patch": ".patching",
+    "patched": ".patching",
+    "unpatch": ".patching",
+    "HubError": ".hub.errors",
+    "HubPushError": ".hub.errors",
+    "from_pretrained": ".hub.push",
+    "push_to_hub": ".hub.push",
 }
 
 __all__ = [
@@ -67,17 +66,7 @@ if TYPE_CHECKING:
     from .spec import MethodSpec
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'hf_posenc' has no attribute {name!r}")
-    importlib.import_module("hf_posenc.methods")  # the registry filled before any name of it is read
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 def _import_all() -> None:

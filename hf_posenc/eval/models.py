@@ -148,14 +148,20 @@ class ModelSource:
         if saved is not None:
             try:
                 asked = base_attn_implementation(read_config(self.name, revision=self.revision), asked)
-            except NoCounterpart as error:  # the saved patch's own backend names, which this option does not take
-                raise ValueError(
-                    f"`attn_implementation` {asked!r} cannot run the patch saved in {self.name}; use one of "
-                    f"{', '.join(error.standard)}."
-                ) from None
+            except NoCounterpart as error:
+                raise _no_counterpart(self, error) from None
         problem = flash_attention_problem(asked)
         if problem is not None:
             raise ValueError(f"`attn_implementation` {self.attn_implementation!r} cannot be used here: {problem}.")
+
+
+def _no_counterpart(source: ModelSource, error: NoCounterpart) -> ValueError:
+    """The error for an ``attn_implementation`` the saved patch cannot run: it names only the transformers names this
+    option takes (the patch's own backend names it does not)."""
+    return ValueError(
+        f"`attn_implementation` {source.attn_implementation!r} cannot run the patch saved in {source.name}; use one "
+        f"of {', '.join(error.standard)}."
+    )
 
 
 def reachable_saved_patch(
@@ -201,11 +207,8 @@ def load_model(source: ModelSource, device: torch.device, saved: SavedPatch | No
         model = load_base_model(source.name, saved, dtype=dtype, **source.loading_kwargs)
     except ImportError as error:  # flash-attn (or another backend's package) not installed, or no CUDA for it
         raise ValueError(f"`attn_implementation` {source.attn_implementation!r} cannot be used here: {error}") from None
-    except NoCounterpart as error:  # the saved patch's backends have their own names, which this option does not take
-        raise ValueError(
-            f"`attn_implementation` {source.attn_implementation!r} cannot run the patch saved in {source.name}; use "
-            f"one of {', '.join(error.standard)}."
-        ) from None
+    except NoCounterpart as error:
+        raise _no_counterpart(source, error) from None
     return (model if source.device_map is not None else model.to(device)).eval()
 
 

@@ -188,7 +188,8 @@ def run_perplexity(
     if previous:  # same arguments: the same data, and BOS as before?
         check_same_data(previous["dataset_details"], data_details, output / RESULTS_JSON)
         check_same_bos(previous, config.bos, bos_id, output / RESULTS_JSON)
-    plans = {n: _windows(docs, n, config, bos_id is not None) for n in config.lengths}
+    doc_lengths = [len(d) for d in docs]
+    plans = {n: _windows(doc_lengths, n, config, bos_id is not None) for n in config.lengths}
     done = {(r["method"], r["length"]) for r in results}
     todo = {spec.text: [n for n in config.lengths if (spec.text, n) not in done] for spec in specs}
     if accelerator.is_main_process:
@@ -250,10 +251,9 @@ def _documents(tokenizer: Any, text_source: TextSource, accelerator: Accelerator
     return docs, details
 
 
-def _windows(docs: list[list[int]], length: int, config: PerplexityConfig, bos: bool) -> WindowPlan:
-    lengths = [len(d) for d in docs]
+def _windows(doc_lengths: list[int], length: int, config: PerplexityConfig, bos: bool) -> WindowPlan:
     return build_windows(
-        lengths, length, config.protocol, bos=bos, stride=config.stride, max_windows=config.max_windows
+        doc_lengths, length, config.protocol, bos=bos, stride=config.stride, max_windows=config.max_windows
     )
 
 

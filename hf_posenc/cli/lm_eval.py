@@ -30,6 +30,7 @@ PARAMETER_FLAGS = {
     "max_length": "--model_args max_length=N",
     "include_path": "--include_path",
     "batch_size": "--batch_size",
+    "num_fewshot": "--num_fewshot",
     "output": "--output",
 }
 # lm-eval run's options that do not apply here, and why.
@@ -39,6 +40,8 @@ REFUSED = {
     "log_samples": "hf-posenc lm-eval does not write samples (yet); run lm-eval itself for them",
     "predict_only": "hf-posenc lm-eval does not write samples (yet); run lm-eval itself for them",
     "trust_remote_code": "hf-posenc never runs code from a model or dataset repo",
+    "confirm_run_unsafe_code": "hf-posenc never runs code from a task, model or dataset repo",
+    "show_config": "run lm-eval itself to see its configuration",
     "wandb_args": "log to W&B with lm-eval itself",
     "wandb_config_args": "log to W&B with lm-eval itself",
     "trackio_args": "log to Trackio with lm-eval itself",
@@ -47,8 +50,9 @@ REFUSED = {
 
 EPILOG = f"""\
 Every lm-eval run option above applies as `lm-eval run` reads it (--tasks, --num_fewshot, --limit, --batch_size,
---include_path, --metadata, --gen_kwargs, --apply_chat_template, --seed, ...), except --config, --output_path,
---log_samples, --predict_only, --trust_remote_code and the W&B / Trackio / Hub logging options. --model_args go to
+--include_path, --metadata, --gen_kwargs, --apply_chat_template, --seed, ...); its --config, --output_path,
+--log_samples, --predict_only, --show_config, --trust_remote_code, --confirm_run_unsafe_code and logging options
+(W&B, Trackio, Hub) are refused. --model_args go to
 lm-eval's HFLM (add_bos_token=True, truncation=True, ...), and two to hf-posenc: tokenizer=NAME (default: the
 model's) and max_length=N. hf-posenc loads the model (--model, --gguf-file, --revision, --attn-implementation,
 --dtype, --device, --device-map, --max-memory): HFLM's loading arguments (revision=, parallelize=, dtype=, ...)
@@ -118,6 +122,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, set[str]]:
         "--method", action="append", dest="methods", metavar="SPEC", help="repeatable; 'none' = unpatched"
     )
     ours.add_argument("--output", help="results folder (default: hf-posenc-results/lm-eval-<model>)")
+    for action in parser._actions:  # accepted, to refuse them with a reason, and not offered
+        if action.dest in REFUSED:
+            action.help = argparse.SUPPRESS
     return parser, {action.dest for action in run._actions} - {"model", "help"}
 
 

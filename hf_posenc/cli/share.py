@@ -94,7 +94,7 @@ def run_push(args: argparse.Namespace) -> int:
     from ..hub.push import push_to_hub
     from ..hub.reach import check_target
 
-    check_target(args.repo, args.revision)  # before the model loads
+    check_target(args.repo, args.revision, args.license)  # before the model loads
     spec, saved = _method_and_saved(args, weights=args.with_weights)
     base_model, base_revision = _weights_source(args, saved)
     tokenizer = _tokenizer(base_model, base_revision, args.token) if args.with_weights else None  # before the weights
@@ -123,7 +123,7 @@ def run_push(args: argparse.Namespace) -> int:
 def run_card(args: argparse.Namespace) -> int:
     from ..files import atomic_write_text
     from ..hub.push import build_card
-    from ..hub.reach import check_target
+    from ..hub.reach import check_license, check_target
     from ..record import PatchRecord
 
     if args.output is not None and args.output.is_dir():
@@ -133,8 +133,9 @@ def run_card(args: argparse.Namespace) -> int:
     inputs = [Path(path) for path in (args.results, args.lm_eval_results) if path is not None]
     if args.output is not None and any(args.output.resolve() == path.resolve() for path in inputs):
         raise ValueError(f"`output` {args.output} is a results file the card reads; name another file for the card.")
-    if args.repo is not None:
-        check_target(args.repo, args.revision)  # before the model loads
+    if args.repo is not None:  # before the model loads
+        check_target(args.repo, args.revision, args.license)
+    check_license(args.license)
     fingerprinted = args.with_weights and args.results is not None  # as push compares them: the weights loaded
     spec, saved = _method_and_saved(args, weights=fingerprinted)
     base_model, base_revision = _weights_source(args, saved)

@@ -25,18 +25,19 @@ import torch
 from ..files import atomic_write_text, json_text
 from ..hub.errors import redact_secrets
 from ..hub.saved import SavedPatch
-from ..patching import get_patch, learned_table_rows
+from ..patching import dry_run, learned_table_rows
 from ..spec import MethodSpec
+from .data import MAX_TOKENS
 from .harness_report import LM_EVAL_JSON, plain_json, run_entry
 from .models import ModelSource, check_position_table, load_model_at_commit, load_tokenizer, model_details
 from .perplexity import each_call_alone
 from .results import device_description, versions
 from .resume import check_output
-from .runner import method_applied
 from .scoring import serves_every_length
-from .specs import parse_methods, refuse_duplicates
+from .specs import method_applied, notes_once, parse_methods, refuse_duplicates
 
 INSTALL_HINT = "pip install 'hf-posenc[lm-eval]' (from a checkout: pip install -e '.[lm-eval]')"
+MAX_FEWSHOT = 10_000  # examples in one prompt: more than any task's split holds for a context evaluated
 _TOKENIZER_KEYS = ("tokenizer", "pretrained")  # what lm-eval's synthetic tasks (RULER) read from the metadata
 # HFLM arguments that load a model: given a loaded one (as here), HFLM ignores them with a warning. The parameter
 # of run_lm_eval that does the job, or why there is none.
@@ -158,8 +159,7 @@ def run_lm_eval(
                 f"`model_args` {key}=... loads a model, and lm-eval ignores it for the model hf_posenc hands it: "
                 f"{LOADING_MODEL_ARGS[key]}."
             )
-    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
-        raise ValueError(f"`max_length` must be a positive integer (tokens), got {max_length!r}.")
+    _check_counts(max_length, evaluate_kwargs)
     if not re.fullmatch(r"[1-9]\d*|auto(:[1-9]\d*)?", str(batch_size)):  # True reads "True": refused
         raise ValueError(
             f"`batch_size` must be a positive integer, 'auto' or 'auto:N' (as HFLM reads it), got {batch_size!r}."
@@ -186,11 +186,7 @@ def run_lm_eval(
     else:
         resolved_tasks = list(tasks)
     subject = _load(source, saved, model, tokenizer, _device(device))
-    resolved, contexts = _check_methods(subject, specs)
-    length = max_length or max(contexts)
-    for spec in specs:  # GPT-2's learned table: no input past its rows, patched or not
-        with method_applied(subject.model, spec, spec.params):
-            check_position_table(subject.model, learned_table_rows(subject.model), spec.text, length, LM_EVAL_SHORTER)
+    resolved, length = _check_methods(subject, specs, max_length)
     _warn_about_padding(subject.model, specs, batch_size)
     arguments = {"tasks": [task if isinstance(task, str) else task.get("task") for task in tasks]}
     arguments.update(batch_size=batch_size, model_args=model_args or {}, include_path=include_path, metadata=metadata)
@@ -283,19 +279,48 @@ def _load(source: ModelSource | None, saved: SavedPatch | None, model: Any, toke
     return _Subject(loaded, tokenizer, source.label, details)
 
 
-def _check_methods(subject: _Subject, specs: list[MethodSpec]) -> tuple[dict[str, dict[str, Any]], list[int]]:
-    """Patch the model with each method once (it refuses one it cannot take, the model unchanged): each method's
-    parameters as resolved on the model, and the context each patched config declares (lm-eval's reading)."""
+def _check_counts(max_length: Any, evaluate_kwargs: dict[str, Any]) -> None:
+    """``max_length`` a number of tokens up to :data:`~hf_posenc.eval.data.MAX_TOKENS`, ``num_fewshot`` a count of
+    examples (lm-eval takes a negative one as none, and any count as the examples the task has), and no
+    ``confirm_run_unsafe_code`` (a task's code run as it comes, as ``trust_remote_code`` would run a repo's)."""
+    if max_length is not None and not _is_count(max_length, 1, MAX_TOKENS):
+        raise ValueError(f"`max_length` must be a whole number of tokens from 1 to {MAX_TOKENS}, got {max_length!r}.")
+    fewshot = evaluate_kwargs.get("num_fewshot")
+    if fewshot is not None and not _is_count(fewshot, 0, MAX_FEWSHOT):
+        raise ValueError(f"`num_fewshot` must be a whole number from 0 to {MAX_FEWSHOT}, got {fewshot!r}.")
+    if evaluate_kwargs.get("confirm_run_unsafe_code"):
+        raise ValueError(
+            "`confirm_run_unsafe_code` does not apply to hf_posenc's lm-eval: it never runs code from a task, model "
+            "or dataset repo; run lm-eval itself for such tasks."
+        )
+
+
+def _is_count(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _check_methods(
+    subject: _Subject, specs: list[MethodSpec], max_length: int | None
+) -> tuple[dict[str, dict[str, Any]], int]:
+    """Plan each method on the model without applying it (:func:`~hf_posenc.patching.dry_run`; one it cannot take
+    is refused): each method's parameters as resolved on the model, and the ``max_length`` of the run: the one
+    given, else the longest context a patched config declares (lm-eval's reading). GPT-2's learned table, patched
+    or not, takes no input past its rows."""
     from lm_eval.models.utils import resolve_max_length
 
     tokenizer = None if isinstance(subject.tokenizer, str) else subject.tokenizer
-    resolved, contexts = {}, []
-    for spec in specs:
-        with method_applied(subject.model, spec, spec.params):
-            resolved[spec.text] = {} if spec.unpatched else dict(get_patch(subject.model).params)
-            contexts.append(resolve_max_length(subject.model.config, tokenizer))
+    config = subject.model.config
+    with notes_once():
+        planned = {spec.text: None if spec.unpatched else dry_run(subject.model, spec) for spec in specs}
+    resolved = {text: {} if plan is None else dict(plan.info.params) for text, plan in planned.items()}
     refuse_duplicates(specs, resolved=resolved)
-    return resolved, contexts
+    configs = [config if plan is None else plan.config(config) for plan in planned.values()]
+    contexts = [resolve_max_length(each, tokenizer) for each in configs]
+    length = max_length or max(contexts)
+    for text, plan in planned.items():
+        rows = learned_table_rows(subject.model) if plan is None else plan.table_rows
+        check_position_table(subject.model, rows, text, length, LM_EVAL_SHORTER)
+    return resolved, length
 
 
 def _warn_about_padding(model: Any, specs: list[MethodSpec], batch_size: int | str) -> None:

@@ -25,6 +25,7 @@ from ..spec import NONE_METHOD, parse_method_spec
 from .errors import redact_secrets
 from .markdown import markdown_code, markdown_text
 from .provenance import Measured, measured_of
+from .reach import check_card_names
 
 TEMPLATE_PATH = Path(__file__).resolve().parent / "model_cards" / "posenc_model.md"
 PLOT_FILE = "ppl_vs_length.png"
@@ -326,7 +327,12 @@ def render_card(
             (:func:`hf_posenc.plots.encoding_figures.write_patch_plot`).
         lm_eval_table (`LmEvalTable`, *optional*): lm-evaluation-harness scores to show.
         revision (`str`, *optional*): the branch of ``repo_id`` the card is for, which its snippets load (None: main).
+
+    Raises:
+        ValueError: ``base_model``, ``base_revision`` or a license field that is not a name of its kind
+            (:func:`~hf_posenc.hub.reach.check_card_names`): the card writes them as they are.
     """
+    check_card_names(base_model, base_revision, license_info or {})
     record = PatchRecord.from_config(config)
     eval_results = eval_table.eval_results() if eval_table else []
     method = get_method(record.method)

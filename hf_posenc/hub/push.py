@@ -39,7 +39,7 @@ from .commit import LM_EVAL_FILE, RESULTS_FILE, commit_folder
 from .errors import HubError, HubPushError, call_hub
 from .metadata import METADATA_FILE, METADATA_FORMAT, read_metadata
 from .provenance import Pushed, check_measured_on, weights_commit
-from .reach import check_target, is_hub_id
+from .reach import check_target, is_hub_id, license_problem
 
 _LICENSE_FIELDS = ("license", "license_name", "license_link")
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
@@ -115,7 +115,7 @@ def push_to_hub(
         HubPushError: the Hub refused or failed (auth, repo exists without ``exist_ok``, server error), also
             when reading the base model's commit and license.
     """
-    check_target(repo_id, revision)
+    check_target(repo_id, revision, license)
     api = HfApi(token=token)
     errors = (HubPushError, f"Pushing to {repo_id!r}")
     results = (eval_results, lm_eval_results)
@@ -161,7 +161,7 @@ def build_card(
     Reads the base model's commit and license from the Hub when ``base_model`` is a Hub id, and raises
     :class:`HubError` when that fails.
     """
-    check_target(repo_id, revision)
+    check_target(repo_id, revision, license)
     api = HfApi(token=token)
     errors = (HubError, f"Rendering the card of {repo_id!r}")
     results = (eval_results, lm_eval_results)
@@ -347,9 +347,13 @@ def _resolve_base(api: HfApi, repo_id: str, revision: str | None) -> BaseRef:
     info = api.model_info(repo_id, revision=revision)
     card = info.card_data.to_dict() if info.card_data else {}
     license_info = {key: card[key] for key in _LICENSE_FIELDS if card.get(key)}
-    link = license_info.get("license_link")
-    if link and "://" not in link:  # a file of the base repo (LICENSE): the new repo does not have it
+    if license_info.get("license_link") and "://" not in str(license_info["license_link"]):
+        link = str(license_info["license_link"])  # a file of the base repo (LICENSE): the new repo does not have it
         license_info["license_link"] = f"{api.endpoint}/{repo_id}/blob/{info.sha}/{link.removeprefix('./')}"
+    for key, value in list(license_info.items()):
+        if problem := license_problem(key, value):
+            logger.warning("The card leaves out the base model's license field: %s.", problem)
+            del license_info[key]
     return BaseRef(repo_id=repo_id, revision=info.sha, license_info=license_info)
 
 

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx2
 from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url, is_offline_mode
@@ -167,15 +168,56 @@ def is_hub_id(name: str | None) -> bool:
 _REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]*")
 
 
-def check_target(repo_id: str, revision: str | None = None) -> None:
-    """Raise ``ValueError`` unless ``repo_id`` passes huggingface_hub's own check of a repo id and ``revision`` is a
-    branch name git and the Hub accept (letters, digits, ``. _ / -``; no ``..``, ``//``, or a trailing ``/``, ``.``
-    or ``.lock``): what a push writes to, and what its card's snippets name, before anything is loaded or written.
-    """
+_LICENSE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+_LICENSE_LINK = re.compile(r"https?://[A-Za-z0-9._~:/?#@!$&*+,;=%-]+")
+
+
+def license_problem(key: str, value: Any) -> str | None:
+    """Why ``value`` cannot be the card's ``key`` field, or None: ``license`` and ``license_name`` are identifiers
+    (``apache-2.0``, ``llama3.1``: letters, digits, ``. _ + -``), ``license_link`` an http(s) URL. Nothing else
+    reaches the card's metadata, which the Hub shows as a link."""
+    pattern = _LICENSE_LINK if key == "license_link" else _LICENSE_ID
+    if isinstance(value, str) and pattern.fullmatch(value):
+        return None
+    wanted = "an http(s) URL" if key == "license_link" else "a license identifier (letters, digits and . _ + - only)"
+    return f"`{key}` {value!r} is not {wanted}"
+
+
+def check_license(license: str | None) -> None:
+    """Raise ``ValueError`` unless ``license`` is None or a license identifier (:func:`license_problem`)."""
+    if license is not None and (problem := license_problem("license", license)):
+        raise ValueError(f"{problem}.")
+
+
+def check_card_names(base_model: str | None, base_revision: str | None, license_info: dict[str, Any]) -> None:
+    """Raise ``ValueError`` unless each name a card writes as is passes the check of its kind: ``base_model`` a Hub
+    repo id, ``base_revision`` a git revision (:func:`check_target`'s characters), the license fields
+    (:func:`license_problem`). The card's links and code snippets hold them; nothing in them may add markdown or
+    HTML."""
+    if base_model is not None:
+        _check_repo_id("base_model", base_model)
+    if base_revision is not None and not _REVISION.fullmatch(base_revision):
+        raise ValueError(f"`base_revision` {base_revision!r} is not a revision: letters, digits and . _ / - only.")
+    problems = [problem for key, value in license_info.items() if (problem := license_problem(key, value))]
+    if problems:
+        raise ValueError(f"{problems[0]}.")
+
+
+def _check_repo_id(name: str, repo_id: str) -> None:
     try:
         validate_repo_id(repo_id)
     except HFValidationError as error:
-        raise ValueError(f"`repo` {repo_id!r} is not a Hub repo id: {error}") from None
+        raise ValueError(f"`{name}` {repo_id!r} is not a Hub repo id: {error}") from None
+
+
+def check_target(repo_id: str, revision: str | None = None, license: str | None = None) -> None:
+    """Raise ``ValueError`` unless ``repo_id`` passes huggingface_hub's own check of a repo id, ``revision`` is a
+    branch name git and the Hub accept (letters, digits, ``. _ / -``; no ``..``, ``//``, or a trailing ``/``, ``.``
+    or ``.lock``) and ``license`` a license identifier: what a push writes to, and what its card names, before
+    anything is loaded or written.
+    """
+    _check_repo_id("repo", repo_id)
+    check_license(license)
     if revision is None:
         return
     bad = (

@@ -30,6 +30,7 @@ from ..architectures import positions_of
 from ..record import PatchRecord, set_config_attribute
 from ..registry import get_method
 from ..spec import MethodSpec
+from .changes import updated_config
 from .dispatch import plan_method
 from .module_ref import ModuleRef
 from .plan import UNPATCHED_PREFIX, PatchInfo, Plan
@@ -79,6 +80,7 @@ class _AppliedPatch:
     initial: dict[str, torch.Tensor] = field(default_factory=dict)  # their values as the patch made them
 
 
+ATTENTION = "_attn_implementation_internal"  # what set_attn_implementation sets; unpatch puts its value back
 _APPLIED = "_hf_posenc_applied"  # the model's attribute holding its _AppliedPatch: a deepcopy or pickle carries it
 _LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
 _LOCKS_LOCK = threading.Lock()  # guards making a model's lock
@@ -185,18 +187,19 @@ def _followed(current: dict[str, torch.Tensor], name: str, tensor: torch.Tensor 
 
 def _apply(model: nn.Module, plan: Plan) -> None:
     config = model.config
+    keys = [*plan.updates, *([ATTENTION] if plan.attention is not None else [])]
     applied = _AppliedPatch(
         info=plan.info,
         owner=ModuleRef(model),
-        config_before={
-            key: copy.deepcopy(config.__dict__[key]) if key in config.__dict__ else _MISSING for key in plan.updates
-        },
+        config_before={key: copy.deepcopy(config.__dict__.get(key, _MISSING)) for key in keys},
         report=plan.report,
     )
     names_before = set(model.state_dict())
     try:
         for key, value in plan.updates.items():
             set_config_attribute(config, key, copy.deepcopy(value))
+        if plan.attention is not None:
+            model.set_attn_implementation(plan.attention)
         for module, change in plan.changes:
             if all(module is not entry.module for entry in applied.modules):
                 applied.modules.append(_ModuleState(ModuleRef(module), _snapshot(module)))
@@ -309,10 +312,16 @@ class DryRun:
         info (`PatchInfo`): what :func:`get_patch` would report: the parameters as resolved on the model.
         table_rows (`int`, *optional*): the rows of the learned position table the patched model would look
             positions up in (:func:`learned_table_rows`); None where any length runs.
+        updates (`dict`): the config attributes the patch would set, to their values.
     """
 
     info: PatchInfo
     table_rows: int | None
+    updates: dict[str, Any]
+
+    def config(self, config: PretrainedConfig) -> PretrainedConfig:
+        """A copy of ``config`` as the patched model's would read (``config`` itself unchanged)."""
+        return updated_config(config, self.updates)
 
 
 def dry_run(model: nn.Module, method: str | MethodSpec, **params: Any) -> DryRun:
@@ -328,7 +337,7 @@ def dry_run(model: nn.Module, method: str | MethodSpec, **params: Any) -> DryRun
     with _lock_of(inner):
         plan = plan_patch(inner, name, params)
     rows = _table_rows(inner, plan.info.method, plan.updates)
-    return DryRun(plan.info, rows)
+    return DryRun(plan.info, rows, copy.deepcopy(plan.updates))
 
 
 def unpatch(model: nn.Module) -> nn.Module:

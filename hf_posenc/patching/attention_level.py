@@ -11,7 +11,6 @@ the model without the method; DCA alone on Qwen2 also writes vLLM's ``dual_chunk
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import logging
@@ -33,19 +32,18 @@ from ..attention.extension import ExtensionState, positions_over_mask
 from ..record import CONFIG_KEY, PatchRecord
 from ..registry import Method, params_to_dict
 from .changes import (
-    ATTENTION,
     NoCounterpart,
     check_implementation_before_calls,
     masks_in_forward,
     refuse_training_dropout,
 )
+from .legacy import VLLM_DCA_KEY
 from .plan import PatchInfo, Plan, Planner
 from .rope_types import EXTENSION_ROPE_TYPE
 
 logger = logging.getLogger("hf_posenc")
 
 SERVED_ROLES = ("remap", "temperature")
-VLLM_DCA_KEY = "dual_chunk_attention_config"  # what vLLM reads for Qwen2 (Qwen2.5-1M ships it)
 VLLM_DCA_MODEL_TYPES = ("qwen2",)
 
 
@@ -96,31 +94,24 @@ def _implementation(model: nn.Module, remap: Any) -> str:
     return TEMPERATURE.implementation(current)
 
 
-def with_vllm_dca_key(config: Any, method: Method, plan: Plan) -> Plan:
-    """``plan`` with vLLM's own spelling of DCA where it says the patch, so a pushed config runs there as is, and
-    without it elsewhere (the record keeps a shipped one, so unpatch and the base config restore it).
+def _vllm_dca_key(config: Any, method: Method, remap: Any) -> dict[str, Any]:
+    """vLLM's own spelling of DCA (:data:`~hf_posenc.patching.legacy.VLLM_DCA_KEY`) where it says the patch, so a
+    pushed config runs there as is: DCA alone on unscaled Qwen2 RoPE.
 
     vLLM (the V0 engine of 0.8-0.10, ``dual_chunk_flash_attn.py``; later releases take the key but have no backend
     for it) builds DCA from the key whenever a config has it, before it reads ``rope_parameters``, with the plain
-    ``rope_theta``: so only DCA alone on unscaled RoPE writes it. A combination (``"yarn+dca"``, ``"dca+logn"``)
-    or any other patch of a config that ships one (Qwen2.5-1M) saves it as null. Nor does it carry
-    ``original_max_position_embeddings``: given that, vLLM multiplies the keys by ``max(1, 0.1 ln(n / L) + 1)``
-    for an input of ``n`` tokens (Qwen2.5-1M's temperature), which the paper's DCA does not have.
+    ``rope_theta``: a combination (``"dca+logn"``, or ``"yarn+dca"``, whose parts are merged in
+    :mod:`~hf_posenc.patching.dispatch`) does not write it. Nor does it carry ``original_max_position_embeddings``:
+    given that, vLLM multiplies the keys by ``max(1, 0.1 ln(n / L) + 1)`` for an input of ``n`` tokens
+    (Qwen2.5-1M's temperature), which the paper's DCA does not have.
     """
-    shipped = copy.deepcopy(config.__dict__.get(VLLM_DCA_KEY))
     if (
-        method.name == "dca"
-        and config.model_type in VLLM_DCA_MODEL_TYPES
-        and config.rope_parameters.get("rope_type", "default") == "default"
+        method.name != "dca"
+        or config.model_type not in VLLM_DCA_MODEL_TYPES
+        or config.rope_parameters.get("rope_type", "default") != "default"
     ):
-        value = {key: plan.info.params[key] for key in ("chunk_size", "local_size")}
-    elif shipped is not None:
-        value = None
-    else:
-        return plan
-    record = PatchRecord.from_config(plan.updates)
-    record = dataclasses.replace(record, base={**record.base, VLLM_DCA_KEY: shipped})
-    return dataclasses.replace(plan, updates={**plan.updates, VLLM_DCA_KEY: value, CONFIG_KEY: record.to_dict()})
+        return {}
+    return {VLLM_DCA_KEY: {"chunk_size": remap.chunk_size, "local_size": remap.local_size}}
 
 
 def plan_extension(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
@@ -143,11 +134,11 @@ def plan_extension(model: nn.Module, method: Method, params: dict[str, Any]) -> 
 
     updates: dict[str, Any] = {
         "rope_parameters": {**config.rope_parameters, "rope_type": EXTENSION_ROPE_TYPE},
-        ATTENTION: implementation,
     }
     if getattr(remap, "max_position_embeddings", None) is not None:
         updates["max_position_embeddings"] = remap.max_position_embeddings
-    base = {key: getattr(config, key, None) for key in updates if key != ATTENTION}
+    updates.update(_vllm_dca_key(config, method, remap))
+    base = {key: getattr(config, key, None) for key in updates}
     updates = {**updates, CONFIG_KEY: PatchRecord(method.name, params_to_dict(resolved), False, base).to_dict()}
 
     chosen = params_to_dict(resolved)
@@ -161,7 +152,7 @@ def plan_extension(model: nn.Module, method: Method, params: dict[str, Any]) -> 
     changes.insert(0, (model.base_model, _positions_over_mask))
     if remap is not None:
         changes.insert(0, (model, masks_in_forward))
-    return Plan(info, updates, changes, _backend_now)
+    return Plan(info, updates, changes, _backend_now, attention=implementation)
 
 
 def _install(state: ExtensionState, module: nn.Module) -> None:

@@ -32,7 +32,6 @@ from ..methods.alibi import alibi_slopes, are_paper_slopes
 from ..methods.t5_bias import t5_bias_init
 from ..registry import Method, params_to_dict
 from .changes import (
-    ATTENTION,
     NoCounterpart,
     check_implementation_before_calls,
     masks_in_forward,
@@ -196,7 +195,7 @@ def plan_bias(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
         model,
         method,
         params_to_dict(resolved),
-        {**config_changes, ATTENTION: bias.table.implementation(resolved.backend)},
+        config_changes,
         rope_type,
         recorded={"backend": requested.backend},
     )
@@ -204,7 +203,8 @@ def plan_bias(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
     check = check_implementation_before_calls(tuple(bias.table.implementations))
     changes = [*removal, (model, masks_in_forward), *bias.install(model, resolved, modules)]
     changes += [(module, check) for module in modules]
-    return Plan(info, updates, changes, functools.partial(_backend_now, method.name))  # a name: pickles
+    report = functools.partial(_backend_now, method.name)  # a name: pickles
+    return Plan(info, updates, changes, report, attention=bias.table.implementation(resolved.backend))
 
 
 def _backend_now(name: str, model: nn.Module, info: PatchInfo) -> PatchInfo:

@@ -15,8 +15,6 @@ from ..registry import Method
 from .plan import ModuleChange, PatchInfo
 from .rope_types import OWN_ROPE_TYPE, replaced_marker
 
-ATTENTION = "_attn_implementation_internal"  # the config attribute behind config._attn_implementation
-
 
 def masks_in_forward(model: nn.Module) -> None:
     """``generate()`` with a compileable (static) cache builds the attention masks before calling the model,
@@ -91,10 +89,10 @@ def replacement_updates(
     recorded: dict[str, Any] | None = None,
 ) -> tuple[PatchInfo, dict[str, Any]]:
     """What ``get_patch`` reports of a method that replaces the encoding, and the config updates: ``config_changes``
-    and the record, which keeps the base value of each changed attribute (the attention implementation, not a
-    saved value, excepted) and ``params`` with ``recorded`` over them."""
+    and the record, which keeps the base value of each changed attribute and ``params`` with ``recorded`` over
+    them."""
     info = PatchInfo(method.name, params, native=False, rope_type=rope_type)
-    base = {key: getattr(model.config, key) for key in config_changes if key != ATTENTION}
+    base = {key: getattr(model.config, key) for key in config_changes}
     record = PatchRecord(method.name, {**params, **(recorded or {})}, False, base)
     return info, {**config_changes, CONFIG_KEY: record.to_dict()}
 

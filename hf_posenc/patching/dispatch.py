@@ -10,11 +10,10 @@ from ..architectures import positions_of, positions_of_config, trained_context, 
 from ..record import CONFIG_KEY, PatchRecord
 from ..registry import Method, combine
 from .attention_level import PLANNER as EXTENSION
-from .attention_level import with_vllm_dca_key
 from .bias import ALIBI_PLANNER, T5_PLANNER
 from .encodings import PLANNER as ENCODINGS
 from .learned import PLANNER as LEARNED_TABLE
-from .legacy import with_legacy_keys
+from .legacy import ENGINE_KEYS, with_legacy_keys
 from .plan import PatchInfo, Plan, Planner
 from .rope import PLANNER as ROPE_SCALING
 
@@ -53,12 +52,12 @@ def _without(method: Method, part: Method) -> Method:
 
 
 def plan_method(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
-    """The plan of ``method`` on ``model``, with the keys transformers 4.x reads beside ``rope_parameters``
-    (:mod:`~hf_posenc.patching.legacy`), and vLLM's DCA key only where it says the patch. A combination with a
+    """The plan of ``method`` on ``model``, with the keys other readers read beside ``rope_parameters``
+    (:mod:`~hf_posenc.patching.legacy`). A combination with a
     RoPE scaling (``"yarn+logn"``) is planned by the RoPE planner for that part and by the extension planner for
     the rest, each on the parameters it takes (the trained context, resolved once, goes to both), and the two
     plans become one."""
-    return with_legacy_keys(model.config, with_vllm_dca_key(model.config, method, _plan(model, method, params)))
+    return with_legacy_keys(model.config, _plan(model, method, params))
 
 
 def _plan(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
@@ -80,18 +79,19 @@ def _plan(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
 def _merged(config: Any, method: Method, plans: list[Plan]) -> Plan:
     """One plan doing what ``plans`` do, in order. A dict attribute both change (``rope_parameters``) gets the
     later plan's changed entries over the earlier plan's value; one record names the combination, with every
-    part's parameters and the base value of every attribute any part changes."""
+    part's parameters and the base value of every attribute any part changes. An engine's key one part writes
+    (:data:`~hf_posenc.patching.legacy.ENGINE_KEYS`) is left out: that engine would read the part alone."""
     updates: dict[str, Any] = {}
     for plan in plans:
         for key, value in plan.updates.items():
-            if key == CONFIG_KEY:
+            if key == CONFIG_KEY or key in ENGINE_KEYS:
                 continue
             before = getattr(config, key, None)
             if isinstance(value, dict) and isinstance(updates.get(key), dict) and isinstance(before, dict):
                 value = {**updates[key], **{k: v for k, v in value.items() if before.get(k) != v}}
             updates[key] = value
     records = [PatchRecord.from_config(plan.updates) for plan in plans]
-    base = {key: value for record in reversed(records) for key, value in record.base.items()}
+    base = {key: value for record in reversed(records) for key, value in record.base.items() if key in updates}
     params = {key: value for record in records for key, value in record.params.items()}
     updates = {**updates, CONFIG_KEY: PatchRecord(method.name, params, False, base).to_dict()}
     info = PatchInfo(
@@ -101,4 +101,6 @@ def _merged(config: Any, method: Method, plans: list[Plan]) -> Plan:
         rope_type=updates["rope_parameters"]["rope_type"],
     )
     reports = [plan.report for plan in plans if plan.report is not None]
-    return Plan(info, updates, [change for plan in plans for change in plan.changes], reports[-1] if reports else None)
+    attention = [plan.attention for plan in plans if plan.attention is not None]
+    changes = [change for plan in plans for change in plan.changes]
+    return Plan(info, updates, changes, reports[-1] if reports else None, attention[-1] if attention else None)

@@ -17,6 +17,10 @@ with ``rope_theta`` 10000 from a file that has only ``rope_parameters``. A patch
 transformers 5 reads the same file the same way: on loading it takes ``rope_scaling`` as its
 ``rope_parameters`` and ``rope_theta`` into it (``type`` stays there as an extra key it ignores).
 
+A serving engine's own key for a position method transformers has no key for (vLLM's DCA,
+:data:`VLLM_DCA_KEY`) is written by the planner of that method; a base config that ships one (Qwen2.5-1M) gets it
+saved as null by any other patch, which the engine would otherwise read as the base's method.
+
 In a transformers 5 config ``rope_scaling`` is a property aliasing ``rope_parameters``; these keys are
 written into the instance's ``__dict__`` (:func:`hf_posenc.record.set_config_attribute`), which
 ``to_dict`` and so ``save_pretrained`` / ``push_to_hub`` write out, without going through the alias.
@@ -44,6 +48,8 @@ LEGACY_KEYS = (
     "original_max_position_embeddings",
     *(name for names in TOP_LEVEL_NAMES.values() for name in names.values()),
 )
+VLLM_DCA_KEY = "dual_chunk_attention_config"  # what vLLM reads for Qwen2 (Qwen2.5-1M ships it)
+ENGINE_KEYS = (VLLM_DCA_KEY,)
 TOP_LEVEL_ORIGINAL_TYPES = ("longrope", "llama3")  # whose L some reader takes from the top level only
 _TYPE_AND_FACTOR = {"linear": ("type", "factor"), "dynamic": ("type", "factor")}
 # transformers 4.x config classes whose ``_rope_scaling_validation`` takes exactly these ``rope_scaling`` fields (any
@@ -80,9 +86,11 @@ def _in_fixed_fields(scaling: dict[str, Any], fields: tuple[str, ...] | None) ->
 
 
 def with_legacy_keys(config: Any, plan: Plan) -> Plan:
-    """``plan`` also writing the 4.x keys of the ``rope_parameters`` it sets, their base values (``None``:
-    absent) kept in the record so that :meth:`PatchRecord.base_config` removes them again."""
+    """``plan`` also writing the 4.x keys of the ``rope_parameters`` it sets, and null for each engine key
+    (:data:`ENGINE_KEYS`) the config ships and the plan does not write; their base values (``None``: absent) kept in
+    the record so that :meth:`PatchRecord.base_config` puts them back."""
     keys = legacy_rope_keys(plan.updates.get("rope_parameters"), getattr(config, "model_type", None))
+    keys.update({key: None for key in ENGINE_KEYS if key not in plan.updates and config.__dict__.get(key) is not None})
     if not keys:
         return plan
     record = PatchRecord.from_config(plan.updates)

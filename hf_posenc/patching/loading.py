@@ -16,15 +16,14 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cache
 from ..record import PatchRecord
 from ..registry import get_method
 from .apply import added_tensors, patch
-from .attention_level import VLLM_DCA_KEY
 from .dispatch import planner_for_config
-from .legacy import LEGACY_KEYS
+from .legacy import ENGINE_KEYS, LEGACY_KEYS
 
 logger = logging.getLogger("hf_posenc")
 
 _CONFIG_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "subfolder", "gguf_file")
 # Keys a patch writes for other readers only: neither hf_posenc nor transformers 5 builds the model from them.
-_FOR_OTHER_READERS = (*LEGACY_KEYS, VLLM_DCA_KEY)
+_FOR_OTHER_READERS = (*LEGACY_KEYS, *ENGINE_KEYS)
 
 
 def load_patched_model(pretrained_model_name_or_path: str, **kwargs: Any) -> PreTrainedModel:

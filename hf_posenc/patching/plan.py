@@ -59,12 +59,15 @@ class Plan:
             set any attribute, buffer, parameter or forward of that module instance (never its class).
         report (`Callable`, *optional*): ``report(model, info) -> PatchInfo``: what ``get_patch`` says later,
             where it depends on the model's state then (ALiBi: the backend running now). None: ``info``.
+        attention (`str`, *optional*): the attention implementation the patch selects, through transformers'
+            ``model.set_attn_implementation`` after the config updates; None: the model's stays.
     """
 
     info: PatchInfo
     updates: dict[str, Any]
     changes: list[tuple[nn.Module, ModuleChange]] = field(default_factory=list)
     report: Callable[[nn.Module, PatchInfo], PatchInfo] | None = None
+    attention: str | None = None
 
 
 @dataclass(frozen=True)

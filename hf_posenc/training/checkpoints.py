@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
 from accelerate import PartialState
 from transformers import PreTrainedConfig, PreTrainedModel, TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
@@ -41,6 +42,7 @@ RUN_FILE = "train_run.json"
 RUN_FORMAT = 1
 ORIGINAL_SUFFIX = ".hf-posenc-original"  # a trimmed checkpoint config.json as it was, beside it
 RUN_LOCK = ".hf-posenc-train.lock"  # held by the run's first process while it trains
+STATE_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt")  # the Trainer's torch.save files of a checkpoint
 _RNG_FILE = re.compile(r"rng_state(?:_(\d+))?\.pth")  # the Trainer's, one per process (no rank: one process)
 
 
@@ -194,6 +196,24 @@ def last_checkpoint(output_dir: Path, processes: int) -> str | None:
             step,
         )
     return None
+
+
+def check_checkpoint_files(checkpoint: str) -> None:
+    """Raise ``ValueError`` naming the first of ``checkpoint``'s optimizer and scheduler states (:data:`STATE_FILES`)
+    that ``torch.load`` cannot read as tensors and plain values: a truncated file, or a pickle that would run code
+    (refused by ``weights_only``, never run). The Trainer would stop on it with a traceback after the run started."""
+    for name in STATE_FILES:
+        path = Path(checkpoint) / name
+        if not path.exists():
+            continue
+        try:
+            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as error:  # torch raises RuntimeError, UnpicklingError, EOFError... for a bad file
+            reason = next(iter(str(error).strip().splitlines()), type(error).__name__)
+            raise ValueError(
+                f"`resume`: {path} cannot be read as saved training state ({reason}); nothing was changed. Remove "
+                f"{Path(checkpoint).name} to resume from the checkpoint before it, or choose an empty or new folder."
+            ) from None
 
 
 def _checkpoint_processes(output_dir: Path) -> int | None:

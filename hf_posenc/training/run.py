@@ -33,7 +33,15 @@ from .._version import __version__
 from ..files import atomic_write_text, json_text
 from ..patching import get_patch, learned_table_rows, unpatch
 from ..spec import MethodSpec
-from .checkpoints import RUN_FILE, check_output, last_checkpoint, readable_by_the_trainer, run_identity, run_lock
+from .checkpoints import (
+    RUN_FILE,
+    check_checkpoint_files,
+    check_output,
+    last_checkpoint,
+    readable_by_the_trainer,
+    run_identity,
+    run_lock,
+)
 from .lora import add_adapters, merge_adapters, remove_adapters
 from .optimizer import PositionRateTrainer
 from .packing import PackedWindows, pack_texts
@@ -174,11 +182,13 @@ def _session(
             add_adapters(model, settings.resolved_lora_rank, settings.resolved_lora_alpha, settings.seed)
         trainable = select_trainable(model, settings.trainable, added, unused_parameters(model))
         _warn_of_coarse_position_parameters(model, added)
+        checkpoint = last_checkpoint(Path(args.output_dir), args.world_size) if settings.resume else None
+        if checkpoint is not None:
+            check_checkpoint_files(checkpoint)
         PartialState().wait_for_everyone()  # every process has checked output_dir before the first file is written
         if args.should_save:  # the lock held from the run's record on: a second run resuming now is refused
             held.enter_context(run_lock(Path(args.output_dir)))
             _write_json(Path(args.output_dir) / RUN_FILE, identity)
-        checkpoint = last_checkpoint(Path(args.output_dir), args.world_size) if settings.resume else None
         read_back = []  # its config put back once every process's Trainer has read it, or when the run fails
         if checkpoint is not None:
             read_back.append(held.enter_context(readable_by_the_trainer(checkpoint, trim=args.should_save)))

@@ -60,7 +60,13 @@ def _one_line_error(capsys) -> str:
         (["--tasks", ""], "--tasks names an empty task (''); give task names."),
         (["--tasks", "tiny_choice", "--limit", "-3"], "--limit must be a finite number > 0 (examples per task, or"),
         (["--tasks", "tiny_choice", "--limit", "inf"], "--limit must be a finite number > 0"),
-        (["--tasks", "tiny_choice", "--model_args", "max_length=abc"], "--model_args max_length=N must be a positive"),
+        (["--tasks", "tiny_choice", "--model_args", "max_length=abc"], "--model_args max_length=N must be a whole"),
+        (["--tasks", "tiny_choice", "--model_args", "max_length=-5"], "max_length=N must be a whole number of tokens"),
+        (["--tasks", "tiny_choice", "--model_args", f"max_length={2**40}"], "from 1 to 16777216, got 1099511627776"),
+        (["--tasks", "tiny_choice", "--num_fewshot", "-1"], "--num_fewshot must be a whole number from 0 to 10000"),
+        (["--tasks", "tiny_choice", "--num_fewshot", "100000"], "--num_fewshot must be a whole number from 0"),
+        (["--tasks", "tiny_choice", "--confirm_run_unsafe_code"], "never runs code from a task, model or dataset"),
+        (["--tasks", "tiny_choice", "--show_config"], "--show_config does not apply to hf-posenc lm-eval"),
         (
             ["--tasks", "tiny_choice", "--batch_size", "0"],
             "--batch_size must be a positive integer, 'auto' or 'auto:N'",
@@ -73,6 +79,33 @@ def test_bad_input_is_one_line_and_exit_2(tiny_dir, tasks, tmp_path, capsys, ext
     assert main(argv) == 2
     assert message in _one_line_error(capsys)
     assert not (tmp_path / "lm_eval.json").exists()
+
+
+def test_its_help_offers_only_the_options_that_work(capsys):
+    """lm-eval's options that hf-posenc refuses (``--output_path``: results go to ``--output``) are not offered in the
+    list of options; the epilog names them as refused."""
+    from hf_posenc.cli.lm_eval import REFUSED
+
+    with pytest.raises(SystemExit):
+        main(["lm-eval", "--help"])
+    out = capsys.readouterr().out
+    options = out.split("examples:")[0].split("Every lm-eval run option above")[0]
+    assert "--num_fewshot" in options and "--output " in options
+    assert not [option for option in REFUSED if f"--{option}" in options]
+
+
+def test_the_library_bounds_what_it_passes_to_lm_eval(tiny_dir, tasks):
+    """``run_lm_eval`` refuses, before loading the model, what the command refuses."""
+    from hf_posenc.eval import run_lm_eval
+
+    for kwargs, message in [
+        ({"max_length": 0}, "`max_length` must be a whole number"),
+        ({"max_length": True}, "`max_length` must be a whole number"),
+        ({"num_fewshot": -1}, "`num_fewshot` must be a whole number"),
+        ({"confirm_run_unsafe_code": True}, "`confirm_run_unsafe_code` does not apply"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            run_lm_eval("no/such-model-loaded", ["tiny_choice"], include_path=tasks, **kwargs)
 
 
 def test_a_token_given_to_lm_eval_is_not_written(tiny_dir, tasks, tmp_path, one_thread):

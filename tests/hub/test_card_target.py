@@ -60,3 +60,54 @@ def test_the_commands_refuse_them_in_one_line_before_the_model_loads(command, tm
         err.startswith(f"hf-posenc {command}: error: --revision 'a`b`' is not a branch name") and err.count("\n") == 1
     )
     assert not output.exists()
+
+
+BAD_LICENSES = ["mit\n# injected", "<script>x</script>", "apache-2.0 `x`", "[x](javascript:alert(1))", ""]
+
+
+@pytest.mark.parametrize("license", BAD_LICENSES)
+def test_a_license_that_is_no_identifier_is_refused_before_reading_anything(license, monkeypatch):
+    model = hf_posenc.patch(make_tiny("llama"), "yarn", factor=2)
+    monkeypatch.setattr("hf_posenc.hub.push.HfApi", lambda *a, **k: pytest.fail("reached the Hub"))
+    for call in (build_card, push_to_hub):
+        with pytest.raises(ValueError, match=r"`license` .* is not a license identifier"):
+            call(model, "me/x", base_model="org/base", license=license)
+
+
+@pytest.mark.parametrize(
+    "names, refused",
+    [
+        ({"base_model": "org/ti`ny<script>"}, "`base_model` .* is not a Hub repo id"),
+        ({"base_model": "org/x\n# injected"}, "`base_model` .* is not a Hub repo id"),
+        ({"base_revision": 'abc"\n# injected'}, "`base_revision` .* is not a revision"),
+        ({"license_info": {"license": "other", "license_name": "x\n# injected"}}, "`license_name` .* is not a license"),
+        ({"license_info": {"license": "other", "license_link": "javascript:alert(1)"}}, "`license_link` .* http"),
+    ],
+)
+def test_the_card_writes_no_name_that_could_add_markdown_or_html(names, refused):
+    """What a card writes as it is (the base model in a link and a snippet, its revision in a snippet, the license in
+    the metadata the Hub shows as a link) is a name of its kind, or the card is not rendered."""
+    from hf_posenc.hub.card import render_card
+
+    model = hf_posenc.patch(make_tiny("llama"), "yarn", factor=2)
+    given = {"base_model": "org/base", "base_revision": None, **names}
+    with pytest.raises(ValueError, match=refused):
+        render_card(model.config, repo_id="me/x", config_only=True, **given)
+    ordinary = {"license": "other", "license_name": "llama3.1", "license_link": "https://example.com/LICENSE.txt"}
+    card = render_card(model.config, repo_id="me/x", base_model="org/base", base_revision="a" * 40, config_only=True,
+                       license_info=ordinary)  # fmt: skip
+    assert "license_link: https://example.com/LICENSE.txt" in str(card)
+
+
+@pytest.mark.parametrize("command", ["card", "push"])
+def test_the_commands_refuse_a_bad_license_in_one_line_before_the_model_loads(command, tmp_path, capsys, monkeypatch):
+    from hf_posenc.cli import share
+
+    monkeypatch.setattr(share, "_patched_model", lambda *a, **k: pytest.fail("loaded the model"))
+    output = tmp_path / "README.md"
+    args = [command, "--model", "org/base", "--method", "yarn:factor=2", "--license", "mit\n# x"]
+    args += ["--output", str(output)] if command == "card" else ["--repo", "me/x"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hf-posenc {command}: error: --license 'mit\\n# x' is not a license identifier"), err
+    assert err.count("\n") == 1 and not output.exists()

@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -917,6 +918,37 @@ def test_a_resume_on_another_number_of_processes_is_refused(tmp_path):
     (out / "checkpoint-2" / "rng_state_0.pth").rename(rng)
     resumed = train(make_tiny("llama"), None, DATA, out, _settings(steps=2, resume=True), "alibi")
     assert resumed.steps == 2 and json.loads((out / "train_run.json").read_text())["processes"] == 1
+
+
+@pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt"])
+@pytest.mark.parametrize("damage", ["truncated", "code"])
+def test_a_corrupt_or_tampered_checkpoint_is_one_line_naming_the_file(tmp_path, name, damage):
+    """A checkpoint's optimizer or scheduler state cut short, or replaced by a pickle that would run code: the resume
+    stops with one line naming the file before anything is written, and the pickle's code never runs."""
+    out, ran = tmp_path / "out", tmp_path / "code-ran"
+    train(make_tiny("llama"), None, DATA, out, _settings(steps=2), "alibi")
+    path = out / "checkpoint-2" / name
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        path.write_bytes(pickle.dumps(_RunsCode(ran)))
+    model, before = make_tiny("llama"), _snapshot(out)
+    original = snapshot(model)
+    with pytest.raises(ValueError, match=rf"`resume`: {re.escape(str(path))} cannot be read") as refused:
+        train(model, None, DATA, out, _settings(steps=2, resume=True), "alibi")
+    assert "\n" not in str(refused.value)
+    assert _snapshot(out) == before and not ran.exists()
+    assert_same(original, snapshot(model))
+
+
+class _RunsCode:
+    """Unpickled, it would create the file ``marker``."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
 
 
 def test_a_resume_while_the_run_trains_is_refused_untouched(tmp_path):

@@ -4,7 +4,6 @@ the tiny model saved for the eval commands come from the plugins hub_server and 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,33 +22,6 @@ def pytest_configure(config):
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         torch.set_num_threads(max(1, torch.get_num_threads() // workers))
-
-
-# The longest files (half a minute to four minutes of a core each), collected first: pytest-xdist hands the files to
-# its workers in collection order (``--no-loadscope-reorder`` in pyproject.toml), and the longest collected last
-# would keep one core busy minutes after the other had finished. Its own order, by the count of tests, ran the
-# floor's run (3 tests, 4 minutes) last.
-LONGEST_FIRST = (
-    "test_transformers_floor.py",
-    "training/test_train.py",
-    "eval/test_eval_real_model.py",
-    "cli/test_cli_hub.py",
-    "attention/test_extension_flex.py",
-    "hub/test_hub.py",
-    "patching/test_real_model.py",
-    "attention/test_alibi_flex_compiled.py",
-    "cli/test_cli_lm_eval.py",
-)
-TESTS = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(config, items):
-    def rank(item) -> int:
-        path = item.path.resolve()
-        name = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else None  # a doctest elsewhere
-        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
-
-    items.sort(key=rank)  # stable: each file's tests keep their order
 
 
 @pytest.fixture(scope="module")

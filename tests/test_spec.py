@@ -105,7 +105,9 @@ def test_the_argument_named_in_errors_is_the_callers():
         MethodSpec.parse("yarn:factor=0.5", parameter="methods")
 
 
-@pytest.mark.parametrize("text", ["dynamic-ntk+self-extend:group_size=4", "dynamic-yarn+dca", "self-extend+dynamic-ntk"])
+@pytest.mark.parametrize(
+    "text", ["dynamic-ntk+self-extend:group_size=4", "dynamic-yarn+dca", "self-extend+dynamic-ntk"]
+)
 def test_a_combination_that_cannot_work_is_refused_when_parsed(text):
     """Before any model: a RoPE scaling that changes with the length cannot carry a remap's re-rotated keys."""
     with pytest.raises(ValueError, match=r"changes the frequencies with the length"):

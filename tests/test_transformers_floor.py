@@ -1,15 +1,14 @@
-"""The oldest transformers the package declares runs the suite's core: methods, patching, the config round trip,
-ALiBi and the other attention methods, and training (in a subprocess, that release installed beside the venv's
-newest one).
+"""The oldest transformers the package declares: named at import when an older one is found, and the core of the
+suite run with it by the step of the test command after pytest (``scripts/check_transformers_floor.py``, which
+reads the floor from pyproject.toml, so the declared floor is the tested one).
 
-pyproject.toml declares ``transformers>=X``; this test reads X from there, so the declared floor is the tested one.
 huggingface_hub 2, which the package requires, caps it: transformers 5.18 is the first release that accepts it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,43 +18,30 @@ from helpers import pip_target
 from hf_posenc._startup import TRANSFORMERS_FLOOR
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE = ["tests/methods", "tests/patching", "tests/test_record.py", "tests/training"]
-ELSEWHERE = "tests/patching/test_transformers4.py"  # transformers 4.x, in its own subprocess already
+TEST_COMMAND_END = "python -m pytest -q && python scripts/check_transformers_floor.py"
+
+
+def _floor_script():
+    spec = importlib.util.spec_from_file_location(
+        "check_transformers_floor", ROOT / "scripts/check_transformers_floor.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def declared_floor() -> str:
-    """X of ``"transformers>=X,<6"`` in pyproject.toml."""
-    [floor] = re.findall(r'"transformers>=([0-9.]+),', (ROOT / "pyproject.toml").read_text())
-    return floor
+    return _floor_script().declared_floor()
 
 
-def test_the_declared_floor_runs_the_core_of_the_suite():
-    floor = declared_floor()
-    target = pip_target(f"transformers=={floor}", no_deps=True)  # the venv's tokenizers, huggingface_hub, torch
-    env = {**os.environ, "PYTHONPATH": str(target), "OMP_NUM_THREADS": "1"}
-    version = subprocess.run(
-        [sys.executable, "-c", "import transformers; print(transformers.__version__)"],
-        capture_output=True, text=True, env=env, check=True,
-    )  # fmt: skip
-    assert version.stdout.strip() == floor
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-x",
-        "-n",
-        "0",
-        "-m",
-        "not slow and not gpu",
-        "-p",
-        "no:cacheprovider",
-    ]
-    done = subprocess.run(
-        [*command, "--deselect", ELSEWHERE, *CORE], cwd=ROOT, capture_output=True, text=True, env=env, timeout=900
-    )
-    assert done.returncode == 0, f"transformers {floor}:\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}"
-    assert re.search(r"\d+ passed", done.stdout.splitlines()[-1]), done.stdout[-500:]
+def test_the_test_command_runs_the_core_with_the_floor_after_the_suite():
+    """The README's test command and CI's are one, and its last step is the floor's run."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    ci = (ROOT / ".ci/run").read_text(encoding="utf-8")
+    [command] = [line for line in readme.splitlines() if line.startswith("python3 -m venv .venv &&")]
+    assert command.endswith(TEST_COMMAND_END) and command in ci
+    script = _floor_script()
+    assert all((ROOT / path).exists() for path in [*script.CORE, script.ELSEWHERE])
 
 
 def test_the_floor_checked_at_import_is_the_declared_one():

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,15 +59,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def check_command(args: argparse.Namespace) -> int:
     """Print the findings for ``args.config`` (a table, or JSON with ``--json``); the exit status: 0 or 1."""
     config = read_config(args.config, args.revision)
+    where = config_label(args.config)
+    with _malformed_rope_keys(where):
+        _check_rope_values(config)
+        _check_bounds(config)
+    check_model_type(config, where)
     record = PatchRecord.from_config(config, missing_ok=True)
     added = _weights_hold_added_tensors(args.config, args.revision, record)
-    try:
-        _check_rope_values(config)
+    with _malformed_rope_keys(where):
         _check_transformers_reads(config)
         findings = [*record_findings(config, record), *engine_findings(config, added_tensors=added)]
-    except (TypeError, ValueError, KeyError, ArithmeticError) as error:  # a RoPE value of the wrong type, say
-        detail = str(error) if isinstance(error, TransformersRefuses) else f"{type(error).__name__}: {error}"
-        raise ValueError(f"{args.config}: its RoPE keys are malformed ({detail}).") from None
     status = 0 if all(finding.severity == "ok" for finding in findings) else 1
     unknown = None if record is None else _unknown_here(record)
     if args.json:
@@ -86,6 +89,49 @@ def check_command(args: argparse.Namespace) -> int:
     print(f"{args.config}: hf_posenc record: {'none' if record is None else record.method}{note}")
     print(format_table(findings))
     return status
+
+
+@contextlib.contextmanager
+def _malformed_rope_keys(where: str) -> Iterator[None]:
+    """What the block raises on a RoPE value (of the wrong type, out of bounds, refused by transformers) as one
+    ``ValueError`` naming the file."""
+    try:
+        yield
+    except (TypeError, ValueError, KeyError, ArithmeticError) as error:
+        detail = str(error) if isinstance(error, TransformersRefuses) else f"{type(error).__name__}: {error}"
+        raise ValueError(f"{where}: its RoPE keys are malformed ({detail}).") from None
+
+
+def config_label(source: str) -> str:
+    """The config file ``source`` names, for messages: the file, a folder's ``config.json``, a Hub repo's."""
+    path = Path(source)
+    if path.is_dir() or not path.exists():
+        return f"{source.rstrip('/')}/{CONFIG_FILE}"
+    return source
+
+
+_MISTRAL_KEYS = {"dim", "n_layers", "n_heads"}  # Mistral's own params.json (vLLM: --config-format mistral)
+
+
+def check_model_type(config: dict[str, Any], where: str) -> None:
+    """Raise ``ValueError`` naming ``where`` unless ``config`` is a transformers config of a model type transformers
+    knows: every verdict compares an engine with what transformers builds, and the engines that load configs
+    through transformers (vLLM, SGLang) find the model class by that type."""
+    from transformers import __version__ as transformers_version
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = config.get("model_type")
+    if model_type is None:
+        other = " (it is Mistral's own params.json format)" if config.keys() >= _MISTRAL_KEYS else ""
+        raise ValueError(
+            f"{where} is not a transformers config: it has no model_type key{other}. check reads the config.json that "
+            "transformers, vLLM, SGLang, TGI and llama.cpp's converter read."
+        )
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise ValueError(
+            f"{where}: model_type {model_type!r} is unknown to transformers {transformers_version}, so no verdict "
+            "compares with what it builds; the engines that read configs through transformers refuse it too."
+        )
 
 
 def _unknown_here(record: PatchRecord) -> str | None:
@@ -180,6 +226,25 @@ def _check_rope_values(config: dict[str, Any]) -> None:
         *_FRACTIONS,
     ):
         _positive(name, config.get(name), *_BOUNDED.get(name, ()))
+
+
+_SCALED_TYPES = ("linear", "dynamic", "yarn", "longrope", "llama3")  # their factor is s = L'/L
+
+
+def _check_bounds(config: dict[str, Any]) -> None:
+    """The bounds ``patch`` applies to the values transformers reads (:func:`~hf_posenc.methods._common.scale_factor`:
+    a factor in ``[1, 2^24]``; LongRoPE's lists one value per rotary pair)."""
+    from ..methods._common import scale_factor
+
+    view = rope_view(config, REFERENCE_READS)
+    if view.rope_type in _SCALED_TYPES and "factor" in view.params:
+        scale_factor(view.params["factor"], f"{view.source}.factor")
+    dim = config_rotary_dim(config, view)
+    for name in ("long_factor", "short_factor") if view.rope_type == "longrope" else ():
+        values = view.params.get(name)
+        if values is not None and (not isinstance(values, list) or dim is None or len(values) != dim // 2):
+            size = len(values) if isinstance(values, list) else type(values).__name__
+            raise ValueError(f"{view.source}.{name} holds {size} values, not one per rotary pair ({dim} // 2)")
 
 
 class TransformersRefuses(ValueError):

@@ -114,6 +114,8 @@ def train(
     args = training_arguments(model, output_dir, settings)  # its processes: the run's (accelerate launch's)
     identity = run_identity(model, spec, settings, data, args.world_size)
     check_output(output_dir, identity, settings.resume)
+    if settings.resume and not (output_dir / RUN_FILE).is_file():
+        logger.warning("`resume`: %s holds no run yet; starting one.", output_dir)
     release_gguf(model)
     handed_in = _HandedIn.of(model)
     if args.place_model_on_device:  # patched where and as it trains: the backend "auto" picks depends on both
@@ -141,12 +143,47 @@ def _check_settings(model: PreTrainedModel, data: PackedWindows, settings: Train
         raise ValueError(f"`texts` are packed in windows of {data.length} tokens, not `length` {settings.length}.")
     if settings.bf16 and model.dtype != torch.float32:
         raise ValueError(f"`bf16` autocast trains float32 weights; the model is in {model.dtype}: load it in float32.")
+    if settings.batch_size > len(data):
+        raise ValueError(
+            f"`batch_size` {settings.batch_size} is more windows than the texts make ({len(data)} of {data.length} "
+            "tokens): every step would see the same windows. Lower it, or give more text."
+        )
+    if settings.trainable == "lora":
+        _check_lora_rank(model, settings.resolved_lora_rank)
     if settings.warmup_steps >= settings.steps:  # allowed (a run started so resumes), but hardly what was meant
         logger.warning(
             "warmup_steps %d is not below steps %d: the learning rate does not reach learning_rate %g in this run.",
             settings.warmup_steps,
             settings.steps,
             settings.learning_rate,
+        )
+
+
+def _check_lora_rank(model: PreTrainedModel, rank: int) -> None:
+    """The adapters' rank at most the smaller side of every layer they adapt (each linear layer but the output
+    head): past it, ``B A`` cannot have rank ``r``."""
+    head = model.get_output_embeddings()
+    sides = [
+        (min(module.weight.shape), name)
+        for name, module in model.named_modules()
+        if type(module).__name__ in ("Linear", "Conv1D") and module is not head and module.weight.dim() == 2
+    ]
+    if sides and rank > min(sides)[0]:
+        smallest, name = min(sides)
+        raise ValueError(
+            f"`lora_rank` {rank} is more than the smaller side of the layer {name} ({smallest}), which its adapters "
+            f"could not reach; give at most {smallest}."
+        )
+
+
+def _note_position_parameters(model: PreTrainedModel, spec: MethodSpec, trainable: str, added: frozenset[str]) -> None:
+    """``trainable`` 'position' trains the position parameters as patched and the norms: with a method that adds
+    none to this model (ALiBi, NoPE, a RoPE scaling), the norms alone, which is said once."""
+    if trainable == "position" and not added:
+        logger.warning(
+            "%s adds no position parameters to %s: `trainable` 'position' trains its normalisation weights only.",
+            spec.text,
+            type(model).__name__,
         )
 
 
@@ -177,6 +214,7 @@ def _session(
     adapting = False  # whether LoRA adapters may be in the model
     try:
         _check_patched(model, spec, settings, args.device, added)
+        _note_position_parameters(model, spec, settings.trainable, added)
         if settings.trainable == "lora":  # the last change before the run: no check refuses it after
             adapting = True
             add_adapters(model, settings.resolved_lora_rank, settings.resolved_lora_alpha, settings.seed)

@@ -297,3 +297,50 @@ def test_offline_mode_says_so(fake_hub, capsys, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert main(["check", "me/never-read"]) == 2
     assert "failed: the Hub cannot be reached (HF_HUB_OFFLINE is set), and no copy" in capsys.readouterr().err
+
+
+MISTRAL_PARAMS = {"dim": 4096, "n_layers": 32, "head_dim": 128, "n_heads": 32, "n_kv_heads": 8, "rope_theta": 1e6}
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"max_position_embeddings": 256, "rope_theta": 1e4}, "is not a transformers config: it has no model_type"),
+        (MISTRAL_PARAMS, "no model_type key (it is Mistral's own params.json format)"),
+        ({"model_type": "no-such-model", "rope_theta": 1e4}, "model_type 'no-such-model' is unknown to transformers"),
+        ({"model_type": ["llama"]}, "model_type ['llama'] is unknown to transformers"),
+    ],
+    ids=["no-model-type", "mistral-params", "unknown-type", "not-a-name"],
+)
+def test_a_config_no_engine_loads_is_named_as_such(tmp_path, capsys, config, message):
+    """No model type, an unknown one, or another format: one line naming the file, exit 2, and no engine called ok."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["check", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith(f"hf-posenc check: error: {tmp_path}/config.json") and message in captured.err
+
+
+@pytest.mark.parametrize(
+    ("rope", "message"),
+    [
+        ('{"rope_type": "yarn", "factor": 3e7, "original_max_position_embeddings": 64}', "factor must be at most 2^24"),
+        ('{"rope_type": "linear", "factor": 0.5}', "rope_parameters.factor must be >= 1"),
+        (
+            '{"rope_type": "longrope", "factor": 4, "original_max_position_embeddings": 64, "long_factor": [1, 2],'
+            ' "short_factor": [1, 1, 1, 1, 1, 1, 1, 1]}',
+            "rope_parameters.long_factor holds 2 values, not one per rotary pair (16 // 2)",
+        ),
+    ],
+)
+def test_the_bounds_patch_applies_are_applied(tmp_path, capsys, rope, message):
+    """A factor past 2^24 (or below 1) and a LongRoPE list of the wrong length, which ``patch`` refuses, are refused
+    here too, naming the file, rather than called ok."""
+    config = json.loads(_LLAMA % rope)
+    config.update(hidden_size=64, num_attention_heads=4)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hf-posenc check: error: {path}: its RoPE keys are malformed") and message in err, err
+    assert err.count("\n") == 1

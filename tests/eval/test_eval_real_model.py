@@ -1,5 +1,5 @@
-"""The real offline SmolLM2-135M: our unpatched perplexity equals a plain ``labels=`` loss (short), 2k read
-from a 4k forward equals a 2k forward, and the passkey verdict equals greedy generation."""
+"""The real offline SmolLM2-135M: our unpatched perplexity equals a plain ``labels=`` loss (short), 512 tokens
+read from a 1k forward equal a 512 forward, and the passkey verdict equals greedy generation."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ from hf_posenc.eval.data import build_windows
 from hf_posenc.eval.passkey import build_prompt, ends_the_number
 from hf_posenc.eval.perplexity import greedy_continuation, perplexity
 from hf_posenc.eval.scoring import score_lengths
+
+pytestmark = pytest.mark.xdist_group(
+    "smollm2"
+)  # the model loads on one worker, with tests/patching/test_real_model.py's
 
 
 @pytest.mark.slow
@@ -36,18 +40,18 @@ def test_unpatched_ppl_equals_labels_loss_on_two_512_token_windows(smollm2, essa
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("method", "bos"), [("none", False), ("yarn", True)])
-def test_2k_read_from_a_4k_forward_equals_a_2k_forward(smollm2, essay_ids, method, bos):
+def test_512_read_from_a_1k_forward_equals_a_512_forward(smollm2, essay_ids, method, bos):
     """The truncate protocol's shared forward on the real model, float32: relative 1e-5 (yarn: factor 4)."""
     model, tokenizer = smollm2
-    doc, bos_id = essay_ids[0, :5000].tolist(), tokenizer.bos_token_id if bos else None
-    plans = {n: build_windows([len(doc)], n, "truncate", bos=bos).windows for n in (2048, 4096)}
+    doc, bos_id = essay_ids[0, :1500].tolist(), tokenizer.bos_token_id if bos else None
+    plans = {n: build_windows([len(doc)], n, "truncate", bos=bos).windows for n in (512, 1024)}
     accelerator = Accelerator(cpu=True)
     with hf_posenc.patched(model, "yarn", factor=4) if method == "yarn" else torch.no_grad():
         together = score_lengths(model, [doc], plans, accelerator=accelerator, bos_id=bos_id)
-        alone = score_lengths(model, [doc], {2048: plans[2048]}, accelerator=accelerator, bos_id=bos_id)[2048]
-    assert (together[2048].forwards, together[2048].derived_from, together[4096].forwards) == (0, 4096, 1)
-    ((nll, tokens),) = together[2048].windows
-    assert tokens == alone.windows[0][1] == 2047  # BOS + 2047 tokens, or 2048 tokens and the first unscored
+        alone = score_lengths(model, [doc], {512: plans[512]}, accelerator=accelerator, bos_id=bos_id)[512]
+    assert (together[512].forwards, together[512].derived_from, together[1024].forwards) == (0, 1024, 1)
+    ((nll, tokens),) = together[512].windows
+    assert tokens == alone.windows[0][1] == 511  # BOS + 511 tokens, or 512 tokens and the first unscored
     assert math.isclose(nll, alone.windows[0][0], rel_tol=1e-5)
 
 
@@ -57,7 +61,7 @@ def test_passkey_verdict_equals_greedy_generation(smollm2, depth):
     """The teacher-forced verdict (the key's tokens, then no further digit) against ``generate()``: the first
     number of the greedy answer is the key."""
     model, tokenizer = smollm2
-    prompt = build_prompt(tokenizer, 1024, depth, key=60494)
+    prompt = build_prompt(tokenizer, 512, depth, key=60494)
     ids = torch.tensor([prompt.input_ids])
     with torch.no_grad():
         generated = model.generate(ids[:, : prompt.answer_from], max_new_tokens=8, do_sample=False)

@@ -9,7 +9,7 @@ import torch
 
 import hf_posenc
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2")]  # the model loads on one worker
 LENGTH = 512  # inside the trained context: a forward takes about a second on 2 CPU cores
 
 

@@ -951,6 +951,37 @@ class _RunsCode:
         return Path.touch, (self.marker,)
 
 
+def test_settings_that_cannot_mean_what_they_say_are_one_line_before_anything_is_written(tmp_path):
+    """A batch of more windows than the texts make, and LoRA adapters of a rank past the smaller side of a layer they
+    adapt: refused, naming the setting, before the output folder exists; the model as it was."""
+    model = make_tiny("llama")
+    original = snapshot(model)
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=rf"`batch_size` 64 is more windows than the texts make \({len(DATA)} of 32"):
+        train(model, None, DATA, out, _settings(steps=1, batch_size=64), "alibi")
+    smallest = min(min(m.weight.shape) for m in model.modules() if isinstance(m, nn.Linear) and m is not model.lm_head)
+    with pytest.raises(ValueError, match=rf"`lora_rank` {smallest + 1} is more than the smaller side of the layer "):
+        train(model, None, DATA, out, _settings(steps=1, trainable="lora", lora_rank=smallest + 1), "alibi")
+    assert not out.exists()
+    assert_same(original, snapshot(model))
+
+
+def test_settings_that_run_anyway_are_one_line_notices(tmp_path, caplog):
+    """``resume`` where no run is yet starts one, and ``trainable`` 'position' with a method that adds no position
+    parameter trains the norms alone: each said in one line, and the run trains."""
+    out = tmp_path / "out"
+    with caplog.at_level(logging.WARNING, logger="hf_posenc"):
+        result = train(make_tiny("llama"), None, DATA, out, _settings(steps=1, trainable="position", resume=True),
+                       "yarn:factor=2")  # fmt: skip
+    notices = [record.getMessage() for record in caplog.records if record.name.startswith("hf_posenc.training")]
+    assert f"`resume`: {out} holds no run yet; starting one." in notices
+    assert (
+        "yarn:factor=2 adds no position parameters to LlamaForCausalLM: `trainable` 'position' trains its "
+        "normalisation weights only." in notices
+    )
+    assert result.steps == 1
+
+
 def test_a_resume_while_the_run_trains_is_refused_untouched(tmp_path):
     """The run's first process holds a lock in the folder while it trains: a second run resuming there meanwhile
     (the processes of a killed launcher train on) is refused before it changes a file or the model; the lock file a

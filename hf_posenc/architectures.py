@@ -86,12 +86,11 @@ def positions_of_config(config: Any) -> Positions:
     return ARCHITECTURES.get(getattr(config, "model_type", None), ROPE)
 
 
-def trained_context(config: Any, params: dict[str, Any]) -> int:
-    """``L``: popped from ``params`` when given there, else recorded by the config
+def trained_context(config: Any, given: int | None = None) -> int:
+    """``L``: ``given`` (a method's ``original_max_position_embeddings``), else recorded by the config
     (``original_max_position_embeddings`` in ``rope_parameters``, at the top level, or in the
     ``dual_chunk_attention_config`` vLLM reads, as Qwen2.5-1M ships it), else guessed from
-    ``max_position_embeddings`` with a log line."""
-    given = params.pop("original_max_position_embeddings", None)
+    ``max_position_embeddings`` with a note at INFO (``hf-posenc`` commands show it once per run)."""
     if given is not None:
         configured = getattr(config, "max_position_embeddings", None)
         if isinstance(given, int) and isinstance(configured, int) and given > configured:
@@ -111,7 +110,7 @@ def trained_context(config: Any, params: dict[str, Any]) -> int:
     if recorded:
         return recorded
     context = config.max_position_embeddings
-    logger.warning(
+    logger.info(
         "hf_posenc: original_max_position_embeddings not given; using the config's max_position_embeddings "
         "= %d as the trained context L. Pass original_max_position_embeddings=... if that is not right.",
         context,
@@ -119,16 +118,15 @@ def trained_context(config: Any, params: dict[str, Any]) -> int:
     return context
 
 
-def served_context(config: Any, params: dict[str, Any]) -> int:
+def served_context(config: Any, given: int | None = None) -> int:
     """``L`` for the attention-level methods (Self-Extend, DCA, log-n): :func:`trained_context`, except on a base
     that already ships a RoPE scaling (Llama 3.1's ``llama3``, Phi-3's ``longrope``), where it is the config's
     ``max_position_embeddings`` when that is longer: the context such a model is served at. A patch then never
     lowers the context the model advertises, and log-n leaves every position it serves as it was.
-    ``original_max_position_embeddings`` in ``params`` still wins."""
-    given = "original_max_position_embeddings" in params
-    context = trained_context(config, params)
+    ``given`` still wins."""
+    context = trained_context(config, given)
     rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
-    if given or rope_type == "default":
+    if given is not None or rope_type == "default":
         return context
     return max(context, config.max_position_embeddings)
 

@@ -115,6 +115,15 @@ class Method:
             raise TypeError(f"Method {self.name!r}: {message}. Valid parameters: {', '.join(names)}.") from None
 
 
+def with_context(params: Any, context: int) -> Any:
+    """``params`` (a method's, built) with its trained context ``L`` (``original_max_position_embeddings``) set to
+    ``context``, and what depends on it resolved: its dataclass builds again with it. ``params`` itself where it
+    holds that ``L`` already."""
+    if params.original_max_position_embeddings == context:
+        return params
+    return dataclasses.replace(params, original_max_position_embeddings=context)
+
+
 def params_to_dict(params: Any) -> dict[str, Any]:
     """A method's params dataclass as JSON-ready values (tuples become lists)."""
     values = {item.name: getattr(params, item.name) for item in dataclasses.fields(params)}

@@ -26,14 +26,19 @@ class MethodSpec:
             unpatched model.
         params (`dict`): the parameters as written, values parsed (numbers, booleans, lists).
         method (`str`): the registered method's canonical name (``pi`` for ``linear``), or ``"none"``.
-        defaults (`dict`): every parameter of the method, the given ones and the defaults, as built by
-            its params dataclass; what the model decides (the trained context when not given) stays unset.
+        built: the parameters as its params dataclass built (so checked) them when parsed, which ``patch`` takes;
+            what the model decides (the trained context when not given) stays unset. None for ``none``.
     """
 
     name: str
     params: dict[str, Any]
     method: str = field(compare=False)
-    defaults: dict[str, Any] = field(compare=False, repr=False)
+    built: Any = field(compare=False, repr=False)
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """Every parameter of the method, the given ones and the defaults, as built (empty for ``none``)."""
+        return {} if self.built is None else params_to_dict(self.built)
 
     @classmethod
     def parse(cls, text: str, *, parameter: str = "method") -> MethodSpec:
@@ -44,13 +49,13 @@ class MethodSpec:
         if name == NONE_METHOD:
             if params:
                 raise ValueError(f"`{parameter}` {text!r}: 'none' is the unpatched model and takes no parameters.")
-            return cls(NONE_METHOD, {}, NONE_METHOD, {})
+            return cls(NONE_METHOD, {}, NONE_METHOD, None)
         method = get_method(name)  # raises naming the unknown method and the available ones (aliases accepted)
         try:
             built = method.make_params(**params)
         except (TypeError, ValueError) as error:
             raise ValueError(f"`{parameter}` {text!r}: {error}") from None
-        return cls(name, params, method.name, params_to_dict(built))
+        return cls(name, params, method.name, built)
 
     @property
     def text(self) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import math
 import shutil
 import subprocess
@@ -171,18 +170,11 @@ def write_results(
 
 
 def resolved_params(spec: str) -> dict:
-    """``spec``'s parameters as a patch of the tiny Llama (trained context 64) resolves them, as eval records them
-    (the note that the trained context was not given left out)."""
+    """``spec``'s parameters as a patch of the tiny Llama (trained context 64) resolves them, as eval records them."""
     from tiny_models import make_tiny
 
     name, params = parse_method_spec(spec)
-    logger = logging.getLogger("hf_posenc")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        return dict(hf_posenc.get_patch(hf_posenc.patch(make_tiny("llama"), name, **params)).params)
-    finally:
-        logger.setLevel(level)
+    return dict(hf_posenc.get_patch(hf_posenc.patch(make_tiny("llama"), name, **params)).params)
 
 
 SPECS = {  # every registered method as a spec, on the tiny Llama (8 frequency pairs) or GPT-2 (FAMILY_OF)

@@ -2,7 +2,7 @@
 
 It implements the routes that ``HfApi.create_repo``, ``create_branch``, ``delete_branch``, ``upload_folder`` /
 ``create_commit`` (with every file sent inline as a "regular" blob, and file deletions), ``list_repo_tree``,
-``model_info`` and ``hf_hub_download`` call, checks the bearer token, and keeps every commit of every repo in memory.
+``model_info``, ``whoami`` and ``hf_hub_download`` call, checks the bearer token, and keeps every commit of every repo in memory.
 Failures are injected per route with :meth:`FakeHub.fail`. A 401 is deliberately careless: it echoes the request's
 ``Authorization: Bearer <token>`` header, so tests prove that hf_posenc never shows the token. Written against the
 client code of huggingface_hub 2.x (``hf_api.py``, ``_commit_api.py``, ``file_download.py``).
@@ -209,6 +209,7 @@ API_REPO = re.compile(
 )
 RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
 WRITE_ROUTES = ("create", "branch", "delete-branch", "preupload", "commit")
+AUTH_ROUTES = (*WRITE_ROUTES, "whoami")  # refused without a token
 
 
 def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
@@ -258,7 +259,7 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 return self._careless_401()
             if failure is not None:
                 return failure, {"error": f"Injected failure on {route}"}, {}
-            if route in WRITE_ROUTES and token_given is None:
+            if route in AUTH_ROUTES and token_given is None:
                 return 401, {"error": "You must be authenticated"}, {}
             return handler()
 
@@ -275,6 +276,8 @@ def _make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             body = json.loads(raw) if raw and self.headers.get("Content-Type") == "application/json" else {}
             if self.command == "POST" and path == "/api/repos/create":
                 return "create", None, lambda: hub.create_repo(body, path)
+            if self.command == "GET" and path == "/api/whoami-v2":
+                return "whoami", None, lambda: (200, {"type": "user", "name": "me", "orgs": []}, {})
             if self.command == "POST" and path == "/api/validate-yaml":
                 return "validate-yaml", None, lambda: hub.validate_yaml(body, path)
             api = API_REPO.match(path)

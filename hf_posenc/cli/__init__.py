@@ -17,9 +17,12 @@ exits 130 with one line: the command's ``interrupted`` default, its ``{output}``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
 import re
 import sys
+from collections.abc import Iterator
 
 from safetensors import SafetensorError
 
@@ -81,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         load_library()
     try:
-        return args.func(args) or 0
+        with notes_on_stderr():
+            return args.func(args) or 0
     except KeyboardInterrupt:
         output = getattr(args, "output", None) or "the output folder"
         _report(args, (getattr(args, "interrupted", None) or INTERRUPTED).format(output=output))
@@ -93,6 +97,23 @@ def main(argv: list[str] | None = None) -> int:
         # bad input, files (safetensors' own error: a weights file written to a full disk), model loading
         _report(args, f"error: {error}")
         return 2
+
+
+@contextlib.contextmanager
+def notes_on_stderr() -> Iterator[None]:
+    """Within the block, what the library notes at INFO (the trained context a method assumed) is printed on stderr,
+    one line each; a program importing hf_posenc sees it only where it asks (``logging`` at INFO)."""
+    logger = logging.getLogger("hf_posenc")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.INFO)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(min(level or logging.INFO, logging.INFO))
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def load_library() -> None:

@@ -87,7 +87,7 @@ def check_command(args: argparse.Namespace) -> int:
     own_type = "" if record is None or record.native else " (hf_posenc's own rope type: load it with hf_posenc)"
     note = f" ({unknown})" if unknown else own_type
     print(f"{args.config}: hf_posenc record: {'none' if record is None else record.method}{note}")
-    print(format_table(findings))
+    print(format_findings(findings))
     return status
 
 
@@ -283,11 +283,16 @@ def _positive(name: str, value: Any, most: float = math.inf, what: str = "") -> 
         raise ValueError(f"{name} is {value!r}, more than {most} ({what})")
 
 
-def format_table(findings: list[Finding]) -> str:
-    """``engine | verdict | detail`` rows, the columns aligned."""
-    rows = [("engine", "verdict", "detail"), *((f.engine, f.severity, f.message) for f in findings)]
-    widths = [max(len(row[column]) for row in rows) for column in range(2)]
-    return "\n".join(f"{engine:<{widths[0]}} | {verdict:<{widths[1]}} | {detail}" for engine, verdict, detail in rows)
+def format_findings(findings: list[Finding]) -> str:
+    """``engine | read from | verdict | detail`` rows, the columns aligned: ``read from`` is the engine's release whose
+    source the verdict was read from."""
+    head = ("engine", "read from", "verdict", "detail")
+    rows = [head, *((f.engine, f.read_from or "-", f.severity, f.message) for f in findings)]
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    lines = (
+        " | ".join([*(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)), row[3]]) for row in rows
+    )
+    return "\n".join(lines)
 
 
 def _weights_hold_added_tensors(source: str, revision: str | None, record: PatchRecord | None) -> bool:

@@ -92,11 +92,12 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_push(args: argparse.Namespace) -> int:
     from ..hub.push import push_to_hub
-    from ..hub.reach import check_target
+    from ..hub.reach import check_target, require_push_access
 
     check_target(args.repo, args.revision, args.license)  # before the model loads
     spec, saved = _method_and_saved(args, weights=args.with_weights)
     base_model, base_revision = _weights_source(args, saved)
+    require_push_access(args.repo, args.token)
     tokenizer = _tokenizer(base_model, base_revision, args.token) if args.with_weights else None  # before the weights
     model, fingerprint = _patched_model(args, spec, saved, with_weights=args.with_weights)
     commit = push_to_hub(

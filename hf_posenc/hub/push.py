@@ -39,7 +39,7 @@ from .commit import LM_EVAL_FILE, RESULTS_FILE, commit_folder
 from .errors import HubError, HubPushError, call_hub
 from .metadata import METADATA_FILE, METADATA_FORMAT, read_metadata
 from .provenance import Pushed, check_measured_on, weights_commit
-from .reach import check_target, is_hub_id, license_problem
+from .reach import check_target, is_hub_id, license_problem, require_push_access
 
 _LICENSE_FIELDS = ("license", "license_name", "license_link")
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
@@ -123,6 +123,7 @@ def push_to_hub(
     contents = _push_contents(
         model, api, results, weights, base_model, base_revision, license, token, errors, encoding_plot
     )
+    require_push_access(repo_id, token)  # before a weight is written
 
     def commit() -> CommitInfo:
         with tempfile.TemporaryDirectory(prefix="hf_posenc_push_") as folder:

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url, is_offline_mode
-from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+from huggingface_hub import HfApi, constants, get_hf_file_metadata, hf_hub_download, hf_hub_url, is_offline_mode
+from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, LocalTokenNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
-from .errors import refuse_missing_folder
+from .errors import HubPushError, call_hub, refuse_missing_folder
 
 logger = logging.getLogger("hf_posenc")
 CONFIG_FILE = "config.json"
@@ -181,6 +181,22 @@ def license_problem(key: str, value: Any) -> str | None:
         return None
     wanted = "an http(s) URL" if key == "license_link" else "a license identifier (letters, digits and . _ + - only)"
     return f"`{key}` {value!r} is not {wanted}"
+
+
+def require_push_access(repo_id: str, token: str | None) -> None:
+    """Raise :class:`~hf_posenc.hub.errors.HubPushError` unless the Hub endpoint answers and takes a token
+    (``token``, else the saved login or ``HF_TOKEN``): what a push needs, asked (one ``whoami`` request) before a
+    model loads or a weight is written."""
+    action = f"Pushing to {repo_id!r}"
+    if is_offline_mode():
+        raise HubPushError(f"{action}: HF_HUB_OFFLINE is set, and a push needs the Hub; unset it to push.")
+    try:
+        call_hub(lambda: HfApi(token=token).whoami(), HubPushError, f"{action} (checking the token)", token)
+    except LocalTokenNotFoundError:
+        raise HubPushError(
+            f"{action} needs a Hub token, and none is given or saved: log in (hf auth login), set HF_TOKEN, or pass "
+            "`token`."
+        ) from None
 
 
 def check_license(license: str | None) -> None:

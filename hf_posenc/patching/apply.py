@@ -28,7 +28,7 @@ from transformers import PretrainedConfig
 
 from ..architectures import positions_of
 from ..record import PatchRecord, set_config_attribute
-from ..registry import get_method
+from ..registry import Method, get_method
 from ..spec import MethodSpec
 from .changes import updated_config
 from .dispatch import plan_method
@@ -102,8 +102,9 @@ def _lock_of(model: nn.Module) -> threading.RLock:
         return _LOCKS[model]
 
 
-def plan_patch(model: nn.Module, method_name: str, params: dict[str, Any]) -> Plan:
-    """Validate everything and compute the patch without changing the model."""
+def plan_patch(model: nn.Module, method: Method, params: Any) -> Plan:
+    """Validate everything and compute the patch of ``method`` (``params``: its parameters, built) without changing
+    the model."""
     if not isinstance(getattr(model, "config", None), PretrainedConfig):
         raise TypeError(
             f"hf_posenc patches a transformers model (one with a config, as from_pretrained loads it), not a "
@@ -120,8 +121,7 @@ def plan_patch(model: nn.Module, method_name: str, params: dict[str, Any]) -> Pl
             "load it with hf_posenc.from_pretrained(...) to get a model that can be unpatched. (A model built from "
             "the config object of one patched since shares it: give each model its own copy.deepcopy(config).)"
         )
-    method = get_method(method_name)
-    return plan_method(model, method, dict(params))
+    return plan_method(model, method, params)
 
 
 def _snapshot(module: nn.Module) -> dict[str, Any]:
@@ -282,26 +282,28 @@ def patch(model: nn.Module, method: str | MethodSpec, **params: Any) -> nn.Modul
 
     On any error the model is left exactly as it was.
     """
-    name, params = _method_and_params(method, params)
+    registered, built = _method_and_params(method, params)
     inner = unwrapped(model)
     with _lock_of(inner):
-        plan = plan_patch(inner, name, params)
+        plan = plan_patch(inner, registered, built)
         _apply(inner, plan)
-        logger.info("hf_posenc: patched %s with %s %s", type(inner).__name__, plan.info.method, plan.info.params)
+        logger.debug("hf_posenc: patched %s with %s %s", type(inner).__name__, plan.info.method, plan.info.params)
     return model
 
 
-def _method_and_params(method: str | MethodSpec, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The method's name and parameters, from a name and keyword arguments or from a parsed spec."""
+def _method_and_params(method: str | MethodSpec, params: dict[str, Any]) -> tuple[Method, Any]:
+    """The registered method and its parameters, built (so checked) once: from a name and keyword arguments, or
+    from a parsed spec, which built them when parsed."""
     if not isinstance(method, MethodSpec):
-        return method, params
+        registered = get_method(method)
+        return registered, registered.make_params(**params)
     if params:
         raise TypeError(
             f"patch() takes the parameters of {method.text!r} from the MethodSpec; got {', '.join(params)} too."
         )
     if method.unpatched:
         raise ValueError("MethodSpec 'none' is the unpatched model: there is nothing to patch with.")
-    return method.method, dict(method.params)
+    return get_method(method.method), method.built
 
 
 @dataclass(frozen=True)
@@ -332,10 +334,10 @@ def dry_run(model: nn.Module, method: str | MethodSpec, **params: Any) -> DryRun
         TypeError: as :func:`patch` raises it.
         RuntimeError: the model is already patched.
     """
-    name, params = _method_and_params(method, params)
+    registered, built = _method_and_params(method, params)
     inner = unwrapped(model)
     with _lock_of(inner):
-        plan = plan_patch(inner, name, params)
+        plan = plan_patch(inner, registered, built)
     rows = _table_rows(inner, plan.info.method, plan.updates)
     return DryRun(plan.info, rows, copy.deepcopy(plan.updates))
 

@@ -30,7 +30,7 @@ from ..architectures import (
 from ..attention import REMAP, TEMPERATURE
 from ..attention.extension import ExtensionState, positions_over_mask
 from ..record import CONFIG_KEY, PatchRecord
-from ..registry import Method, params_to_dict
+from ..registry import Method, params_to_dict, with_context
 from .changes import (
     NoCounterpart,
     check_implementation_before_calls,
@@ -114,17 +114,18 @@ def _vllm_dca_key(config: Any, method: Method, remap: Any) -> dict[str, Any]:
     return {VLLM_DCA_KEY: {"chunk_size": remap.chunk_size, "local_size": remap.local_size}}
 
 
-def plan_extension(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
-    """Validate a remap, log-n, or both on ``model`` and plan them, without changing the model."""
+def plan_extension(model: nn.Module, method: Method, params: Any) -> Plan:
+    """Validate a remap, log-n, or both (``params``: their parameters, built) on ``model`` and plan them, without
+    changing the model."""
     parts = method.components
     remap_method = method.part("remap")
     _check_model(model, remap_method is not None)
-    config, params = model.config, dict(params)
+    config = model.config
     shipped = getattr(config, VLLM_DCA_KEY, None)
-    if remap_method is not None and remap_method.name == "dca" and isinstance(shipped, dict):
-        params = {**{key: shipped[key] for key in ("chunk_size", "local_size") if key in shipped}, **params}
-    method.make_params(**params)  # bad parameters fail before the trained context is guessed (and logged)
-    resolved = method.make_params(original_max_position_embeddings=served_context(config, params), **params)
+    if remap_method is not None and remap_method.name == "dca" and isinstance(shipped, dict):  # where not given
+        unset = [key for key in ("chunk_size", "local_size") if key in shipped and getattr(params, key) is None]
+        params = dataclasses.replace(params, **{key: shipped[key] for key in unset})
+    resolved = with_context(params, served_context(config, params.original_max_position_embeddings))
     by_role = dict(zip((part.role for part in parts), getattr(resolved, "part_params", (resolved,)), strict=True))
     remap, temperature = by_role.get("remap"), by_role.get("temperature")
     if remap is not None:

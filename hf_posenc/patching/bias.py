@@ -181,10 +181,10 @@ BIAS_METHODS = {
 }
 
 
-def plan_bias(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
-    """ALiBi or the T5 bias on whichever positions ``model`` has (RoPE or a learned table)."""
+def plan_bias(model: nn.Module, method: Method, requested: Any) -> Plan:
+    """ALiBi or the T5 bias (``requested``: its parameters, built) on whichever positions ``model`` has (RoPE or a
+    learned table)."""
     bias = BIAS_METHODS[method.name]
-    requested = method.make_params(**params)
     config_changes, removal, rope_type = positions_removed(model, method)
     resolved = bias.resolve(model, method, requested)
     if resolved.backend in ("flex", "cudnn"):

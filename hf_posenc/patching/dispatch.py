@@ -8,7 +8,7 @@ from torch import nn
 
 from ..architectures import positions_of, positions_of_config, trained_context, unsupported
 from ..record import CONFIG_KEY, PatchRecord
-from ..registry import Method, combine
+from ..registry import Method, combine, with_context
 from .attention_level import PLANNER as EXTENSION
 from .bias import ALIBI_PLANNER, T5_PLANNER
 from .encodings import PLANNER as ENCODINGS
@@ -51,29 +51,35 @@ def _without(method: Method, part: Method) -> Method:
     return rest[0] if len(rest) == 1 else combine(*rest)
 
 
-def plan_method(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
-    """The plan of ``method`` on ``model``, with the keys other readers read beside ``rope_parameters``
-    (:mod:`~hf_posenc.patching.legacy`). A combination with a
-    RoPE scaling (``"yarn+logn"``) is planned by the RoPE planner for that part and by the extension planner for
-    the rest, each on the parameters it takes (the trained context, resolved once, goes to both), and the two
-    plans become one."""
+def plan_method(model: nn.Module, method: Method, params: Any) -> Plan:
+    """The plan of ``method`` on ``model`` (``params``: its parameters, built), with the keys other readers read
+    beside ``rope_parameters`` (:mod:`~hf_posenc.patching.legacy`). A combination with a RoPE scaling
+    (``"yarn+logn"``) is planned by the RoPE planner for that part and by the extension planner for the rest, each on
+    its own parameters (the trained context, resolved once, goes to both), and the two plans become one."""
     return with_legacy_keys(model.config, _plan(model, method, params))
 
 
-def _plan(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
+def _plan(model: nn.Module, method: Method, params: Any) -> Plan:
     rope = method.part("rope")
     if not method.parts or rope is None:
         return planner_for(model, method).plan(model, method, params)
     others = _without(method, rope)
     planners = [planner_for(model, part) for part in (rope, others)]  # an architecture neither serves: its error
-    method.make_params(**params)  # every name checked against the whole combination first
-    given = dict(params)
-    context = trained_context(model.config, given)
-    plans = []
-    for part, planner in zip((rope, others), planners, strict=True):
-        part_params = {**part.own(given), "original_max_position_embeddings": context}
-        plans.append(planner.plan(model, part, part_params))
+    resolved = with_context(params, trained_context(model.config, params.original_max_position_embeddings))
+    plans = [
+        planner.plan(model, part, _part_params(method, resolved, part))
+        for part, planner in zip((rope, others), planners, strict=True)
+    ]
     return _merged(model.config, method, plans)
+
+
+def _part_params(method: Method, params: Any, part: Method) -> Any:
+    """The parameters of ``part`` (a method of the combination ``method``, or a combination of some of its methods)
+    within ``params``, the combination's, built."""
+    by_name = dict(zip((each.name for each in method.parts), params.part_params, strict=True))
+    if part.name in by_name:
+        return by_name[part.name]
+    return part.params(**{name: getattr(params, name) for name in part.param_names})
 
 
 def _merged(config: Any, method: Method, plans: list[Plan]) -> Plan:

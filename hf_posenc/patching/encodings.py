@@ -8,6 +8,7 @@ the original encoding.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any
@@ -40,21 +41,19 @@ class SinusoidalPositions(nn.Module):
         return (self.scale * table).to(self.weight.dtype)
 
 
-def _plan_nope(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
+def _plan_nope(model: nn.Module, method: Method, params: Any) -> Plan:
     """NoPE: the rotation (or ``wpe``) removed, nothing else."""
-    resolved = method.make_params(**params)
     config_changes, changes, rope_type = positions_removed(model, method, in_attention=False)
-    return _replacement_plan(model, method, resolved, config_changes, changes, rope_type)
+    return _replacement_plan(model, method, params, config_changes, changes, rope_type)
 
 
-def _plan_sinusoidal(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
+def _plan_sinusoidal(model: nn.Module, method: Method, requested: Any) -> Plan:
     """GPT-2's ``wpe`` replaced by :class:`SinusoidalPositions`; ``scale`` defaults to the RMS match of the table."""
-    requested = method.make_params(**params)
     table = position_table(model)
     if table.embedding_dim % 2:
         raise ValueError(f"The sinusoidal table needs an even width; this model's is {table.embedding_dim}.")
     scale = _rms_scale(table) if requested.scale is None else requested.scale
-    resolved = method.make_params(scale=scale, base=requested.base)
+    resolved = dataclasses.replace(requested, scale=scale)
     most = torch.finfo(table.weight.dtype).max
     if resolved.scale > most:
         raise ValueError(
@@ -97,7 +96,7 @@ def _replacement_plan(
 PLANS = {"nope": _plan_nope, "sinusoidal": _plan_sinusoidal}
 
 
-def plan_encoding(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
+def plan_encoding(model: nn.Module, method: Method, params: Any) -> Plan:
     return PLANS[method.name](model, method, params)
 
 

@@ -9,11 +9,11 @@ from torch import nn
 from ..architectures import position_table
 from ..methods.pi import interpolate_positions
 from ..record import CONFIG_KEY, PatchRecord
-from ..registry import Method, params_to_dict
+from ..registry import Method, params_to_dict, with_context
 from .plan import PatchInfo, Plan, Planner
 
 
-def plan_learned_pi(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
+def plan_learned_pi(model: nn.Module, method: Method, params: Any) -> Plan:
     """``pi`` on GPT-2: ``wpe`` resampled to ``round(factor * n_positions)`` rows, ``n_positions`` updated, and
     ``n_ctx`` where the config has it (GPT-2's released configs do; llama.cpp's converter reads its context from it).
 
@@ -22,13 +22,13 @@ def plan_learned_pi(model: nn.Module, method: Method, params: dict[str, Any]) ->
     """
     table = position_table(model)
     rows = table.num_embeddings
-    given = params.pop("original_max_position_embeddings", None)
+    given = params.original_max_position_embeddings
     if given is not None and given != rows:
         raise ValueError(
             f"original_max_position_embeddings={given!r} but GPT-2's position table has {rows} rows; "
             "leave it out for learned positions."
         )
-    resolved = method.make_params(original_max_position_embeddings=rows, **params)
+    resolved = with_context(params, rows)
     weight = interpolate_positions(table.weight.detach(), resolved.factor)  # (L', D)
     info = PatchInfo(method.name, params_to_dict(resolved), native=True, rope_type=None)
     lengths = ("n_positions", "n_ctx") if hasattr(model.config, "n_ctx") else ("n_positions",)

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..architectures import rope_modules, rotary_dim, trained_context
 from ..methods import compute_frequencies
-from ..registry import Method, get_method, params_to_dict
+from ..registry import Method, get_method, params_to_dict, with_context
 from .changes import refuse_unsavable_config, updated_config
 from .plan import PatchInfo, Plan, Planner, unpatched_tensor
 from .rope_types import (
@@ -90,13 +90,12 @@ def _meta_attention(attention: nn.Module, config: Any) -> nn.Module:
         return type(attention)(config, layer_idx=attention.layer_idx)
 
 
-def plan_rope_scaling(model: nn.Module, method: Method, params: dict[str, Any]) -> Plan:
-    """Validate a RoPE scaling method on ``model`` and plan it, without changing the model."""
+def plan_rope_scaling(model: nn.Module, method: Method, params: Any) -> Plan:
+    """Validate a RoPE scaling method (``params``: its parameters, built) on ``model`` and plan it, without changing
+    the model."""
     modules = rope_modules(model)
     config = model.config
-    method.make_params(**params)  # bad parameters fail before the trained context is guessed (and logged)
-    params = dict(params)
-    resolved = method.make_params(original_max_position_embeddings=trained_context(config, params), **params)
+    resolved = with_context(params, trained_context(config, params.original_max_position_embeddings))
     head_dim, base = rotary_dim(config), config.rope_parameters["rope_theta"]
 
     source = FrequencySource(method.name, resolved, head_dim, base)

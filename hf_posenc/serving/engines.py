@@ -57,11 +57,13 @@ class Finding:
     engine: str
     severity: str
     message: str
+    read_from: str = ""  # the engine's release (or commit) whose source the rule was read from
 
 
 @dataclass(frozen=True)
 class Engine:
-    """One engine: ``version`` / ``doc``: what was read; ``reads``: keys holding the method, first non-empty wins;
+    """One engine: ``release``: the release (or commit) its rules were read from, as ``check`` prints it;
+    ``version`` / ``doc``: what was read, in full; ``reads``: keys holding the method, first non-empty wins;
     ``theta_from_rope``: ``rope_theta`` from that dict before the top level; ``builds``: rope type -> rule;
     ``unknown`` / ``activation``: severity for another rope type / hf_posenc's GPT-2 ``activation_function``;
     ``dual_chunk``: model types whose ``dual_chunk_attention_config`` it reads first (``dual_chunk_gap``: why it
@@ -71,6 +73,7 @@ class Engine:
     model types it builds with RoPE base 10000 unscaled whatever the config says (its converter writes neither)."""
 
     name: str
+    release: str
     version: str
     doc: str
     reads: tuple[str, ...]
@@ -89,7 +92,8 @@ class Engine:
 ENGINES = (
     Engine(
         name="vllm",
-        version="vllm 0.33.0 (PyPI wheel; transformers>=5.16.1,<5.21)",
+        release="vllm 0.34.0",
+        version="vllm 0.34.0 (PyPI wheel; transformers>=5.16.1,<5.23)",
         doc="model_executor/layers/rotary_embedding/{__init__ (get_rope), yarn_scaling_rope, dynamic_ntk_scaling_rope, "
         "phi3_long_rope_scaled_rope}.py, transformers_utils/config.py (patch_legacy_rope_type), config/model.py "
         "(_get_and_verify_max_len), models/deepseek_v2.py. YaRN reads attention_factor, mscale, mscale_all_dim, betas, "
@@ -107,13 +111,14 @@ ENGINES = (
         },
         unknown="refused",
         activation="refused",
-        dual_chunk=("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"),
+        dual_chunk=("qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next"),
         dual_chunk_gap="no attention backend takes it (V0's dual_chunk_flash_attn.py is gone; FlashAttentionImpl has "
         "no such argument)",
         strict_type=True,
     ),
     Engine(
         name="sglang",
+        release="sglang 0.5.23",
         version="sglang 0.5.23 (PyPI wheel; transformers==5.19.0)",
         doc="srt/layers/rotary_embedding/{factory (get_rope), yarn, rope_variant}.py, srt/models/{llama,qwen2}.py, "
         "srt/utils/hf_transformers/common.py (get_context_length). YaRN reads attn_factor, mscale, mscale_all_dim, "
@@ -133,10 +138,13 @@ ENGINES = (
         unknown="refused",
         activation="ignored",
         dual_chunk=("qwen2", "qwen2_moe", "qwen3_moe", "glm4"),
-        dual_chunk_gap="no attention backend takes it (layers/attention/dual_chunk_flashattention_backend.py is gone)",
+        dual_chunk_gap="no attention backend takes its five-part query: 0.5.23 registers no dual_chunk_flash_attn "
+        "backend (attention_registry.py; not in arg_groups/choices.py's ATTENTION_BACKEND_CHOICES: removed, RFC "
+        "sgl-project/sglang#32112)",
     ),
     Engine(
         name="llama.cpp",
+        release="llama.cpp 0c1e57098",
         version="ggml-org/llama.cpp@0c1e57098 (in llama-cpp-python 0.3.36; converter pins transformers 4.57.6)",
         doc="conversion/{base (TextModel.__init__, set_gguf_parameters), llama (llama3 rope_freqs), phi}.py, "
         "src/llama-model.cpp, src/llama-context.cpp (YaRN attention factor), src/models/llama.cpp, ggml/src/ggml.c "
@@ -162,7 +170,8 @@ ENGINES = (
     ),
     Engine(
         name="tgi",
-        version="huggingface/text-generation-inference@db931fcf (2026-01-08; transformers 4.x)",
+        release="tgi db931fcf",
+        version="huggingface/text-generation-inference@db931fcf (v3.3.7 and a CI-only commit; transformers 4.x)",
         doc="server/text_generation_server/layers/rotary.py (PositionRotaryEmbedding.static), "
         "models/custom_modeling/flash_llama_modeling.py, models/flash_causal_lm.py (warmup), launcher/src/main.rs.",
         reads=("rope_scaling",),
@@ -210,9 +219,9 @@ def engine_findings(config: dict[str, Any], *, added_tensors: bool = False) -> l
     reference = rope_view(config, REFERENCE_READS)
     gap = _config_gaps(config, reference)
     findings = [
-        Finding(engine.name, "refused", engine.added_tensors)
+        Finding(engine.name, "refused", engine.added_tensors, engine.release)
         if added_tensors and engine.added_tensors
-        else Finding(engine.name, *_verdict(engine, config, reference))
+        else Finding(engine.name, *_verdict(engine, config, reference), engine.release)
         for engine in ENGINES
     ]
     return findings if gap is None else [Finding("config", *gap), *findings]

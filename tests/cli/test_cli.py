@@ -15,6 +15,15 @@ from hf_posenc.cli import share as hub_cli
 from hf_posenc.eval import runner
 
 
+@pytest.fixture(autouse=True)
+def hub_offline(monkeypatch):
+    """The commands here name models no Hub holds (``org/m``): offline, they do not ask the network first (nor note
+    that it cannot be reached), whatever the machine can reach."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+
 @pytest.fixture(scope="module")
 def commands():
     parser = build_parser()

@@ -33,15 +33,17 @@ def test_a_saved_folder_every_engine_builds_alike_exits_0_with_a_table(tmp_path,
     assert main(["check", str(folder)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"{folder}: hf_posenc record: yarn"
-    assert lines[1].split(" | ") == ["engine   ", "verdict", "detail"]  # "llama.cpp" sets the first width
-    assert [line.split(" | ")[:2] for line in lines[2:]] == [[e.name.ljust(9), "ok     "] for e in ENGINES]
+    width = max(len(e.release) for e in ENGINES)  # "llama.cpp" and its release set the widths
+    assert lines[1].split(" | ") == ["engine   ", "read from".ljust(width), "verdict", "detail"]
+    rows = [line.split(" | ")[:3] for line in lines[2:]]
+    assert rows == [[e.name.ljust(9), e.release.ljust(width), "ok     "] for e in ENGINES]
 
 
 def test_a_config_json_path_some_engine_builds_otherwise_exits_1(tmp_path, capsys):
     path = save(tmp_path / "parts", "ntk-by-parts", factor=4) / "config.json"
     assert main(["check", str(path)]) == 1
     out = capsys.readouterr().out
-    assert "llama.cpp | differs | YaRN s=4: attention factor 1.1386 where transformers uses 1.0000" in out
+    assert "| differs | YaRN s=4: attention factor 1.1386 where transformers uses 1.0000" in out
 
 
 def test_json_output_is_the_findings(tmp_path, capsys):

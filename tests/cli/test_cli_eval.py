@@ -361,12 +361,16 @@ def test_join_is_suggested_only_when_not_given(tiny_dir, tmp_path, capsys, no_mo
     assert ("--join" in err) == suggested
 
 
-def test_the_note_on_the_trained_context_is_logged_once_per_run(tiny_dir, tmp_path, caplog):
-    """Every method assumes the same L: one note says so, not one per method (and none from the run's patching)."""
+def test_the_note_on_the_trained_context_is_logged_once_per_run(tiny_dir, tmp_path, caplog, capsys):
+    """Every method assumes the same L: one note says so, not one per method (and none from the run's patching),
+    shown on stderr by the command though the library logs it at INFO."""
     argv = _args(tiny_dir, tmp_path / "out") + ["--lengths", "32,48", "--method", "none"]
     assert main(argv + ["--method", "yarn:factor=2", "--method", "ntk:factor=2"]) == 0
     notes = [r for r in caplog.records if "original_max_position_embeddings not given" in r.getMessage()]
-    assert len(notes) == 1
+    assert len(notes) == 1 and notes[0].levelno == logging.INFO
+    shown = [line for line in capsys.readouterr().err.splitlines() if "original_max_position_embeddings" in line]
+    assert shown == [notes[0].getMessage()]
+    assert not logging.getLogger("hf_posenc").handlers and logging.getLogger("hf_posenc").level == logging.NOTSET
     assert not logging.getLogger("hf_posenc").filters  # the run's filter is gone with it
 
 

@@ -58,9 +58,10 @@ def _argv(command: str, model: str, output, revision: str | None = None) -> list
 
 
 def _one_line_error(capsys, command: str) -> str:
-    captured = capsys.readouterr()
-    assert captured.err.count("\n") == 1 and captured.err.startswith(f"hf-posenc {command}: error: "), captured.err
-    return captured.err.removeprefix(f"hf-posenc {command}: error: ").rstrip("\n")
+    """The error: one line, after the library's notes (``hf_posenc: ...``, the command shows them on stderr too)."""
+    *notes, error = capsys.readouterr().err.splitlines()
+    assert error.startswith(f"hf-posenc {command}: error: ") and all(n.startswith("hf_posenc: ") for n in notes), notes
+    return error.removeprefix(f"hf-posenc {command}: error: ")
 
 
 @pytest.mark.parametrize("command", ["eval", "passkey", pytest.param("lm-eval", marks=NO_LM_EVAL), "push", "card"])

@@ -274,6 +274,36 @@ def test_private_push_to_an_existing_public_repo_is_refused(fake_hub):
     assert fake_hub.files("me/tiny") == before and not fake_hub.repos["me/tiny"].private
 
 
+def test_a_push_without_the_hub_or_a_token_it_takes_stops_before_writing_anything(fake_hub, monkeypatch, capsys):
+    """No token, a token the Hub refuses, an endpoint that does not answer, offline mode: one error before a weight
+    is written (the library) or the model loads (the command), the token never shown."""
+    from huggingface_hub import constants
+
+    from hf_posenc.cli import main, share
+
+    upload_base()
+    model = load_base_patched(factor=2)
+    monkeypatch.setattr(hub, "stage_repo", lambda *a, **k: pytest.fail("wrote the repo's files"))
+    monkeypatch.setattr(share, "_patched_model", lambda *a, **k: pytest.fail("loaded the model"))
+    monkeypatch.delenv("HF_TOKEN")
+    with pytest.raises(hub.HubPushError, match=r"needs a Hub token, and none is given or saved: log in"):
+        hub.push_to_hub(model, "me/x")
+    assert main(["push", "--model", BASE_REPO, "--method", "yarn:factor=2", "--repo", "me/x"]) == 1
+    assert "needs a Hub token, and none is given or saved" in capsys.readouterr().err
+    wrong = "hf_WrongTokenValue1234567890"
+    with pytest.raises(hub.HubPushError, match=r"checking the token\) failed: .*Invalid user token") as refused:
+        hub.push_to_hub(model, "me/x", token=wrong)
+    assert wrong not in str(refused.value)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(hub.HubPushError, match="HF_HUB_OFFLINE is set, and a push needs the Hub"):
+        hub.push_to_hub(model, "me/x", token=TOKEN)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:1")  # nothing listens there
+    with pytest.raises(hub.HubPushError, match=r"checking the token\) failed: ConnectError"):
+        hub.push_to_hub(model, "me/x", token=TOKEN)
+    assert "me/x" not in fake_hub.repos
+
+
 def test_gpt2_pi_is_in_the_weights_so_a_config_only_push_is_refused(fake_hub):
     api = HfApi(token=TOKEN)
     api.create_repo("org/gpt2")
@@ -333,7 +363,9 @@ def test_failed_push_is_clear_changes_nothing_and_hides_the_token(fake_hub, tmp_
         hub.push_to_hub(model, "me/tiny-yarn", eval_results=results, token=token)
 
     error = raised.value
-    assert error.status_code == status and "me/tiny-yarn" in str(error) and str(status) in str(error)
+    assert error.status_code == status and "me/tiny-yarn" in str(error)
+    said = "(checking the token) failed: HfHubHTTPError: Invalid user token" if status == 401 else str(status)
+    assert said in str(error)  # a token the Hub refuses: found by the check before the repo is written
     shown = "".join(traceback.format_exception(error)) + caplog.text + "".join(capfd.readouterr())
     assert token not in shown
     if status == 401:

@@ -233,7 +233,8 @@ def test_a_change_failing_midway_leaves_the_model_as_it_was(family, method):
 
     model = make_tiny(family)
     before = snapshot(model)
-    plan = apply.plan_patch(model, method, method_params(method, 8))
+    registered = hf_posenc.registry.get_method(method)
+    plan = apply.plan_patch(model, registered, registered.make_params(**method_params(method, 8)))
     module, change = plan.changes[-1]
 
     def failing(target):

@@ -491,3 +491,14 @@ def test_a_module_without_a_config_is_refused_by_name():
     """Before: AttributeError: 'Linear' object has no attribute 'config'."""
     with pytest.raises(TypeError, match=r"patches a transformers model .*, not a Linear\.$"):
         hf_posenc.patch(torch.nn.Linear(2, 2), "yarn", factor=2)
+
+
+def test_the_library_notes_its_assumptions_at_info_only(caplog):
+    """A patch that assumes the trained context (none given, none recorded) says so at INFO: a program's log stays
+    quiet unless it asks; nothing at WARNING, and the patch itself is logged at DEBUG."""
+    with caplog.at_level(logging.DEBUG, logger="hf_posenc"):
+        hf_posenc.patch(make_tiny("llama"), "yarn", factor=2)
+    levels = {record.levelno for record in caplog.records if record.name.startswith("hf_posenc")}
+    notes = [r for r in caplog.records if "original_max_position_embeddings not given" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].levelno == logging.INFO
+    assert levels <= {logging.DEBUG, logging.INFO}

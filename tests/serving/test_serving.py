@@ -19,13 +19,6 @@ from hf_posenc.serving.engines import ENGINES, SEVERITIES, engine_findings
 D, L, BASE = 16, 64, 10000.0  # the tiny models: head_dim 64 / 4 heads, max_position_embeddings 64, rope_theta 1e4
 
 
-@pytest.fixture(autouse=True)
-def quiet():
-    logging.disable(logging.WARNING)  # "original_max_position_embeddings not given" on every tiny patch
-    yield
-    logging.disable(logging.NOTSET)
-
-
 def saved_config(tmp_path, method: str, family: str = "llama", **params) -> dict:
     """The config.json that save_pretrained writes for a tiny ``family`` model patched with ``method``."""
     hf_posenc.patch(make_tiny(family), method, **params).config.save_pretrained(tmp_path)
@@ -314,7 +307,11 @@ def test_dca_is_read_by_vllm_and_sglang_without_an_attention_backend(tmp_path):
     sizes = f"chunk_size {3 * L // 4}, local_size {L // 16}"  # the defaults: 3L/4 and L/16
     assert found["vllm"][0] == found["sglang"][0] == "refused"
     assert sizes in found["vllm"][1] and "no attention backend" in found["sglang"][1]
+    assert "0.5.23 registers no dual_chunk_flash_attn backend" in found["sglang"][1]
     assert found["tgi"][0] == "refused" and found["llama.cpp"][0] == "ignored"
+    releases = {finding.engine: finding.read_from for finding in engine_findings(saved_config(tmp_path, "dca"))}
+    assert releases == {engine.name: engine.release for engine in ENGINES}  # each verdict names what it was read from
+    assert releases["vllm"] == "vllm 0.34.0" and releases["sglang"] == "sglang 0.5.23"
 
 
 def test_a_gpt2_config_without_rope(tmp_path):

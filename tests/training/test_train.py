@@ -576,14 +576,11 @@ def test_packed_gguf_weights_are_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_real_gguf_model_saves_after_release(tmp_path):
-    from hf_posenc.offline import smollm2_gguf
+@pytest.mark.xdist_group("smollm2")  # a copy of the real model the other tests of the group loaded
+def test_the_real_gguf_model_saves_after_release(smollm2, tmp_path):
+    import copy
 
-    try:
-        folder, name = smollm2_gguf()
-    except FileNotFoundError as error:
-        pytest.skip(str(error))
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    model = copy.deepcopy(smollm2[0])  # loaded from the GGUF file, float32
     assert model.is_quantized  # what transformers leaves, though every weight is float32
     release_gguf(model)
     model.save_pretrained(tmp_path / "saved")
@@ -591,6 +588,7 @@ def test_the_real_gguf_model_saves_after_release(tmp_path):
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved", dtype=torch.float32).eval()
     with torch.no_grad():
         assert torch.equal(reloaded(ids).logits, model(ids).logits)
+    assert smollm2[0].is_quantized  # the fixture's own model untouched
 
 
 def _train_args(tiny_dir, out, *extra: str) -> list[str]:

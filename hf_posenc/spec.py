@@ -35,6 +35,9 @@ class MethodSpec:
     method: str = field(compare=False)
     built: Any = field(compare=False, repr=False)
 
+    def __reduce__(self):  # pickled as its text: a combination's params class is made at run time
+        return _parsed, (self.text,)
+
     @property
     def defaults(self) -> dict[str, Any]:
         """Every parameter of the method, the given ones and the defaults, as built (empty for ``none``)."""
@@ -136,3 +139,8 @@ def _split_top_level(text: str) -> list[str]:
     if current or items:
         items.append("".join(current))
     return [item for item in items if item.strip()] if text.strip() else []
+
+
+def _parsed(text: str) -> MethodSpec:
+    """The :class:`MethodSpec` of ``text`` (how a pickled spec is read back)."""
+    return MethodSpec.parse(text)

@@ -48,13 +48,15 @@ def install(requirement: str) -> Path:
 
 
 def main(argv: list[str]) -> int:
+    """Install the floor and run the core of the suite with it (``argv``: more pytest arguments); the exit status."""
     floor = declared_floor()
     try:
         target = install(f"transformers=={floor}")
     except subprocess.CalledProcessError as error:
         print(f"check_transformers_floor: pip could not install transformers=={floor} ({error})", file=sys.stderr)
         return 1
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")]).rstrip(":")}
+    paths = [str(target), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     version = subprocess.run(
         [sys.executable, "-c", "import transformers; print(transformers.__version__)"],
         env=env, capture_output=True, text=True, check=True,

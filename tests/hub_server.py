@@ -2,7 +2,8 @@
 
 It implements the routes that ``HfApi.create_repo``, ``create_branch``, ``delete_branch``, ``upload_folder`` /
 ``create_commit`` (with every file sent inline as a "regular" blob, and file deletions), ``list_repo_tree``,
-``model_info``, ``whoami`` and ``hf_hub_download`` call, checks the bearer token, and keeps every commit of every repo in memory.
+``model_info``, ``whoami`` and ``hf_hub_download`` call, checks the bearer token, and keeps every commit of every
+repo in memory.
 Failures are injected per route with :meth:`FakeHub.fail`. A 401 is deliberately careless: it echoes the request's
 ``Authorization: Bearer <token>`` header, so tests prove that hf_posenc never shows the token. Written against the
 client code of huggingface_hub 2.x (``hf_api.py``, ``_commit_api.py``, ``file_download.py``).

@@ -112,3 +112,14 @@ def test_a_combination_that_cannot_work_is_refused_when_parsed(text):
     """Before any model: a RoPE scaling that changes with the length cannot carry a remap's re-rotated keys."""
     with pytest.raises(ValueError, match=r"changes the frequencies with the length"):
         MethodSpec.parse(text)
+
+
+@pytest.mark.parametrize("text", ["yarn:factor=4", "linear:factor=2", "yarn+dca:factor=2", "self-extend+logn", "none"])
+def test_a_spec_pickles_and_copies_as_what_it_says(text):
+    """A combination's parameters are an instance of a class made at run time: the spec pickles as its text."""
+    import copy
+    import pickle
+
+    spec = MethodSpec.parse(text)
+    for copied in (pickle.loads(pickle.dumps(spec)), copy.deepcopy(spec)):
+        assert copied == spec and copied.text == spec.text and copied.defaults == spec.defaults

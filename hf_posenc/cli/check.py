@@ -129,8 +129,8 @@ def check_model_type(config: dict[str, Any], where: str) -> None:
         )
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise ValueError(
-            f"{where}: model_type {model_type!r} is unknown to transformers {transformers_version}, so no verdict "
-            "compares with what it builds; the engines that read configs through transformers refuse it too."
+            f"{where}: model_type {model_type!r} is unknown to transformers {transformers_version}, so no verdict can "
+            "compare an engine with what transformers builds from it."
         )
 
 
@@ -287,7 +287,7 @@ def format_findings(findings: list[Finding]) -> str:
     """``engine | read from | verdict | detail`` rows, the columns aligned: ``read from`` is the engine's release whose
     source the verdict was read from."""
     head = ("engine", "read from", "verdict", "detail")
-    rows = [head, *((f.engine, f.read_from or "-", f.severity, f.message) for f in findings)]
+    rows = [head, *((f.engine, f.release or "-", f.severity, f.message) for f in findings)]
     widths = [max(len(row[column]) for row in rows) for column in range(3)]
     lines = (
         " | ".join([*(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)), row[3]]) for row in rows

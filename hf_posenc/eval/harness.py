@@ -159,7 +159,7 @@ def run_lm_eval(
                 f"`model_args` {key}=... loads a model, and lm-eval ignores it for the model hf_posenc hands it: "
                 f"{LOADING_MODEL_ARGS[key]}."
             )
-    _check_counts(max_length, evaluate_kwargs)
+    _check_evaluate_arguments(max_length, evaluate_kwargs)
     if not re.fullmatch(r"[1-9]\d*|auto(:[1-9]\d*)?", str(batch_size)):  # True reads "True": refused
         raise ValueError(
             f"`batch_size` must be a positive integer, 'auto' or 'auto:N' (as HFLM reads it), got {batch_size!r}."
@@ -279,7 +279,7 @@ def _load(source: ModelSource | None, saved: SavedPatch | None, model: Any, toke
     return _Subject(loaded, tokenizer, source.label, details)
 
 
-def _check_counts(max_length: Any, evaluate_kwargs: dict[str, Any]) -> None:
+def _check_evaluate_arguments(max_length: Any, evaluate_kwargs: dict[str, Any]) -> None:
     """``max_length`` a number of tokens up to :data:`~hf_posenc.eval.data.MAX_TOKENS`, ``num_fewshot`` a count of
     examples (lm-eval takes a negative one as none, and any count as the examples the task has), and no
     ``confirm_run_unsafe_code`` (a task's code run as it comes, as ``trust_remote_code`` would run a repo's)."""
@@ -296,6 +296,7 @@ def _check_counts(max_length: Any, evaluate_kwargs: dict[str, Any]) -> None:
 
 
 def _is_count(value: Any, low: int, high: int) -> bool:
+    """Whether ``value`` is a whole number (not a bool) from ``low`` to ``high``."""
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 

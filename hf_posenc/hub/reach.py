@@ -20,8 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-from huggingface_hub import HfApi, constants, get_hf_file_metadata, hf_hub_download, hf_hub_url, is_offline_mode
-from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, LocalTokenNotFoundError
+from huggingface_hub import (
+    HfApi,
+    constants,
+    get_hf_file_metadata,
+    get_token,
+    hf_hub_download,
+    hf_hub_url,
+    is_offline_mode,
+)
+from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
 from .errors import HubPushError, call_hub, refuse_missing_folder
@@ -190,13 +198,18 @@ def require_push_access(repo_id: str, token: str | None) -> None:
     action = f"Pushing to {repo_id!r}"
     if is_offline_mode():
         raise HubPushError(f"{action}: HF_HUB_OFFLINE is set, and a push needs the Hub; unset it to push.")
-    try:
-        call_hub(lambda: HfApi(token=token).whoami(), HubPushError, f"{action} (checking the token)", token)
-    except LocalTokenNotFoundError:
+    effective = token or get_token()
+    if effective is None:
         raise HubPushError(
             f"{action} needs a Hub token, and none is given or saved: log in (hf auth login), set HF_TOKEN, or pass "
             "`token`."
-        ) from None
+        )
+    if (constants.ENDPOINT, effective) not in _ACCEPTED:  # the command checks first, then push_to_hub: one request
+        call_hub(lambda: HfApi(token=effective).whoami(), HubPushError, f"{action} (checking the token)", token)
+        _ACCEPTED.add((constants.ENDPOINT, effective))
+
+
+_ACCEPTED: set[tuple[str, str]] = set()  # (endpoint, token) pairs the Hub took in this process
 
 
 def check_license(license: str | None) -> None:
@@ -220,6 +233,7 @@ def check_card_names(base_model: str | None, base_revision: str | None, license_
 
 
 def _check_repo_id(name: str, repo_id: str) -> None:
+    """Raise ``ValueError`` naming the argument ``name`` unless huggingface_hub takes ``repo_id`` as a repo id."""
     try:
         validate_repo_id(repo_id)
     except HFValidationError as error:

@@ -60,11 +60,14 @@ class DCAParams(RemapParams):
     )
 
     def __post_init__(self) -> None:
+        """Checks the sizes; ``defaulted`` (not a field) names those not given, which ``L`` sets (3L/4, L/16) and a
+        config's ``dual_chunk_attention_config`` may set instead."""
         super().__post_init__()
         for name in ("chunk_size", "local_size", "max_position_embeddings"):
             if getattr(self, name) is not None:
                 self._set(name, positive_int(name, getattr(self, name)))
         context = self.original_max_position_embeddings
+        self._set("defaulted", tuple(name for name in ("chunk_size", "local_size") if getattr(self, name) is None))
         if context is not None:
             if self.chunk_size is None:
                 self._set("chunk_size", 3 * context // 4)

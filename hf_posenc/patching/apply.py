@@ -30,7 +30,6 @@ from ..architectures import positions_of
 from ..record import PatchRecord, set_config_attribute
 from ..registry import Method, get_method
 from ..spec import MethodSpec
-from .changes import updated_config
 from .dispatch import plan_method
 from .module_ref import ModuleRef
 from .plan import UNPATCHED_PREFIX, PatchInfo, Plan
@@ -196,10 +195,9 @@ def _apply(model: nn.Module, plan: Plan) -> None:
     )
     names_before = set(model.state_dict())
     try:
-        for key, value in plan.updates.items():
-            set_config_attribute(config, key, copy.deepcopy(value))
+        _set_updates(config, plan.updates)
         if plan.attention is not None:
-            model.set_attn_implementation(plan.attention)
+            _select_attention(model, plan.attention)
         for module, change in plan.changes:
             if all(module is not entry.module for entry in applied.modules):
                 applied.modules.append(_ModuleState(ModuleRef(module), _snapshot(module)))
@@ -215,6 +213,27 @@ def _apply(model: nn.Module, plan: Plan) -> None:
     applied.added = frozenset(state) - names_before
     applied.initial = {name: state[name].detach().clone() for name in applied.added}
     model.__dict__[_APPLIED] = applied
+
+
+def _set_updates(config: PretrainedConfig, updates: dict[str, Any]) -> None:
+    """Set each of a plan's config ``updates`` (a copy of its value) as the saved config will hold it."""
+    for key, value in updates.items():
+        set_config_attribute(config, key, copy.deepcopy(value))
+
+
+def _select_attention(model: nn.Module, name: str) -> None:
+    """Select the attention implementation ``name`` through transformers' ``set_attn_implementation``. A name holding
+    "flash" (log-n's wrapper of a flash implementation), which that function takes for a Hub kernel to download, is
+    set on the config as that function sets it. ``RuntimeError`` where the model does not take it."""
+    if "flash" in name:
+        setattr(model.config, ATTENTION, name)
+    else:
+        model.set_attn_implementation(name)
+    if model.config._attn_implementation != name:
+        raise RuntimeError(
+            f"transformers did not select the attention implementation {name!r} for {type(model).__name__} (it "
+            "cannot set one on this model); the model is left as it was."
+        )
 
 
 def _restore(model: nn.Module, applied: _AppliedPatch) -> None:
@@ -323,7 +342,9 @@ class DryRun:
 
     def config(self, config: PretrainedConfig) -> PretrainedConfig:
         """A copy of ``config`` as the patched model's would read (``config`` itself unchanged)."""
-        return updated_config(config, self.updates)
+        candidate = copy.deepcopy(config)
+        _set_updates(candidate, self.updates)
+        return candidate
 
 
 def dry_run(model: nn.Module, method: str | MethodSpec, **params: Any) -> DryRun:

@@ -29,6 +29,7 @@ from ..architectures import (
 )
 from ..attention import REMAP, TEMPERATURE
 from ..attention.extension import ExtensionState, positions_over_mask
+from ..methods.dca import DCAParams
 from ..record import CONFIG_KEY, PatchRecord
 from ..registry import Method, params_to_dict, with_context
 from .changes import (
@@ -114,6 +115,16 @@ def _vllm_dca_key(config: Any, method: Method, remap: Any) -> dict[str, Any]:
     return {VLLM_DCA_KEY: {"chunk_size": remap.chunk_size, "local_size": remap.local_size}}
 
 
+def _with_shipped_sizes(params: Any, shipped: Any) -> Any:
+    """DCA's ``params`` (alone or in a combination, built) with the sizes not given taken from the config's
+    ``dual_chunk_attention_config`` where it ships them (Qwen2.5-1M), rather than from ``L``."""
+    if not isinstance(shipped, dict):
+        return params
+    dca = next(part for part in getattr(params, "part_params", (params,)) if isinstance(part, DCAParams))
+    taken = {key: shipped[key] for key in dca.defaulted if key in shipped}
+    return dataclasses.replace(params, **taken) if taken else params
+
+
 def plan_extension(model: nn.Module, method: Method, params: Any) -> Plan:
     """Validate a remap, log-n, or both (``params``: their parameters, built) on ``model`` and plan them, without
     changing the model."""
@@ -121,10 +132,8 @@ def plan_extension(model: nn.Module, method: Method, params: Any) -> Plan:
     remap_method = method.part("remap")
     _check_model(model, remap_method is not None)
     config = model.config
-    shipped = getattr(config, VLLM_DCA_KEY, None)
-    if remap_method is not None and remap_method.name == "dca" and isinstance(shipped, dict):  # where not given
-        unset = [key for key in ("chunk_size", "local_size") if key in shipped and getattr(params, key) is None]
-        params = dataclasses.replace(params, **{key: shipped[key] for key in unset})
+    if remap_method is not None and remap_method.name == "dca":
+        params = _with_shipped_sizes(params, getattr(config, VLLM_DCA_KEY, None))
     resolved = with_context(params, served_context(config, params.original_max_position_embeddings))
     by_role = dict(zip((part.role for part in parts), getattr(resolved, "part_params", (resolved,)), strict=True))
     remap, temperature = by_role.get("remap"), by_role.get("temperature")

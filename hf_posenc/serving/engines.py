@@ -57,7 +57,7 @@ class Finding:
     engine: str
     severity: str
     message: str
-    read_from: str = ""  # the engine's release (or commit) whose source the rule was read from
+    release: str = ""  # the engine's release (or commit) whose source its rule was read from
 
 
 @dataclass(frozen=True)

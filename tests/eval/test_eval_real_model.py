@@ -16,9 +16,8 @@ from hf_posenc.eval.passkey import build_prompt, ends_the_number
 from hf_posenc.eval.perplexity import greedy_continuation, perplexity
 from hf_posenc.eval.scoring import score_lengths
 
-pytestmark = pytest.mark.xdist_group(
-    "smollm2"
-)  # the model loads on one worker, with tests/patching/test_real_model.py's
+# the model loads on one worker, for these tests and tests/patching/test_real_model.py's
+pytestmark = pytest.mark.xdist_group("smollm2")
 
 
 @pytest.mark.slow

@@ -180,6 +180,25 @@ def test_dca_defaults_to_the_configs_own_dual_chunk_attention_config():
 
 
 @pytest.mark.parametrize(
+    ("spec", "sizes"),
+    [
+        ("dca:original_max_position_embeddings=64", (40, 8)),
+        ("yarn+dca:factor=2", (40, 8)),
+        ("dca+logn", (40, 8)),
+        ("yarn+dca:factor=2,chunk_size=32", (32, 8)),
+    ],
+)
+def test_the_shipped_sizes_are_the_defaults_whatever_else_is_given(spec, sizes):
+    """The config's own sizes stand in for those not given with L given, and in a combination (where L is resolved
+    for both parts first), not the sizes L would give (48 and 4)."""
+    model = make_tiny("qwen2")
+    model.config.dual_chunk_attention_config = {"chunk_size": 40, "local_size": 8}
+    with hf_posenc.patched(model, hf_posenc.MethodSpec.parse(spec)):
+        params = hf_posenc.get_patch(model).params
+        assert (params["chunk_size"], params["local_size"]) == sizes
+
+
+@pytest.mark.parametrize(
     ("family", "method", "params"),
     [
         ("llama", "dca", DCA),

@@ -502,3 +502,28 @@ def test_the_library_notes_its_assumptions_at_info_only(caplog):
     notes = [r for r in caplog.records if "original_max_position_embeddings not given" in r.getMessage()]
     assert len(notes) == 1 and notes[0].levelno == logging.INFO
     assert levels <= {logging.DEBUG, logging.INFO}
+
+
+def test_a_model_that_does_not_take_the_implementation_is_left_as_it_was(monkeypatch):
+    """transformers only warns where it cannot set a model's attention implementation: the patch then refuses, and
+    the model is as it was."""
+    model = make_tiny("llama")
+    before = snapshot(model)
+    monkeypatch.setattr(type(model), "set_attn_implementation", lambda self, name: None)
+    with pytest.raises(RuntimeError, match="transformers did not select the attention implementation 'hf_posenc_"):
+        hf_posenc.patch(model, "alibi")
+    assert hf_posenc.get_patch(model) is None
+    assert_same(before, snapshot(model))
+
+
+@pytest.mark.parametrize(("method", "params"), [("yarn", {"factor": 4}), ("pi", {"factor": 2}), ("alibi", {})])
+def test_a_dry_runs_config_is_the_patched_models(method, params):
+    """``DryRun.config`` reads as the patched model's config (the keys other readers read written as a patch writes
+    them, not through transformers' ``rope_scaling`` alias), the model unchanged."""
+    from hf_posenc.patching import dry_run
+
+    model = make_tiny("llama")
+    config = dry_run(model, method, **params).config(model.config)
+    assert hf_posenc.get_patch(model) is None
+    hf_posenc.patch(model, method, **params)
+    assert config.to_dict() == model.config.to_dict()

@@ -309,7 +309,7 @@ def test_dca_is_read_by_vllm_and_sglang_without_an_attention_backend(tmp_path):
     assert sizes in found["vllm"][1] and "no attention backend" in found["sglang"][1]
     assert "0.5.23 registers no dual_chunk_flash_attn backend" in found["sglang"][1]
     assert found["tgi"][0] == "refused" and found["llama.cpp"][0] == "ignored"
-    releases = {finding.engine: finding.read_from for finding in engine_findings(saved_config(tmp_path, "dca"))}
+    releases = {finding.engine: finding.release for finding in engine_findings(saved_config(tmp_path, "dca"))}
     assert releases == {engine.name: engine.release for engine in ENGINES}  # each verdict names what it was read from
     assert releases["vllm"] == "vllm 0.34.0" and releases["sglang"] == "sglang 0.5.23"
 

@@ -48,7 +48,12 @@ def test_the_site_builds_strict(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
-    assert (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8").count("doc-heading") > 20
+    api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
+    assert api.count("doc-heading") > 20
+    # a docstring's Sphinx role (:func:`hf_posenc.get_patch`) is a link to the object's entry (docs/hooks.py)
+    assert 'href="#hf_posenc.patching.apply.get_patch"><code>hf_posenc.get_patch</code></a>' in api
+    assert ":func:" not in api
+    assert "<code>str or MethodSpec</code>" in api and "<code>`str`" not in api  # a type cell, without backticks
 
 
 @pytest.mark.parametrize("page", RUNNABLE, ids=_name)

@@ -104,3 +104,17 @@ def test_every_command_line_parses(page, command):
         build_parser().parse_args(args)
     except SystemExit as exit_:
         assert exit_.code == 0 and "--help" in args, f"{_name(page)}: hf-posenc {command}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_no_trailing_comment_widens_a_code_block(page):
+    """A comment beside code that takes a line past 90 characters makes the block scroll sideways on the site: such
+    comments go on the line above."""
+    wide = [
+        line
+        for language in ("python", "bash")
+        for block in _blocks(page, language)
+        for line in block.splitlines()
+        if len(line) > 90 and re.search(r"\S\s+# ", line)
+    ]
+    assert not wide, wide

@@ -6,7 +6,7 @@ import argparse
 import re
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..eval.data import PROTOCOL_HELP, PROTOCOLS, TextSource, parse_length, parse_lengths
 from ..eval.defaults import DEFAULT_METHODS, MAX_TRIALS
@@ -15,6 +15,7 @@ from .model_options import add_dtype_argument, add_loading_arguments, model_sour
 
 if TYPE_CHECKING:
     from ..eval.models import ModelSource
+    from ..reports.runs import PasskeyReport, PerplexityReport
 
 OFFLINE_LENGTHS = "2k,8k,16k"
 OFFLINE_JOIN = "\n\n"
@@ -243,19 +244,17 @@ def _offline_banner(args: argparse.Namespace, model_source: ModelSource) -> None
     )
 
 
-def _print_perplexity(report: dict[str, Any], output: Path) -> None:
+def _print_perplexity(report: PerplexityReport, output: Path) -> None:
     from ..eval.results import PPL_PLOT, RESULTS_CSV, RESULTS_JSON, coverage_note, derivation_note, format_table
 
-    bos = "prepended" if report["protocol_details"]["bos"] else "none"
+    bos = "prepended" if report.protocol_details["bos"] else "none"
     print(
-        f"\nPerplexity (protocol {report['protocol']}, BOS {bos}, token-weighted; "
-        f"trained context {report['model_details']['trained_context']}):"
+        f"\nPerplexity (protocol {report.protocol}, BOS {bos}, token-weighted; "
+        f"trained context {report.model_details['trained_context']}):"
     )
-    print(format_table(report["results"]))
-    for note in (
-        coverage_note(report["results"], report["dataset_details"]["documents"]),
-        derivation_note(report["results"]),
-    ):
+    rows = [row.to_json() for row in report.results]
+    print(format_table(rows))
+    for note in (coverage_note(rows, report.dataset_details["documents"]), derivation_note(rows)):
         if note:
             print(note)
     print(f"\nResults: {output / RESULTS_JSON} and {RESULTS_CSV}\nPlot:    {output / PPL_PLOT}")
@@ -293,12 +292,12 @@ def passkey_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_passkey(report: dict[str, Any], output: Path) -> None:
+def _print_passkey(report: PasskeyReport, output: Path) -> None:
     from ..eval.results import PASSKEY_CSV, PASSKEY_JSON, PASSKEY_PLOT, format_table
 
     by_length: dict[tuple[str, int], list[float]] = {}
-    for cell in report["accuracy"]:
-        by_length.setdefault((cell["method"], cell["length"]), []).append(cell["accuracy"])
+    for cell in report.accuracy:
+        by_length.setdefault((cell.method, cell.length), []).append(cell.accuracy)
     rows = [{"method": m, "length": n, "accuracy": sum(v) / len(v)} for (m, n), v in by_length.items()]
     print("\nPasskey accuracy (mean over depths):")
     print(format_table(rows, value="accuracy"))

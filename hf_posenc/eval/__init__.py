@@ -5,6 +5,7 @@ accelerate.
 >>> texts = TextSource("emozilla/pg19-test", max_documents=20)
 >>> config = PerplexityConfig(lengths=[4096, 16384], methods=["none", "yarn:factor=4"])
 >>> report = run_perplexity(source, texts, config, Path("out"))  # results.json, results.csv, the plot
+>>> report.ppl("yarn:factor=4", 16384)
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 from .._startup import lazy_exports
 
 if TYPE_CHECKING:
+    from ..reports.runs import PasskeyReport, PerplexityReport
     from .data import TextSource
     from .harness import run_lm_eval
     from .models import ModelSource
@@ -22,7 +24,9 @@ if TYPE_CHECKING:
 __all__ = [
     "ModelSource",
     "PasskeyConfig",
+    "PasskeyReport",
     "PerplexityConfig",
+    "PerplexityReport",
     "TextSource",
     "run_lm_eval",
     "run_passkey",
@@ -36,7 +40,9 @@ __getattr__, __dir__ = lazy_exports(
         "run_lm_eval": ".harness",
         "ModelSource": ".models",
         "PasskeyConfig": ".runner",
+        "PasskeyReport": "..reports.runs",
         "PerplexityConfig": ".runner",
+        "PerplexityReport": "..reports.runs",
         "run_passkey": ".runner",
         "run_perplexity": ".runner",
     },

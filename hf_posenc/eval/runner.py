@@ -21,6 +21,7 @@ from accelerate import Accelerator
 from ..hub.fingerprint import model_fingerprint
 from ..hub.saved import SavedPatch
 from ..patching import dry_run, learned_table_rows
+from ..reports.runs import PasskeyReport, PerplexityReport, PerplexityRow
 from ..spec import MethodSpec
 from .data import (
     TextSource,
@@ -156,8 +157,9 @@ class _Run:
 
 def run_perplexity(
     model_source: ModelSource, text_source: TextSource, config: PerplexityConfig, output: Path
-) -> dict[str, Any]:
-    """Perplexity of every method at every length on the same windows; writes and returns the report.
+) -> PerplexityReport:
+    """Perplexity of every method at every length on the same windows; writes ``results.json`` (and its CSV and
+    plot) and returns what it holds.
 
     Method specs (and methods given twice), the output folder (a folder that can be written; results of other
     arguments or data, and files of other runs, are refused), the data and every length are checked before the
@@ -216,7 +218,7 @@ def run_perplexity(
     for spec in specs:
         if todo[spec.text]:
             _score_method(run, spec, todo[spec.text], docs, plans, config, order)
-    return run.report
+    return PerplexityReport.from_json(run.report)
 
 
 def _perplexity_arguments(
@@ -305,28 +307,29 @@ def _score_method(
             run.save(write_perplexity_results)
 
 
-def _result(method: str, params: dict, length: int, score: LengthScore, plan: WindowPlan) -> dict:
+def _result(method: str, params: dict, length: int, score: LengthScore, plan: WindowPlan) -> dict[str, Any]:
     """One row of results.json: token-weighted NLL and PPL, what was (not) scored, and how: ``forwards`` of the
     ``windows`` had a forward of their own, the others were read from the forwards of ``derived_from``."""
     tokens = sum(count for _, count in score.windows)
     nll, ppl = perplexity(sum(value for value, _ in score.windows), tokens)
     if math.isnan(nll):
         logger.warning("%s @ %d: the loss is NaN, a numerical failure (float16 overflow?)", method, length)
-    return {
-        "method": method,
-        "params": params,
-        "length": length,
-        "ppl": ppl,
-        "nll": nll,
-        "tokens": tokens,
-        "windows": len(score.windows),
-        "documents": plan.documents,
-        "skipped_documents": plan.skipped_documents,
-        "dropped_tokens": plan.dropped_tokens,
-        "forwards": score.forwards,
-        "derived_from": score.derived_from,
-        "seconds": round(score.seconds, 2),
-    }
+    row = PerplexityRow(
+        method=method,
+        params=params,
+        length=length,
+        ppl=ppl,
+        nll=nll,
+        tokens=tokens,
+        windows=len(score.windows),
+        documents=plan.documents,
+        skipped_documents=plan.skipped_documents,
+        dropped_tokens=plan.dropped_tokens,
+        forwards=score.forwards,
+        derived_from=score.derived_from,
+        seconds=round(score.seconds, 2),
+    )
+    return row.to_json()
 
 
 @dataclass(frozen=True)
@@ -355,8 +358,9 @@ class PasskeyConfig:
             raise ValueError(f"`trials` must be a whole number of keys from 1 to {MAX_TRIALS}, got {trials!r}.")
 
 
-def run_passkey(model_source: ModelSource, config: PasskeyConfig, output: Path) -> dict[str, Any]:
-    """Passkey accuracy of every method by length and depth; writes passkey.json and the heatmap.
+def run_passkey(model_source: ModelSource, config: PasskeyConfig, output: Path) -> PasskeyReport:
+    """Passkey accuracy of every method by length and depth; writes passkey.json and the heatmap, and returns what
+    passkey.json holds.
 
     The same keys (from ``seed``) are used at every length, depth and method. Method specs, the output
     folder and every length are checked before the model is loaded, and then nothing is written.
@@ -419,7 +423,7 @@ def run_passkey(model_source: ModelSource, config: PasskeyConfig, output: Path) 
     for spec in specs:
         if todo[spec.text]:
             _passkey_trials(run, spec, {n: prompts[n] for n in todo[spec.text]}, tokenizer, done_trials)
-    return run.report
+    return PasskeyReport.from_json(run.report)
 
 
 def _passkey_trials(

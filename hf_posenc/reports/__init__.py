@@ -1,1 +1,1 @@
-"""The results files a run writes and reads back: their schema."""
+"""The results files a run writes and reads back: their schema, and the typed reports they hold."""

@@ -39,7 +39,7 @@ from .commit import LM_EVAL_FILE, RESULTS_FILE, commit_folder
 from .errors import HubError, HubPushError, call_hub
 from .metadata import METADATA_FILE, METADATA_FORMAT, read_metadata
 from .provenance import Pushed, check_measured_on, weights_commit
-from .reach import check_target, is_hub_id, license_problem, require_push_access
+from .reach import check_target, is_hub_id, license_problem, push_token, require_push_access
 
 _LICENSE_FIELDS = ("license", "license_name", "license_link")
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only")
@@ -116,6 +116,7 @@ def push_to_hub(
             when reading the base model's commit and license.
     """
     check_target(repo_id, revision, license)
+    push_token(repo_id, token)  # offline mode, or no token: before the base model is read
     api = HfApi(token=token)
     errors = (HubPushError, f"Pushing to {repo_id!r}")
     results = (eval_results, lm_eval_results)

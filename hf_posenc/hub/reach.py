@@ -196,6 +196,19 @@ def require_push_access(repo_id: str, token: str | None) -> None:
     (``token``, else the saved login or ``HF_TOKEN``): what a push needs, asked (one ``whoami`` request) before a
     model loads or a weight is written."""
     action = f"Pushing to {repo_id!r}"
+    effective = push_token(repo_id, token)
+    if (constants.ENDPOINT, effective) not in _ACCEPTED:  # the command checks first, then push_to_hub: one request
+        call_hub(lambda: HfApi(token=effective).whoami(), HubPushError, f"{action} (checking the token)", token)
+        _ACCEPTED.add((constants.ENDPOINT, effective))
+
+
+_ACCEPTED: set[tuple[str, str]] = set()  # (endpoint, token) pairs the Hub took in this process
+
+
+def push_token(repo_id: str, token: str | None) -> str:
+    """The token a push sends (``token``, else the saved login or ``HF_TOKEN``), found without a request;
+    :class:`~hf_posenc.hub.errors.HubPushError` in offline mode or where there is none."""
+    action = f"Pushing to {repo_id!r}"
     if is_offline_mode():
         raise HubPushError(f"{action}: HF_HUB_OFFLINE is set, and a push needs the Hub; unset it to push.")
     effective = token or get_token()
@@ -204,12 +217,7 @@ def require_push_access(repo_id: str, token: str | None) -> None:
             f"{action} needs a Hub token, and none is given or saved: log in (hf auth login), set HF_TOKEN, or pass "
             "`token`."
         )
-    if (constants.ENDPOINT, effective) not in _ACCEPTED:  # the command checks first, then push_to_hub: one request
-        call_hub(lambda: HfApi(token=effective).whoami(), HubPushError, f"{action} (checking the token)", token)
-        _ACCEPTED.add((constants.ENDPOINT, effective))
-
-
-_ACCEPTED: set[tuple[str, str]] = set()  # (endpoint, token) pairs the Hub took in this process
+    return effective
 
 
 def check_license(license: str | None) -> None:

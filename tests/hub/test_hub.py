@@ -291,16 +291,22 @@ def test_a_push_without_the_hub_or_a_token_it_takes_stops_before_writing_anythin
     assert main(["push", "--model", BASE_REPO, "--method", "yarn:factor=2", "--repo", "me/x"]) == 1
     assert "needs a Hub token, and none is given or saved" in capsys.readouterr().err
     wrong = "hf_WrongTokenValue1234567890"
-    with pytest.raises(hub.HubPushError, match=r"checking the token\) failed: .*Invalid user token") as refused:
+    with pytest.raises(hub.HubPushError, match=r"failed: HfHubHTTPError: .*401") as refused:  # reading the base first
         hub.push_to_hub(model, "me/x", token=wrong)
+    assert wrong not in str(refused.value)
+    with pytest.raises(hub.HubPushError, match=r"checking the token\) failed: .*Invalid user token") as refused:
+        local = hf_posenc.patch(make_tiny("llama"), "yarn", factor=2)  # built here: no base to read first
+        hub.push_to_hub(local, "me/x", with_weights=True, token=wrong)
     assert wrong not in str(refused.value)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(hub.HubPushError, match="HF_HUB_OFFLINE is set, and a push needs the Hub"):
         hub.push_to_hub(model, "me/x", token=TOKEN)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:1")  # nothing listens there
-    with pytest.raises(hub.HubPushError, match=r"checking the token\) failed: ConnectError"):
+    with pytest.raises(hub.HubPushError, match=r"\(reading the base model 'org/tiny-base'\) failed: ConnectError"):
         hub.push_to_hub(model, "me/x", token=TOKEN)
+    with pytest.raises(hub.HubPushError, match=r"\(checking the token\) failed: ConnectError"):
+        hub.push_to_hub(local, "me/x", with_weights=True, token=TOKEN)
     assert "me/x" not in fake_hub.repos
 
 
@@ -363,9 +369,7 @@ def test_failed_push_is_clear_changes_nothing_and_hides_the_token(fake_hub, tmp_
         hub.push_to_hub(model, "me/tiny-yarn", eval_results=results, token=token)
 
     error = raised.value
-    assert error.status_code == status and "me/tiny-yarn" in str(error)
-    said = "(checking the token) failed: HfHubHTTPError: Invalid user token" if status == 401 else str(status)
-    assert said in str(error)  # a token the Hub refuses: found by the check before the repo is written
+    assert error.status_code == status and "me/tiny-yarn" in str(error) and str(status) in str(error)
     shown = "".join(traceback.format_exception(error)) + caplog.text + "".join(capfd.readouterr())
     assert token not in shown
     if status == 401:

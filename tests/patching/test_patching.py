@@ -85,7 +85,7 @@ def test_patched_cos_sin_follow_the_papers(family, method):
 def test_get_patch_reports_resolved_parameters(caplog):
     model = make_tiny("llama")
     assert hf_posenc.get_patch(model) is None
-    with caplog.at_level(logging.WARNING, logger="hf_posenc"):
+    with caplog.at_level(logging.INFO, logger="hf_posenc"):
         hf_posenc.patch(model, "yarn", factor=4)
     assert "using the config's max_position_embeddings = 64 as the trained context" in caplog.text
     info = hf_posenc.get_patch(model)

@@ -34,7 +34,10 @@ class PerplexityRow:
         ppl (`float`): ``exp(nll)``; ``inf`` past the float range, NaN for a numerical failure.
         nll (`float`): the mean negative log-likelihood per scored token.
         tokens (`int`): the tokens scored.
-        windows, documents, skipped_documents, dropped_tokens (`int`, *optional*): what the windows held.
+        windows (`int`, *optional*): the windows scored.
+        documents (`int`, *optional*): the documents they came from.
+        skipped_documents (`int`, *optional*): the documents shorter than a window, skipped.
+        dropped_tokens (`int`, *optional*): the tokens no window held.
         forwards (`int`, *optional*): the windows with a forward of their own; the others were read from the
             forwards at ``derived_from`` tokens.
         derived_from (`int`, *optional*): see ``forwards``.
@@ -71,12 +74,16 @@ class PerplexityReport:
 
     Attributes:
         protocol (`str`): ``truncate``, ``disjoint`` or ``sliding``.
-        model (`str`), dataset (`str`): what was measured, as labelled.
+        model (`str`): the model, as labelled.
+        dataset (`str`): the documents, as labelled.
         results (`tuple[PerplexityRow]`): the rows, by method then length.
-        protocol_details, model_details, dataset_details (`dict`): BOS, stride and mean; the model as loaded
-            (dtype, trained context, fingerprint, commit); the documents (count, tokens, hashes).
-        versions (`dict`), device (`str`), processes (`int`), arguments (`dict`): how the run ran, and the
-            inputs a resume compares.
+        protocol_details (`dict`): BOS, the stride and the mean.
+        model_details (`dict`): the model as loaded: dtype, trained context, fingerprint, commit.
+        dataset_details (`dict`): the documents: count, tokens, hashes.
+        versions (`dict`): the versions of the packages that ran.
+        device (`str`, *optional*): where it ran.
+        processes (`int`, *optional*): how many processes ran it.
+        arguments (`dict`): the inputs that decide its numbers, which a resume compares.
     """
 
     protocol: str
@@ -145,10 +152,16 @@ class PasskeyReport:
 
     Attributes:
         model (`str`): the model, as labelled.
-        trials (`tuple[PasskeyTrial]`), accuracy (`tuple[PasskeyCell]`): the prompts and their accuracy grid.
-        task (`str`): how a trial is scored. bos (`bool`): the prompts began with BOS.
-        model_details (`dict`), versions (`dict`), device (`str`), processes (`int`), arguments (`dict`),
-            prompt_hashes (`dict`): how the run ran, and what a resume compares.
+        trials (`tuple[PasskeyTrial]`): every prompt and whether the model gave its key.
+        accuracy (`tuple[PasskeyCell]`): the accuracy by method, length and depth.
+        task (`str`, *optional*): how a trial is scored.
+        bos (`bool`, *optional*): whether the prompts began with BOS.
+        model_details (`dict`): the model as loaded.
+        versions (`dict`): the versions of the packages that ran.
+        device (`str`, *optional*): where it ran.
+        processes (`int`, *optional*): how many processes ran it.
+        arguments (`dict`): the inputs a resume compares.
+        prompt_hashes (`dict`): each length's prompts, hashed, which a resume compares.
     """
 
     model: str

@@ -3,11 +3,13 @@ a missing reference or a docstring the handler cannot parse fails it), every Pyt
 CPU), and every command line parses.
 
 A Python block that needs what the tests do not have starts with ``# needs: hub`` (or ``gpu``, ``long``): it is
-reported as a skipped test naming the block. The blocks of one page run in order in one fresh interpreter.
+reported as a skipped test naming the block. The blocks of one page run in order, in a namespace and a folder of
+its own; the pages share one fresh interpreter.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -56,12 +58,43 @@ def test_the_site_builds_strict(tmp_path):
     assert "<code>str or MethodSpec</code>" in api and "<code>`str`" not in api  # a type cell, without backticks
 
 
-@pytest.mark.parametrize("page", RUNNABLE, ids=_name)
-def test_the_python_examples_run(page, tmp_path):
-    code = "\n\n".join(block for block in _blocks(page, "python") if _needs(block) is None)
+# Every page's examples in one interpreter, each page in a namespace and a folder of its own: one import of torch
+# and transformers for all of them. The pages' tests share its results, so they run on one worker.
+_RUN_PAGES = """
+import json, os, sys, traceback
+pages, results = json.load(open(sys.argv[1])), {}
+for name, (code, folder) in pages.items():
+    os.chdir(folder)
+    try:
+        exec(compile(code, name, "exec"), {"__name__": "__main__"})
+        results[name] = None
+    except BaseException:
+        results[name] = traceback.format_exc()[-4000:]
+json.dump(results, open(sys.argv[2], "w"))
+"""
+
+
+@pytest.fixture(scope="module")
+def example_failures(tmp_path_factory) -> dict[str, str | None]:
+    """Page -> the traceback of its examples, run in order (None: they ran)."""
+    root = tmp_path_factory.mktemp("examples")
+    pages = {}
+    for page in RUNNABLE:
+        folder = root / _name(page).replace("/", "_")
+        folder.mkdir()
+        pages[_name(page)] = ("\n\n".join(b for b in _blocks(page, "python") if _needs(b) is None), str(folder))
+    (root / "pages.json").write_text(json.dumps(pages))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, f"{_name(page)}:\n{done.stderr[-4000:]}"
+    command = [sys.executable, "-c", _RUN_PAGES, str(root / "pages.json"), str(root / "results.json")]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads((root / "results.json").read_text())
+
+
+@pytest.mark.xdist_group("docs-examples")
+@pytest.mark.parametrize("page", RUNNABLE, ids=_name)
+def test_the_python_examples_run(page, example_failures):
+    assert example_failures[_name(page)] is None, f"{_name(page)}:\n{example_failures[_name(page)]}"
 
 
 @pytest.mark.parametrize(

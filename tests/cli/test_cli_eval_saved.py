@@ -23,6 +23,8 @@ from hf_posenc.hub.saved import SavedPatch, load_base_model, restore_saved_tenso
 from hf_posenc.record import PatchRecord
 from hf_posenc.spec import parse_method_spec
 
+pytestmark = pytest.mark.xdist_group("cli-eval-saved")  # its module fixtures are built once, on one worker
+
 ASKED = {"yarn": "yarn:factor=2", "dynamic-yarn": "dynamic-yarn", "alibi": "alibi"}  # the same on the base
 SAVED = {
     "yarn": {"factor": 2.0, "original_max_position_embeddings": 64},

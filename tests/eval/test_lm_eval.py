@@ -20,6 +20,8 @@ lm_eval = pytest.importorskip("lm_eval")
 from lm_eval.models.huggingface import HFLM  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("lm-eval-run")  # its module fixtures are built once, on one worker
+
 METHODS = ["none", "yarn:factor=4"]
 
 

@@ -18,6 +18,8 @@ from transformers import AutoConfig
 import hf_posenc
 from hf_posenc.record import PatchRecord
 
+pytestmark = pytest.mark.xdist_group("rope-types")  # its module fixtures are built once, on one worker
+
 PAIRS = 8  # tiny llama: head_dim 16
 CASES = {
     "pi": {"factor": 4},

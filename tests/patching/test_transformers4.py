@@ -24,6 +24,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, GPTNeoXConfig, OlmoCo
 
 import hf_posenc
 
+pytestmark = pytest.mark.xdist_group("transformers4")  # its module fixtures are built once, on one worker
+
 VERSION = "4.57.6"  # the last 4.x release
 READER = Path(__file__).resolve().parents[1] / "legacy_reader.py"
 IDS = [[(7 * i + 3) % 97 for i in range(90)]]  # past the tiny models' 64 positions: scaling, long factors, growth

@@ -254,14 +254,14 @@ class TransformersRefuses(ValueError):
 def _check_transformers_reads(config: dict[str, Any]) -> None:
     """Raise what transformers 5 raises building ``config`` (its config class validates the RoPE keys: a yarn
     without ``factor``, a llama3 without its frequency factors), for a model type and rope type it knows; the
-    engines' verdicts compare with what transformers builds, so there is nothing to compare with otherwise."""
+    engines' verdicts compare with what transformers builds, so there is nothing to compare with otherwise (the model
+    type is known: :func:`check_model_type`)."""
     from transformers import AutoConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.utils import logging as transformers_logging
 
     rope_type = rope_view(config, REFERENCE_READS).rope_type
-    if config.get("model_type") not in CONFIG_MAPPING or rope_type not in ("default", *ROPE_INIT_FUNCTIONS):
+    if rope_type not in ("default", *ROPE_INIT_FUNCTIONS):
         return
     verbosity = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()  # its warnings on odd values: the verdicts say what matters

@@ -349,8 +349,8 @@ def _resolve_base(api: HfApi, repo_id: str, revision: str | None) -> BaseRef:
     info = api.model_info(repo_id, revision=revision)
     card = info.card_data.to_dict() if info.card_data else {}
     license_info = {key: card[key] for key in _LICENSE_FIELDS if card.get(key)}
-    if license_info.get("license_link") and "://" not in str(license_info["license_link"]):
-        link = str(license_info["license_link"])  # a file of the base repo (LICENSE): the new repo does not have it
+    link = license_info.get("license_link")
+    if isinstance(link, str) and "://" not in link:  # a file of the base repo (LICENSE): the new repo does not have it
         license_info["license_link"] = f"{api.endpoint}/{repo_id}/blob/{info.sha}/{link.removeprefix('./')}"
     for key, value in list(license_info.items()):
         if problem := license_problem(key, value):

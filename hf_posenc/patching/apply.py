@@ -30,6 +30,7 @@ from ..architectures import positions_of
 from ..record import PatchRecord, set_config_attribute
 from ..registry import Method, get_method
 from ..spec import MethodSpec
+from .changes import set_updates, updated_config
 from .dispatch import plan_method
 from .module_ref import ModuleRef
 from .plan import UNPATCHED_PREFIX, PatchInfo, Plan
@@ -195,7 +196,7 @@ def _apply(model: nn.Module, plan: Plan) -> None:
     )
     names_before = set(model.state_dict())
     try:
-        _set_updates(config, plan.updates)
+        set_updates(config, plan.updates)
         if plan.attention is not None:
             _select_attention(model, plan.attention)
         for module, change in plan.changes:
@@ -213,12 +214,6 @@ def _apply(model: nn.Module, plan: Plan) -> None:
     applied.added = frozenset(state) - names_before
     applied.initial = {name: state[name].detach().clone() for name in applied.added}
     model.__dict__[_APPLIED] = applied
-
-
-def _set_updates(config: PretrainedConfig, updates: dict[str, Any]) -> None:
-    """Set each of a plan's config ``updates`` (a copy of its value) as the saved config will hold it."""
-    for key, value in updates.items():
-        set_config_attribute(config, key, copy.deepcopy(value))
 
 
 def _select_attention(model: nn.Module, name: str) -> None:
@@ -342,9 +337,7 @@ class DryRun:
 
     def config(self, config: PretrainedConfig) -> PretrainedConfig:
         """A copy of ``config`` as the patched model's would read (``config`` itself unchanged)."""
-        candidate = copy.deepcopy(config)
-        _set_updates(candidate, self.updates)
-        return candidate
+        return updated_config(config, self.updates)
 
 
 def dry_run(model: nn.Module, method: str | MethodSpec, **params: Any) -> DryRun:

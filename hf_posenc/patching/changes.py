@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..architectures import PLAIN_ATTENTION_ROPE_MODEL_TYPES, position_table, positions_of, rope_modules
-from ..record import CONFIG_KEY, PatchRecord
+from ..record import CONFIG_KEY, PatchRecord, set_config_attribute
 from ..registry import Method
 from .plan import ModuleChange, PatchInfo
 from .rope_types import OWN_ROPE_TYPE, replaced_marker
@@ -29,11 +29,17 @@ def _keep_2d_mask(*, attention_mask: torch.Tensor | None = None, **kwargs: Any) 
     return attention_mask
 
 
+def set_updates(config: Any, updates: dict[str, Any]) -> None:
+    """Set each of a patch's config ``updates`` (a copy of its value, which transformers may standardize in place)
+    as the saved config will hold it (:func:`~hf_posenc.record.set_config_attribute`)."""
+    for key, value in updates.items():
+        set_config_attribute(config, key, copy.deepcopy(value))
+
+
 def updated_config(config: Any, updates: dict[str, Any]) -> Any:
     """A copy of ``config`` with a patch's updates: what the patched model's config will be."""
     candidate = copy.deepcopy(config)
-    for key, value in updates.items():
-        setattr(candidate, key, copy.deepcopy(value))  # transformers may standardize it in place
+    set_updates(candidate, updates)
     return candidate
 
 

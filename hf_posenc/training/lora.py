@@ -17,9 +17,33 @@ from ..patching.wrappers import adapter_layers
 ADAPTER_TAG = ".lora_"  # in the names of the adapters' parameters (``...q_proj.lora_A.default.weight``)
 
 
+def adapted_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """The layers :func:`add_adapters` adapts, by name: every linear layer (GPT-2's ``Conv1D`` too) but the output
+    layer, as peft's ``"all-linear"`` picks them."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if type(module).__name__ in ("Linear", "Conv1D") and module is not head
+    }
+
+
+def check_rank(model: nn.Module, rank: int) -> None:
+    """Raise ``ValueError`` if ``rank`` is more than the smaller side of a layer the adapters adapt: past it,
+    ``B A`` cannot have rank ``r``."""
+    sides = [(min(layer.weight.shape), name) for name, layer in adapted_layers(model).items()]
+    if sides and rank > min(sides)[0]:
+        smallest, name = min(sides)
+        raise ValueError(
+            f"`lora_rank` {rank} is more than the smaller side of the layer {name} ({smallest}), which its adapters "
+            f"could not reach; give at most {smallest}."
+        )
+
+
 def add_adapters(model: nn.Module, rank: int, alpha: float, seed: int) -> None:
     """Put LoRA adapters of ``rank`` and scale ``alpha / rank`` on every linear layer of ``model`` but its output
-    layer (peft's ``"all-linear"``), ``A`` initialised from ``seed`` (the global RNG left as it was)."""
+    layer (peft's ``"all-linear"``: :func:`adapted_layers`), ``A`` initialised from ``seed`` (the global RNG left as
+    it was)."""
     from peft import LoraConfig, inject_adapter_in_model
 
     transposed = any(type(module).__name__ == "Conv1D" for module in model.modules())  # GPT-2's (in, out) weights

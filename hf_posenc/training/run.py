@@ -42,7 +42,7 @@ from .checkpoints import (
     run_identity,
     run_lock,
 )
-from .lora import add_adapters, merge_adapters, remove_adapters
+from .lora import add_adapters, check_rank, merge_adapters, remove_adapters
 from .optimizer import PositionRateTrainer
 from .packing import PackedWindows, pack_texts
 from .settings import TrainSettings
@@ -149,30 +149,13 @@ def _check_settings(model: PreTrainedModel, data: PackedWindows, settings: Train
             "tokens): every step would see the same windows. Lower it, or give more text."
         )
     if settings.trainable == "lora":
-        _check_lora_rank(model, settings.resolved_lora_rank)
+        check_rank(model, settings.resolved_lora_rank)
     if settings.warmup_steps >= settings.steps:  # allowed (a run started so resumes), but hardly what was meant
         logger.warning(
             "warmup_steps %d is not below steps %d: the learning rate does not reach learning_rate %g in this run.",
             settings.warmup_steps,
             settings.steps,
             settings.learning_rate,
-        )
-
-
-def _check_lora_rank(model: PreTrainedModel, rank: int) -> None:
-    """The adapters' rank at most the smaller side of every layer they adapt (each linear layer but the output
-    head): past it, ``B A`` cannot have rank ``r``."""
-    head = model.get_output_embeddings()
-    sides = [
-        (min(module.weight.shape), name)
-        for name, module in model.named_modules()
-        if type(module).__name__ in ("Linear", "Conv1D") and module is not head and module.weight.dim() == 2
-    ]
-    if sides and rank > min(sides)[0]:
-        smallest, name = min(sides)
-        raise ValueError(
-            f"`lora_rank` {rank} is more than the smaller side of the layer {name} ({smallest}), which its adapters "
-            f"could not reach; give at most {smallest}."
         )
 
 

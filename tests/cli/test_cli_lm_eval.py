@@ -96,16 +96,16 @@ def test_its_help_offers_only_the_options_that_work(capsys):
 
 def test_the_library_bounds_what_it_passes_to_lm_eval(tiny_dir, tasks):
     """``run_lm_eval`` refuses, before loading the model, what the command refuses."""
-    from hf_posenc.eval import run_lm_eval
+    from hf_posenc.eval import LmEvalConfig
 
     for kwargs, message in [
         ({"max_length": 0}, "`max_length` must be a whole number"),
         ({"max_length": True}, "`max_length` must be a whole number"),
-        ({"num_fewshot": -1}, "`num_fewshot` must be a whole number"),
-        ({"confirm_run_unsafe_code": True}, "`confirm_run_unsafe_code` does not apply"),
+        ({"evaluate": {"num_fewshot": -1}}, "`num_fewshot` must be a whole number"),
+        ({"evaluate": {"confirm_run_unsafe_code": True}}, "`confirm_run_unsafe_code` does not apply"),
     ]:
         with pytest.raises(ValueError, match=message):
-            run_lm_eval("no/such-model-loaded", ["tiny_choice"], include_path=tasks, **kwargs)
+            LmEvalConfig(["tiny_choice"], include_path=tasks, **kwargs)
 
 
 def test_a_token_given_to_lm_eval_is_not_written(tiny_dir, tasks, tmp_path, one_thread):

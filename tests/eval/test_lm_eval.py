@@ -12,9 +12,9 @@ from lm_eval_tasks import TASKS, write_tasks
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_posenc
-from hf_posenc.eval.harness import LM_EVAL_JSON, run_lm_eval
-from hf_posenc.eval.harness_report import format_lm_eval_table
+from hf_posenc.eval import LmEvalConfig, LmEvalReport, ModelSource, run_lm_eval
 from hf_posenc.hub.push import build_card
+from hf_posenc.reports.tasks import LM_EVAL_JSON
 
 lm_eval = pytest.importorskip("lm_eval")
 from lm_eval.models.huggingface import HFLM  # noqa: E402
@@ -35,8 +35,8 @@ def task_manager(tmp_path_factory) -> TaskManager:
 def run(tiny_dir, task_manager, tmp_path_factory, one_thread):
     """``run_lm_eval`` on the saved tiny model (loaded from its folder), unpatched and YaRN x4: (report, folder)."""
     output = tmp_path_factory.mktemp("lm_eval")
-    model = str(tiny_dir / "model")
-    report = run_lm_eval(model, TASKS, methods=METHODS, output=output, task_manager=task_manager, bootstrap_iters=0)
+    config = LmEvalConfig(TASKS, methods=METHODS, evaluate={"bootstrap_iters": 0})
+    report = run_lm_eval(ModelSource(str(tiny_dir / "model")), config, output, task_manager=task_manager)
     return report, output
 
 
@@ -56,15 +56,15 @@ def _scores(results: dict) -> dict:
 
 def test_each_method_is_lm_eval_on_the_model_patched_so(run, tiny_dir, task_manager, one_thread):
     report, _ = run
-    assert [r["method"] for r in report["runs"]] == METHODS
-    assert report["max_length"] == 4 * 64  # yarn x4's context, for none too: no input cut to the 64 trained
+    assert [r.method for r in report.runs] == METHODS
+    assert report.max_length == 4 * 64  # yarn x4's context, for none too: no input cut to the 64 trained
     model = AutoModelForCausalLM.from_pretrained(tiny_dir / "model").eval()
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir / "model")
     unpatched = _scores(_direct(model, tokenizer, task_manager, 256))
     with hf_posenc.patched(model, "yarn", factor=4):
         yarn = _scores(_direct(model, tokenizer, task_manager, 256))
-    assert _scores(report["runs"][0]["results"]) == unpatched
-    assert _scores(report["runs"][1]["results"]) == yarn
+    assert _scores(report.runs[0].results) == unpatched
+    assert _scores(report.runs[1].results) == yarn
     assert yarn["tiny_ppl"]["word_perplexity,none"] != unpatched["tiny_ppl"]["word_perplexity,none"]
     assert yarn["tiny_ppl"]["bits_per_byte,none"] != unpatched["tiny_ppl"]["bits_per_byte,none"]
 
@@ -73,7 +73,7 @@ def test_the_results_file_is_standard_json_with_the_resolved_method(run):
     report, output = run
     text = (output / LM_EVAL_JSON).read_text()
     written = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in {LM_EVAL_JSON}"))
-    assert written == report
+    assert written == report.to_json() and LmEvalReport.read(output / LM_EVAL_JSON) == report
     assert written["lm_eval_version"] == lm_eval.__version__
     none, yarn = written["runs"]
     assert (
@@ -83,7 +83,7 @@ def test_the_results_file_is_standard_json_with_the_resolved_method(run):
     )
     assert yarn["configs"] == sorted(TASKS) and yarn["versions"] == {"tiny_choice": 1.0, "tiny_ppl": 1.0}
     assert none["results"]["tiny_ppl"]["word_perplexity_stderr,none"] is None  # lm-eval's 'N/A'
-    lines = format_lm_eval_table(written).splitlines()
+    lines = report.table().splitlines()
     assert lines[0].split() == ["task", "metric", *METHODS]
     acc = [line.split() for line in lines if line.startswith("tiny_choice")]
     assert acc == [
@@ -97,17 +97,15 @@ def test_a_loaded_model_is_given_back_unpatched(tiny_dir, task_manager, one_thre
     ids = torch.tensor([list(range(2, 90))])
     with torch.no_grad():
         before = model(ids).logits
-    report = run_lm_eval(
-        model, ["tiny_choice"], methods=["dynamic-ntk:factor=4"], tokenizer=tokenizer, task_manager=task_manager,
-        max_length=128, limit=2, bootstrap_iters=0,
-    )  # fmt: skip
-    assert report["max_length"] == 128 and report["runs"][0]["params"]["factor"] == 4
+    evaluate = {"limit": 2, "bootstrap_iters": 0}
+    config = LmEvalConfig(["tiny_choice"], methods=["dynamic-ntk:factor=4"], max_length=128, evaluate=evaluate)
+    report = run_lm_eval(model, config, tokenizer=tokenizer, task_manager=task_manager)
+    assert report.max_length == 128 and report.runs[0].params["factor"] == 4
     assert hf_posenc.get_patch(model) is None
-    spelled = run_lm_eval(  # lm-eval's own spelling, in model_args: the same length, run and reported
-        model, ["tiny_choice"], methods=["none"], tokenizer=tokenizer, task_manager=task_manager,
-        model_args={"max_length": 100}, limit=2, bootstrap_iters=0,
-    )  # fmt: skip
-    assert spelled["max_length"] == 100 and "max_length" not in spelled["arguments"]["model_args"]
+    # lm-eval's own spelling, in model_args: the same length, run and reported
+    config = LmEvalConfig(["tiny_choice"], methods=["none"], model_args={"max_length": 100}, evaluate=evaluate)
+    spelled = run_lm_eval(model, config, tokenizer=tokenizer, task_manager=task_manager)
+    assert spelled.max_length == 100 and "max_length" not in spelled.arguments["model_args"]
     with torch.no_grad():
         assert torch.equal(model(ids).logits, before)
 
@@ -119,10 +117,8 @@ def test_a_generation_task_is_lm_eval_on_the_model_patched_so(tiny_dir, task_man
     the rolling-loglikelihood test above shows that.)"""
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir / "model")
     tokenizer.eos_token = "."  # lm-eval's generation stops at an end-of-text token; the tiny tokenizer has none
-    report = run_lm_eval(
-        str(tiny_dir / "model"), ["tiny_generate"], methods=METHODS, tokenizer=tokenizer, task_manager=task_manager,
-        bootstrap_iters=0,
-    )  # fmt: skip
+    config = LmEvalConfig(["tiny_generate"], methods=METHODS, evaluate={"bootstrap_iters": 0})
+    report = run_lm_eval(ModelSource(str(tiny_dir / "model")), config, tokenizer=tokenizer, task_manager=task_manager)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir / "model").eval()
 
     def generations(settings_model) -> tuple[list[str], dict]:
@@ -136,8 +132,8 @@ def test_a_generation_task_is_lm_eval_on_the_model_patched_so(tiny_dir, task_man
     unpatched, unpatched_results = generations(model)
     with hf_posenc.patched(model, "yarn", factor=4):
         yarn, yarn_results = generations(model)
-    assert _scores(report["runs"][0]["results"]) == _scores(unpatched_results)
-    assert _scores(report["runs"][1]["results"]) == _scores(yarn_results)
+    assert _scores(report.runs[0].results) == _scores(unpatched_results)
+    assert _scores(report.runs[1].results) == _scores(yarn_results)
     assert len(unpatched) == len(yarn) == 4 and all(unpatched)
 
 
@@ -146,17 +142,15 @@ def test_the_model_is_loaded_as_asked_and_loading_model_args_are_refused(run, ti
     eager attention gives the sdpa run's scores, and the report says which ran. HFLM's own loading arguments, which
     it ignores for a model handed to it, and loading parameters beside a loaded model are refused before any task."""
     report, _ = run
-    eager = run_lm_eval(
-        str(tiny_dir / "model"), TASKS, methods=METHODS, task_manager=task_manager, bootstrap_iters=0,
-        attn_implementation="eager",
-    )  # fmt: skip
-    assert eager["model_details"]["attn_implementation"] == "eager"
-    assert "attn_implementation" not in report["model_details"]
-    for ours, theirs in zip(eager["runs"], report["runs"], strict=True):
-        for task, values in _scores(ours["results"]).items():
+    source = ModelSource(str(tiny_dir / "model"), attn_implementation="eager")
+    config = LmEvalConfig(TASKS, methods=METHODS, evaluate={"bootstrap_iters": 0})
+    eager = run_lm_eval(source, config, task_manager=task_manager)
+    assert eager.model_details["attn_implementation"] == "eager"
+    assert "attn_implementation" not in report.model_details
+    for ours, theirs in zip(eager.runs, report.runs, strict=True):
+        for task, values in _scores(ours.results).items():
             for metric, value in values.items():
-                assert value == pytest.approx(_scores(theirs["results"])[task][metric], rel=1e-5), (task, metric)
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir / "model").eval()
+                assert value == pytest.approx(_scores(theirs.results)[task][metric], rel=1e-5), (task, metric)
     for model_args, advice in [
         ({"revision": "main"}, "give `revision`"),
         ({"parallelize": True}, "give `device_map`"),
@@ -164,11 +158,11 @@ def test_the_model_is_loaded_as_asked_and_loading_model_args_are_refused(run, ti
         ({"peft": "me/adapter"}, "hf_posenc patches the base model; merge an adapter"),
     ]:
         with pytest.raises(ValueError, match=f"lm-eval ignores it for the model hf_posenc hands it: {advice}"):
-            run_lm_eval(str(tiny_dir / "model"), TASKS, task_manager=task_manager, model_args=model_args)
-    with pytest.raises(ValueError, match=r"`revision`, `device_map` load a model named by `model`, not a loaded one"):
-        run_lm_eval(model, TASKS, task_manager=task_manager, revision="main", device_map="auto")
+            LmEvalConfig(TASKS, model_args=model_args)
+    with pytest.raises(TypeError, match=r"give ModelSource\('me/model'\) \(and how to load it\), or a model"):
+        run_lm_eval("me/model", LmEvalConfig(TASKS), task_manager=task_manager)
     with pytest.raises(ValueError, match=r"`revision` names a commit of a Hub repo"):
-        run_lm_eval(str(tiny_dir / "model"), TASKS, task_manager=task_manager, revision="main")
+        ModelSource(str(tiny_dir / "model"), revision="main")
 
 
 def test_a_saved_patched_model_is_its_base_and_its_method(run, tiny_dir, task_manager, tmp_path, one_thread):
@@ -177,10 +171,12 @@ def test_a_saved_patched_model_is_its_base_and_its_method(run, tiny_dir, task_ma
     saved = tmp_path / "saved"
     hf_posenc.patch(AutoModelForCausalLM.from_pretrained(tiny_dir / "model"), "yarn", factor=4).save_pretrained(saved)
     AutoTokenizer.from_pretrained(tiny_dir / "model").save_pretrained(saved)
-    report = run_lm_eval(str(saved), TASKS, task_manager=task_manager, bootstrap_iters=0)
-    assert [r["method"] for r in report["runs"]][0] == "none" and report["runs"][1]["params"]["factor"] == 4
-    assert report["model_details"]["saved_patch"] == report["runs"][1]["method"]
-    assert [r["results"] for r in report["runs"]] == [r["results"] for r in run[0]["runs"]]
+    report = run_lm_eval(
+        ModelSource(str(saved)), LmEvalConfig(TASKS, evaluate={"bootstrap_iters": 0}), task_manager=task_manager
+    )
+    assert [r.method for r in report.runs][0] == "none" and report.runs[1].params["factor"] == 4
+    assert report.model_details["saved_patch"] == report.runs[1].method
+    assert [r.results for r in report.runs] == [r.results for r in run[0].runs]
 
 
 def _card_rows(card: str) -> list[str]:
@@ -194,7 +190,7 @@ def test_the_card_shows_exactly_the_scores_of_the_file(run, tiny_dir):
     folder = str(tiny_dir / "model")
     model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(folder), "yarn", factor=4)
     card = str(build_card(model, "me/tiny-yarn", lm_eval_results=output / LM_EVAL_JSON, with_weights=True))
-    none, yarn = (run["results"] for run in report["runs"])
+    none, yarn = (run.results for run in report.runs)
     expected = [
         f"| {task} | {key.removesuffix(',none')} | {none[task][key]:.4f} | {value:.4f} |"
         for task, values in yarn.items()
@@ -225,7 +221,7 @@ def test_the_card_refuses_results_of_another_method(run, tiny_dir, method, param
 def test_without_lm_eval_the_error_names_the_extra(monkeypatch, tiny_dir):
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval raises ImportError
     with pytest.raises(ImportError, match=r"pip install 'hf-posenc\[lm-eval\]'"):
-        run_lm_eval(str(tiny_dir / "model"), ["tiny_choice"])
+        run_lm_eval(ModelSource(str(tiny_dir / "model")), LmEvalConfig(["tiny_choice"]))
 
 
 def test_gpt2_past_its_learned_table_is_refused_before_any_task_runs(tiny_dir, task_manager, tmp_path):
@@ -236,9 +232,8 @@ def test_gpt2_past_its_learned_table_is_refused_before_any_task_runs(tiny_dir, t
     with pytest.raises(
         ValueError, match=r"`methods` 'none': GPT2LMHeadModel has a learned table of 64 positions"
     ) as info:
-        run_lm_eval(
-            str(tiny_dir / "gpt2"), TASKS, methods=["none"], max_length=128, task_manager=task_manager, output=tmp_path
-        )
+        config = LmEvalConfig(TASKS, methods=["none"], max_length=128)
+        run_lm_eval(ModelSource(str(tiny_dir / "gpt2")), config, tmp_path, task_manager=task_manager)
     assert "Score it with `max_length` up to 64, run it alone with another `output`" in str(info.value)
     assert "`lengths`" not in str(info.value)
     assert not (tmp_path / LM_EVAL_JSON).exists()
@@ -257,7 +252,7 @@ def test_push_uploads_the_lm_eval_results_beside_the_card(run, tiny_dir, fake_hu
         raise ValueError(constant)
 
     pushed = json.loads(files["lm_eval.json"], parse_constant=refuse)
-    assert [r["results"] for r in pushed["runs"]] == [r["results"] for r in report["runs"]]
+    assert [r["results"] for r in pushed["runs"]] == [r.results for r in report.runs]
     assert str(tiny_dir) not in files["lm_eval.json"].decode() and "| Task | Metric |" in files["README.md"].decode()
 
 
@@ -272,7 +267,7 @@ def test_push_uploads_the_lm_eval_results_beside_the_card(run, tiny_dir, fake_hu
 def test_the_card_says_a_limit_as_lm_eval_reads_it(run, tiny_dir, tmp_path, limit, said):
     """lm-eval's --limit below 1 is a fraction of each task's examples, not a count."""
     report, output = run
-    limited = {**report, "arguments": {**report["arguments"], "limit": limit}}
+    limited = {**report.to_json(), "arguments": {**report.arguments, "limit": limit}}
     (tmp_path / LM_EVAL_JSON).write_text(json.dumps(limited))
     model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(str(tiny_dir / "model")), "yarn", factor=4)
     assert said in str(build_card(model, "me/tiny-yarn", lm_eval_results=tmp_path / LM_EVAL_JSON, with_weights=True))

@@ -156,7 +156,7 @@ def train_command(args: argparse.Namespace) -> int:
 def _print_result(
     args: argparse.Namespace, spec: MethodSpec, settings: TrainSettings, data: PackedWindows, result: TrainResult
 ) -> None:
-    from ..training.run import SUMMARY_FILE
+    from ..reports.train_summary import SUMMARY_FILE
 
     if result.losses:
         first = result.losses[0][1]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from .._startup import lazy_exports
 
 if TYPE_CHECKING:
+    from ..reports.train_summary import TrainSummary
     from .packing import PackedWindows, pack_texts, pack_windows
     from .run import TrainResult, train
     from .settings import TrainSettings
@@ -21,6 +22,7 @@ __all__ = [
     "PackedWindows",
     "TrainResult",
     "TrainSettings",
+    "TrainSummary",
     "apply_method",
     "pack_texts",
     "pack_windows",
@@ -38,6 +40,7 @@ __getattr__, __dir__ = lazy_exports(
         "TrainResult": ".run",
         "train": ".run",
         "TrainSettings": ".settings",
+        "TrainSummary": "..reports.train_summary",
         "apply_method": ".trainable",
         "release_gguf": ".trainable",
         "select_trainable": ".trainable",

@@ -32,6 +32,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from .._version import __version__
 from ..files import atomic_write_text, json_text
 from ..patching import get_patch, learned_table_rows, unpatch
+from ..reports.train_summary import SUMMARY_FILE, TrainData, TrainSummary
 from ..spec import MethodSpec
 from .checkpoints import (
     RUN_FILE,
@@ -51,7 +52,6 @@ from .trainer_arguments import training_arguments
 
 logger = logging.getLogger(__name__)
 
-SUMMARY_FILE = "train_summary.json"
 CLOCK_FILE = "hf_posenc_seconds.json"  # in each checkpoint: the training time of the run up to it
 
 
@@ -133,7 +133,8 @@ def train(
             raise
         result = _train_and_save(model, session, settings, handed_in, output_dir)
         if args.should_save:
-            _write_json(output_dir / SUMMARY_FILE, _summary(model, spec, settings, data, result, args, sources))
+            summary = _summary(model, spec, settings, data, result, args, sources)
+            _write_json(output_dir / SUMMARY_FILE, summary.to_json())
         return result
 
 
@@ -386,34 +387,34 @@ def _summary(
     result: TrainResult,
     args: TrainingArguments,
     sources: dict[str, Any] | None,
-) -> dict[str, Any]:
+) -> TrainSummary:
     """``train_summary.json``: the method as applied, the settings, the data, the losses, the time, the versions."""
     applied = get_patch(model)
-    return {
-        "method": spec.method,
-        "spec": spec.text,
-        "params": applied.params if applied is not None else {},
-        "model": str(model.name_or_path),
-        "sources": sources or {},
-        "settings": settings.recorded(),
-        "data": {
-            "windows": len(data),
-            "length": data.length,
-            "bos": data.bos_id is not None,
-            "stream_tokens": data.stream_tokens,
-            "dropped_tokens": data.dropped_tokens,
-            "sha256": data.fingerprint(),
-        },
-        "trainable_parameters": result.trainable_parameters,
-        "steps": result.steps,
-        "final_loss": result.final_loss,
-        "losses": [list(pair) for pair in result.losses],
-        "seconds": round(result.seconds, 3),
-        "device": str(args.device),
-        "bf16": args.bf16,
-        "world_size": args.world_size,
-        "versions": _versions(),
-    }
+    return TrainSummary(
+        method=spec.method,
+        spec=spec.text,
+        params=applied.params if applied is not None else {},
+        model=str(model.name_or_path),
+        sources=sources or {},
+        settings=settings.recorded(),
+        data=TrainData(
+            windows=len(data),
+            length=data.length,
+            bos=data.bos_id is not None,
+            stream_tokens=data.stream_tokens,
+            dropped_tokens=data.dropped_tokens,
+            sha256=data.fingerprint(),
+        ),
+        trainable_parameters=result.trainable_parameters,
+        steps=result.steps,
+        final_loss=result.final_loss,
+        losses=list(result.losses),
+        seconds=result.seconds,
+        device=str(args.device),
+        bf16=args.bf16,
+        world_size=args.world_size,
+        versions=_versions(),
+    )
 
 
 def _versions() -> dict[str, str]:

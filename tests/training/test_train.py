@@ -26,7 +26,7 @@ from transformers.quantizers.quantizer_gguf import GgufHfQuantizer
 
 import hf_posenc
 from hf_posenc.cli import main
-from hf_posenc.training import TrainSettings, pack_windows, release_gguf, select_trainable, train
+from hf_posenc.training import TrainSettings, TrainSummary, pack_windows, release_gguf, select_trainable, train
 from hf_posenc.training import run as run_module
 from hf_posenc.training.checkpoints import readable_by_the_trainer
 
@@ -398,6 +398,7 @@ def test_the_saved_model_reloads_patched_with_the_same_logits(tmp_path, method):
     with torch.no_grad():
         assert torch.equal(reloaded(DATA.windows[:2]).logits, model(DATA.windows[:2]).logits)
     summary = json.loads((out / "train_summary.json").read_text())
+    assert TrainSummary.read(out).to_json() == summary
     assert summary["method"] == method and summary["params"] == hf_posenc.get_patch(model).params
     assert summary["settings"]["steps"] == summary["steps"] == len(summary["losses"]) == 6
     assert summary["data"] == {**summary["data"], "windows": len(DATA), "dropped_tokens": DATA.dropped_tokens}

@@ -245,7 +245,8 @@ def _offline_banner(args: argparse.Namespace, model_source: ModelSource) -> None
 
 
 def _print_perplexity(report: PerplexityReport, output: Path) -> None:
-    from ..eval.results import PPL_PLOT, RESULTS_CSV, RESULTS_JSON, coverage_note, derivation_note, format_table
+    from ..eval.folder import PPL_PLOT, RESULTS_CSV, RESULTS_JSON
+    from ..eval.results import coverage_note, derivation_note, format_table
 
     bos = "prepended" if report.protocol_details["bos"] else "none"
     print(
@@ -293,7 +294,8 @@ def passkey_command(args: argparse.Namespace) -> int:
 
 
 def _print_passkey(report: PasskeyReport, output: Path) -> None:
-    from ..eval.results import PASSKEY_CSV, PASSKEY_JSON, PASSKEY_PLOT, format_table
+    from ..eval.folder import PASSKEY_CSV, PASSKEY_JSON, PASSKEY_PLOT
+    from ..eval.results import format_table
 
     by_length: dict[tuple[str, int], list[float]] = {}
     for cell in report.accuracy:

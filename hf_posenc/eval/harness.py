@@ -30,10 +30,10 @@ from ..patching import dry_run, learned_table_rows
 from ..reports.tasks import LM_EVAL_JSON, LmEvalReport, LmEvalRun
 from ..spec import MethodSpec
 from .data import MAX_TOKENS
+from .folder import check_output
 from .models import ModelSource, check_position_table, load_model_at_commit, load_tokenizer, model_details
 from .perplexity import each_call_alone
 from .results import device_description, versions
-from .resume import check_output
 from .scoring import serves_every_length
 from .specs import method_applied, notes_once, parse_methods, refuse_duplicates
 

@@ -1,46 +1,15 @@
-"""Results files: JSON (the report), CSV, plots, the console table, and resuming a killed run.
-
-Every file is written atomically (:mod:`hf_posenc.files`), so a run killed at any moment leaves either
-the previous or the new version. Reading them back to resume is :mod:`.resume`'s.
-"""
+"""What a perplexity or passkey report shows besides its rows: the versions and device it ran on, the order of its
+rows, and the console table with the notes under it (:mod:`.folder` writes the files)."""
 
 from __future__ import annotations
 
-import csv
-import io
 import platform
-from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..files import atomic_write_text, json_text
-from ..plots.figures import length_label, plot_passkey_heatmap, plot_ppl_vs_length
-from ..reports.schema import report_for_file
-
-RESULTS_JSON = "results.json"
-RESULTS_CSV = "results.csv"
-PPL_PLOT = "ppl_vs_length.png"
-PASSKEY_JSON = "passkey.json"
-PASSKEY_CSV = "passkey.csv"
-PASSKEY_PLOT = "passkey_heatmap.png"
-PERPLEXITY_FILES = (RESULTS_JSON, RESULTS_CSV, PPL_PLOT)  # the report first: the others are made from it
-PASSKEY_FILES = (PASSKEY_JSON, PASSKEY_CSV, PASSKEY_PLOT)
-CSV_FIELDS = (
-    "method",
-    "length",
-    "ppl",
-    "nll",
-    "tokens",
-    "windows",
-    "documents",
-    "skipped_documents",
-    "dropped_tokens",
-    "forwards",
-    "derived_from",
-    "seconds",
-)
+from ..plots.figures import length_label
 
 
 def versions() -> dict[str, str]:
@@ -79,19 +48,6 @@ def sort_results(results: list[dict[str, Any]], methods: list[str]) -> list[dict
     """Results ordered by method (as asked, earlier ones first) and length."""
     order = {method: i for i, method in enumerate(methods)}
     return sorted(results, key=lambda r: (order.get(r["method"], len(order)), r["method"], r["length"]))
-
-
-def write_json(path: Path, report: dict[str, Any]) -> None:
-    """The report as standard JSON: a row whose perplexity is not finite has nulls and a ``status``."""
-    atomic_write_text(path, json_text(report_for_file(report)))
-
-
-def write_csv(path: Path, results: list[dict[str, Any]], fields: Sequence[str] = CSV_FIELDS) -> None:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(results)
-    atomic_write_text(path, buffer.getvalue())
 
 
 def format_table(results: list[dict[str, Any]], value: str = "ppl") -> str:
@@ -137,28 +93,3 @@ def derivation_note(results: list[dict[str, Any]]) -> str | None:
         return f"{next(iter(groups))} of each document (one forward per document; see --help)."
     parts = [f"{phrase} of each document for {', '.join(methods)}" for phrase, methods in groups.items()]
     return f"{'; '.join(parts)}; the other rows: one forward per length (see --help)."
-
-
-def write_perplexity_results(output: Path, report: dict[str, Any]) -> None:
-    """results.json, results.csv and ppl_vs_length.png of ``report`` (each written atomically)."""
-    write_json(output / RESULTS_JSON, report)
-    write_csv(output / RESULTS_CSV, report["results"])
-    details = report["protocol_details"]
-    title = (
-        f"{report['model']} on {report['dataset']}\nprotocol {report['protocol']}, "
-        f"{'BOS prepended' if details['bos'] else 'no BOS'}, {report['model_details']['dtype']}"
-    )
-    plot_ppl_vs_length(
-        output / PPL_PLOT,
-        report["results"],
-        trained_context=report["model_details"]["trained_context"],
-        title=title,
-    )
-
-
-def write_passkey_results(output: Path, report: dict[str, Any]) -> None:
-    """passkey.json, passkey.csv (accuracy by method, length and depth) and passkey_heatmap.png (each
-    written atomically)."""
-    write_json(output / PASSKEY_JSON, report)
-    write_csv(output / PASSKEY_CSV, report["accuracy"], fields=("method", "length", "depth", "accuracy", "trials"))
-    plot_passkey_heatmap(output / PASSKEY_PLOT, report["accuracy"], title=f"passkey retrieval: {report['model']}")

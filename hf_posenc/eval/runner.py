@@ -33,6 +33,7 @@ from .data import (
     tokenize_texts,
 )
 from .defaults import MAX_TRIALS
+from .folder import PASSKEY, PERPLEXITY, ResultsFolder
 from .models import (
     ModelSource,
     check_placement,
@@ -46,28 +47,14 @@ from .models import (
 )
 from .passkey import accuracy_grid, build_prompt, random_keys
 from .perplexity import check_head_decomposition, perplexity
-from .results import (
-    PASSKEY_FILES,
-    PASSKEY_JSON,
-    PERPLEXITY_FILES,
-    RESULTS_JSON,
-    device_description,
-    sort_results,
-    versions,
-    write_passkey_results,
-    write_perplexity_results,
-)
+from .results import device_description, sort_results, versions
 from .resume import (
-    SoleWriter,
-    check_output,
     check_same_bos,
     check_same_data,
     check_same_model,
     check_same_prompts,
     document_hashes,
-    load_previous,
     prompt_hashes,
-    remove_stale_temporaries,
 )
 from .scoring import LengthScore, input_shape, passkey_flags, score_lengths, serves_every_length
 from .specs import method_applied, notes_once, parse_methods, refuse_duplicates, warn_past_reach
@@ -144,15 +131,14 @@ class _Run:
 
     model: Any
     accelerator: Accelerator
-    output: Path
-    writer: SoleWriter
+    folder: ResultsFolder
     report: dict[str, Any]
     resolved: dict[str, dict[str, Any]]
     bos_id: int | None
 
-    def save(self, write: Any) -> None:
+    def save(self) -> None:
         if self.accelerator.is_main_process:
-            self.writer.write(write, self.output, self.report)
+            self.folder.write(self.report)
 
 
 def run_perplexity(
@@ -176,45 +162,46 @@ def run_perplexity(
     check_protocol(config.protocol, config.stride)
     saved = model_source.saved_patch()
     specs = parse_methods(config.methods, saved)
-    check_output(output, PERPLEXITY_FILES)
+    folder = ResultsFolder(output, PERPLEXITY)
+    folder.check()
     check_output_outside(output, text_source)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     check_placement(model_source, accelerator.num_processes)
     arguments = _perplexity_arguments(model_source, text_source, config, accelerator.device)
-    previous = load_previous(output / RESULTS_JSON, arguments, kind="perplexity")
+    previous = folder.previous(arguments)
     results = previous["results"] if previous else []
-    refuse_duplicates(specs, [r["method"] for r in results], output / RESULTS_JSON)
+    refuse_duplicates(specs, [r["method"] for r in results], folder.report_path)
     tokenizer = load_tokenizer(model_source, saved)
     bos_id = resolve_bos(config.bos, tokenizer)
     docs, data_details = _documents(tokenizer, text_source, accelerator)
     if previous:  # same arguments: the same data, and BOS as before?
-        check_same_data(previous["dataset_details"], data_details, output / RESULTS_JSON)
-        check_same_bos(previous, config.bos, bos_id, output / RESULTS_JSON)
+        check_same_data(previous["dataset_details"], data_details, folder.report_path)
+        check_same_bos(previous, config.bos, bos_id, folder.report_path)
     doc_lengths = [len(d) for d in docs]
     plans = {n: _windows(doc_lengths, n, config, bos_id is not None) for n in config.lengths}
     done = {(r["method"], r["length"]) for r in results}
     todo = {spec.text: [n for n in config.lengths if (spec.text, n) not in done] for spec in specs}
     if accelerator.is_main_process:
-        remove_stale_temporaries(output, PERPLEXITY_FILES)
+        folder.clean()
     # loaded and compared even when every result is there: a model saved over its folder is refused, not shown stale
     loading = set().union(*todo.values()) or set(config.lengths)
     longest = max(input_shape(w, bos_id is not None)[0] for n in loading for w in plans[n].windows)
     model, resolved, loaded = load_checked(model_source, saved, specs, accelerator, max(docs, key=len), longest)
     details = {**model_details(model_source, saved, arguments["dtype"]), **loaded}
     if previous:
-        check_same_model(previous["model_details"], details, output / RESULTS_JSON)
+        check_same_model(previous["model_details"], details, folder.report_path)
     order = [spec.text for spec in specs]
     if any(todo.values()):
         rows = {row["method"]: row.get("params") or {} for row in results}
-        refuse_duplicates(specs, list(rows), output / RESULTS_JSON, resolved={**rows, **resolved})
+        refuse_duplicates(specs, list(rows), folder.report_path, resolved={**rows, **resolved})
         report = _perplexity_report(model_source, text_source, config, bos_id)
         report |= {"model_details": details, "dataset_details": data_details, "processes": accelerator.num_processes}
         report |= {"device": device_description(accelerator.device), "arguments": arguments, "results": results}
     else:
         report = {**previous, "results": sort_results(results, order)}
-    run = _Run(model, accelerator, output, SoleWriter(output / RESULTS_JSON), report, resolved, bos_id)
+    run = _Run(model, accelerator, folder, report, resolved, bos_id)
     if not any(todo.values()):
-        run.save(write_perplexity_results)
+        run.save()
     for spec in specs:
         if todo[spec.text]:
             _score_method(run, spec, todo[spec.text], docs, plans, config, order)
@@ -304,7 +291,7 @@ def _score_method(
             )
             rows = [*run.report["results"], *(_result(spec.text, params, n, scores[n], plans[n]) for n in group)]
             run.report["results"] = sort_results(rows, order)
-            run.save(write_perplexity_results)
+            run.save()
 
 
 def _result(method: str, params: dict, length: int, score: LengthScore, plan: WindowPlan) -> dict[str, Any]:
@@ -373,16 +360,17 @@ def run_passkey(model_source: ModelSource, config: PasskeyConfig, output: Path) 
     """
     saved = model_source.saved_patch()
     specs = parse_methods(config.methods, saved)
-    check_output(output, PASSKEY_FILES)
+    folder = ResultsFolder(output, PASSKEY)
+    folder.check()
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     check_placement(model_source, accelerator.num_processes)
     dtype = model_source.resolved_dtype(accelerator.device)
     arguments = {"model": model_source.name, "gguf_file": model_source.gguf_file, "dtype": dtype}
     arguments |= {**model_source.identity, "depths": config.depths, "trials": config.trials}
     arguments |= {"seed": config.seed, "bos": config.bos}
-    previous = load_previous(output / PASSKEY_JSON, arguments, kind="passkey")
+    previous = folder.previous(arguments)
     done_trials = previous["trials"] if previous else []
-    refuse_duplicates(specs, list(dict.fromkeys(t["method"] for t in done_trials)), output / PASSKEY_JSON)
+    refuse_duplicates(specs, list(dict.fromkeys(t["method"] for t in done_trials)), folder.report_path)
     tokenizer = load_tokenizer(model_source, saved)
     bos_id = resolve_bos(config.bos, tokenizer)
     keys = random_keys(config.trials, config.seed)
@@ -391,9 +379,9 @@ def run_passkey(model_source: ModelSource, config: PasskeyConfig, output: Path) 
     }
     fingerprints = prompt_hashes({n: [p.input_ids for _, p in prompts[n]] for n in config.lengths})
     if previous:
-        check_same_bos(previous, config.bos, bos_id, output / PASSKEY_JSON)
+        check_same_bos(previous, config.bos, bos_id, folder.report_path)
     earlier = previous.get("prompt_hashes") if previous else None
-    check_same_prompts(earlier, fingerprints, output / PASSKEY_JSON)
+    check_same_prompts(earlier, fingerprints, folder.report_path)
     report = {
         "task": "passkey retrieval, greedy (teacher-forced): the key's tokens, then no further digit",
         "model": model_source.label,
@@ -406,20 +394,20 @@ def run_passkey(model_source: ModelSource, config: PasskeyConfig, output: Path) 
         "prompt_hashes": {**(earlier or {}), **fingerprints},
     }
     if accelerator.is_main_process:
-        remove_stale_temporaries(output, PASSKEY_FILES)
+        folder.clean()
     # loaded and compared even when every result is there: a model saved over its folder is refused, not shown stale
     longest = max(len(p.input_ids) for n in config.lengths for _, p in prompts[n])
     first = prompts[config.lengths[0]][0][1].input_ids
     model, resolved, loaded = load_checked(model_source, saved, specs, accelerator, first, longest)
     report["model_details"].update(loaded)
     if previous:
-        check_same_model(previous.get("model_details") or {}, report["model_details"], output / PASSKEY_JSON)
+        check_same_model(previous.get("model_details") or {}, report["model_details"], folder.report_path)
     done = {(t["method"], t["length"]) for t in done_trials}
     todo = {spec.text: [n for n in config.lengths if (spec.text, n) not in done] for spec in specs}
-    run = _Run(model, accelerator, output, SoleWriter(output / PASSKEY_JSON), report, resolved, bos_id)
+    run = _Run(model, accelerator, folder, report, resolved, bos_id)
     if not any(todo.values()):
         run.report = previous
-        run.save(write_passkey_results)
+        run.save()
     for spec in specs:
         if todo[spec.text]:
             _passkey_trials(run, spec, {n: prompts[n] for n in todo[spec.text]}, tokenizer, done_trials)
@@ -439,4 +427,4 @@ def _passkey_trials(
                 for (d, p), ok in zip(trials, flags, strict=True)
             ]
             run.report |= {"trials": done_trials, "accuracy": accuracy_grid(done_trials)}
-            run.save(write_passkey_results)
+            run.save()

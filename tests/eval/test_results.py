@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_posenc.eval.results import coverage_note, derivation_note, format_table, write_json
+from hf_posenc.eval.folder import write_json
+from hf_posenc.eval.results import coverage_note, derivation_note, format_table
 from hf_posenc.reports.schema import read_report
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,14 +11,16 @@ import time
 
 import pytest
 
-from hf_posenc.eval.results import PASSKEY_FILES, PERPLEXITY_FILES
-from hf_posenc.eval.resume import (
+from hf_posenc.eval.folder import PASSKEY as PASSKEY_LAYOUT
+from hf_posenc.eval.folder import (
+    PASSKEY_FILES,
+    PERPLEXITY_FILES,
+    ResultsFolder,
     check_output,
-    check_same_data,
-    document_hashes,
     load_previous,
     remove_stale_temporaries,
 )
+from hf_posenc.eval.resume import check_same_data, document_hashes
 from hf_posenc.files import STALE_AFTER
 
 ROW = {"method": "none", "length": 2048, "ppl": 25.054, "nll": 3.22, "tokens": 2047}
@@ -240,3 +242,23 @@ def test_a_folder_where_the_run_writes_a_file_is_refused_up_front(tmp_path, file
     (tmp_path / csv_file).mkdir()
     with pytest.raises(ValueError, match=rf"{re.escape(str(tmp_path / csv_file))} is not a file, and this run writes"):
         check_output(tmp_path, files)
+
+
+def test_a_results_folder_writes_its_files_only_over_the_report_it_read(tmp_path):
+    """The folder's owner: the report, its CSV and its heatmap written together; never before the report already
+    there was read; never over a report another process wrote since."""
+    folder = ResultsFolder(tmp_path / "out", PASSKEY_LAYOUT)
+    folder.check()
+    with pytest.raises(RuntimeError, match=r"before previous\(\)"):
+        folder.write(PASSKEY)
+    assert folder.previous(PASSKEY["arguments"]) is None and not folder.path.exists()
+    folder.write(PASSKEY)
+    assert json.loads(folder.report_path.read_text()) == PASSKEY
+    assert sorted(path.name for path in folder.path.iterdir()) == sorted(PASSKEY_FILES)
+    assert (folder.path / PASSKEY_FILES[1]).read_text().splitlines()[1] == "none,1024,0.5,1.0,1"
+    again = ResultsFolder(folder.path, PASSKEY_LAYOUT)
+    assert again.previous(PASSKEY["arguments"]) == PASSKEY
+    folder.write({**PASSKEY, "model": "org/other"})  # this run's own write: the other reader has not seen it
+    with pytest.raises(ValueError, match="was written by another process while this run went on"):
+        again.write(PASSKEY)
+    assert json.loads(folder.report_path.read_text())["model"] == "org/other"

@@ -121,7 +121,24 @@ def extension_blocked_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Query blocks of :data:`BLOCK` rows; each segment's float32 logits only over the keys it reaches there."""
+    """Query blocks of :data:`BLOCK` rows; each segment's float32 logits only over the keys it reaches there.
+
+    Args:
+        module (`nn.Module`): the patched attention module (its ``hf_posenc_extension`` state).
+        query (`torch.Tensor`): ``(B, H, q, D)``, rotated at the true positions.
+        key (`torch.Tensor`): ``(B, H_kv, kv, D)``, rotated at the true positions.
+        value (`torch.Tensor`): ``(B, H_kv, kv, D)``.
+        attention_mask (`PositionMask`): what :func:`~hf_posenc.attention.extension.extension_mask` made.
+        scaling (`float`): the logits' scale.
+        dropout (`float`, defaults to 0.0): must be 0 in training (no attention dropout).
+        **kwargs: the model's other attention arguments; ``position_ids`` checked on the first layer.
+
+    Returns:
+        `tuple[torch.Tensor, None]`: the output ``(B, q, H, D)``, and no weights.
+
+    Raises:
+        ValueError: as :func:`~hf_posenc.attention.extension.prepared` refuses the call.
+    """
     state, mask, query = prepared(module, query, attention_mask, dropout, kwargs)
     return _by_blocks(_float32_logits, state, mask, query, key, value, scaling), None
 
@@ -138,7 +155,24 @@ def extension_sdpa_attention(
 ) -> tuple[torch.Tensor, None]:
     """A prefill, left-padded or not, as tiles (:mod:`~hf_posenc.attention.extension_tiles`, where it applies);
     any other call in query blocks of :data:`BLOCK` rows, per block one SDPA call on the segments side by side
-    (module docstring). In the model's dtype; a query with no key (padding before any token) gets 0."""
+    (module docstring). In the model's dtype; a query with no key (padding before any token) gets 0.
+
+    Args:
+        module (`nn.Module`): the patched attention module (its ``hf_posenc_extension`` state).
+        query (`torch.Tensor`): ``(B, H, q, D)``, rotated at the true positions.
+        key (`torch.Tensor`): ``(B, H_kv, kv, D)``, rotated at the true positions.
+        value (`torch.Tensor`): ``(B, H_kv, kv, D)``.
+        attention_mask (`PositionMask`): what :func:`~hf_posenc.attention.extension.extension_mask` made.
+        scaling (`float`): the logits' scale.
+        dropout (`float`, defaults to 0.0): must be 0 in training (no attention dropout).
+        **kwargs: the model's other attention arguments; ``position_ids`` checked on the first layer.
+
+    Returns:
+        `tuple[torch.Tensor, None]`: the output ``(B, q, H, D)``, and no weights.
+
+    Raises:
+        ValueError: as :func:`~hf_posenc.attention.extension.prepared` refuses the call.
+    """
     state, mask, query = prepared(module, query, attention_mask, dropout, kwargs)
     starts = extension_tiles.tile_starts(mask, query, key, value)
     if starts is not None:

@@ -159,7 +159,24 @@ def extension_flex_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Self-Extend / DCA with ``flex_attention`` (see the module docstring for the two strategies)."""
+    """Self-Extend / DCA with ``flex_attention`` (see the module docstring for the two strategies).
+
+    Args:
+        module (`nn.Module`): the patched attention module (its ``hf_posenc_extension`` state).
+        query (`torch.Tensor`): ``(B, H, q, D)``, rotated at the true positions.
+        key (`torch.Tensor`): ``(B, H_kv, kv, D)``, rotated at the true positions.
+        value (`torch.Tensor`): ``(B, H_kv, kv, D)``.
+        attention_mask (`PositionMask`): what :func:`~hf_posenc.attention.extension.extension_mask` made.
+        scaling (`float`): the logits' scale.
+        dropout (`float`, defaults to 0.0): must be 0 in training (no attention dropout).
+        **kwargs: the model's other attention arguments; ``position_ids`` checked on the first layer.
+
+    Returns:
+        `tuple[torch.Tensor, None]`: the output ``(B, q, H, D)``, and no weights.
+
+    Raises:
+        ValueError: as :func:`~hf_posenc.attention.extension.prepared` refuses the call.
+    """
     state, mask, query = prepared(module, query, attention_mask, dropout, kwargs)
     compiled = _compiles(query.device, query.shape[2] * key.shape[2])
     strategy = _per_segment if query.device.type == "cuda" else _side_by_side

@@ -31,7 +31,14 @@ from .extension import ExtensionState, PositionMask, rotate, segment_keys, segme
 
 def tile_starts(mask: PositionMask, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> list[int] | None:
     """Where each row's tokens start if this call is a prefill the tiles serve (:func:`prefill_starts`), with no
-    gradient to carry and a kernel that takes the inputs (:func:`_kernel_takes`); else ``None``."""
+    gradient to carry and a kernel that takes the inputs (:func:`_kernel_takes`); else ``None``.
+
+    Args:
+        mask (`PositionMask`): the call's positions.
+        query (`torch.Tensor`): ``(B, H, q, D)``.
+        key (`torch.Tensor`): ``(B, H_kv, kv, D)``.
+        value (`torch.Tensor`): ``(B, H_kv, kv, D)``.
+    """
     length = query.shape[2]
     if length > key.shape[2] or not _kernel_takes(query, value):
         return None
@@ -104,19 +111,43 @@ def _op_as_called(name: str) -> bool:
 
 def cpu_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
     """PyTorch's flash attention on a CPU: ``(B, H, n, D)`` output and ``(B, H, n)`` float32 log-sum-exp
-    (``causal``: key ``b`` of a square seen by queries ``a >= b``)."""
+    (``causal``: key ``b`` of a square seen by queries ``a >= b``).
+
+    Args:
+        query (`torch.Tensor`): ``(B, H, n, D)``.
+        key (`torch.Tensor`): ``(B, H, m, D)``, as many heads as ``query``.
+        value (`torch.Tensor`): ``(B, H, m, D)``.
+        causal (`bool`): the tile is a causal square; otherwise every pair attends.
+        scale (`float`): the logits' scale.
+    """
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, causal, scale=scale)
 
 
 def cuda_flash_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
-    """:func:`cpu_kernel` on CUDA with flash attention (half precision, Ampere or later)."""
+    """:func:`cpu_kernel` on CUDA with flash attention (half precision, Ampere or later).
+
+    Args:
+        query (`torch.Tensor`): ``(B, H, n, D)``.
+        key (`torch.Tensor`): ``(B, H, m, D)``, as many heads as ``query``.
+        value (`torch.Tensor`): ``(B, H, m, D)``.
+        causal (`bool`): the tile is a causal square; otherwise every pair attends.
+        scale (`float`): the logits' scale.
+    """
     output, lse = torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, 0.0, causal, scale=scale)[:2]
     return output, lse
 
 
 def cuda_efficient_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
     """:func:`cpu_kernel` on CUDA with memory-efficient attention (its log-sum-exp padded to a multiple of 32 rows
-    there)."""
+    there, cut to ``n`` here).
+
+    Args:
+        query (`torch.Tensor`): ``(B, H, n, D)``.
+        key (`torch.Tensor`): ``(B, H, m, D)``, as many heads as ``query``.
+        value (`torch.Tensor`): ``(B, H, m, D)``.
+        causal (`bool`): the tile is a causal square; otherwise every pair attends.
+        scale (`float`): the logits' scale.
+    """
     output, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
         query, key, value, None, True, 0.0, causal, scale=scale
     )[:2]
@@ -124,7 +155,16 @@ def cuda_efficient_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.T
 
 
 def cuda_cudnn_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool, scale: float):
-    """:func:`cpu_kernel` on CUDA with cuDNN's fused attention (its log-sum-exp ``(B, H, n, 1)``)."""
+    """:func:`cpu_kernel` on CUDA with cuDNN's fused attention (its log-sum-exp ``(B, H, n, 1)``, reshaped to
+    ``(B, H, n)`` here).
+
+    Args:
+        query (`torch.Tensor`): ``(B, H, n, D)``.
+        key (`torch.Tensor`): ``(B, H, m, D)``, as many heads as ``query``.
+        value (`torch.Tensor`): ``(B, H, m, D)``.
+        causal (`bool`): the tile is a causal square; otherwise every pair attends.
+        scale (`float`): the logits' scale.
+    """
     output, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
         query, key, value, None, True, 0.0, causal, scale=scale
     )[:2]
@@ -236,7 +276,17 @@ def tiled_attention(
     """Self-Extend / DCA on a prefill (:func:`tile_starts`) as tiles: ``(B, n, H, D)`` in the values' dtype. Rows with
     the same left padding (``starts``, from :func:`tile_starts`; none: no padding) are one prefill of their
     tokens; a padding query gets 0. Segments without a pair here (DCA's far chunks in an input shorter than a
-    chunk) turn nothing."""
+    chunk) turn nothing.
+
+    Args:
+        state (`ExtensionState`): the module's remap and rotary embedding.
+        mask (`PositionMask`): the call's positions.
+        query (`torch.Tensor`): ``(B, H, n, D)``, rotated at the true positions (scaled by log-n where it applies).
+        key (`torch.Tensor`): ``(B, H_kv, kv, D)``, rotated at the true positions; the first ``n`` are read.
+        value (`torch.Tensor`): ``(B, H_kv, kv, D)``.
+        scaling (`float`): the logits' scale.
+        starts (`list[int]`, *optional*): where each row's tokens start, from :func:`tile_starts`.
+    """
     batch, heads, length, _ = query.shape
     repeat = heads // key.shape[1]  # the kernels want as many key heads as query heads
     value = _repeated(value[:, :, :length], repeat)

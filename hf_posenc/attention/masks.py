@@ -47,7 +47,20 @@ def token_positions(
     attention_mask: torch.Tensor | None,
     device: torch.device | str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(query_positions (B, q), key_positions (B, kv))``, int64, counting non-padding tokens only."""
+    """``(query_positions (B, q), key_positions (B, kv))``, int64, counting non-padding tokens only.
+
+    With ``attention_mask``, a token's position is the number of non-padding tokens up to and including it (one more
+    than its 0-based position, a constant that cancels in ``i - j``); without, its cache index.
+
+    Args:
+        batch_size (`int`): rows ``B``.
+        q_length (`int`): queries ``q`` of this call.
+        kv_length (`int`): keys ``kv`` of this call.
+        q_offset (`int` or `torch.Tensor`): the cache index of the first query.
+        kv_offset (`int`): the cache index of the first key.
+        attention_mask (`torch.Tensor` or `None`): the 2D ``(B, length)`` padding mask; None: no padding.
+        device (`torch.device` or `str`): where the positions are made.
+    """
     queries = torch.arange(q_length, device=device) + q_offset  # absolute cache indices
     keys = torch.arange(kv_length, device=device) + kv_offset
     if attention_mask is None:
@@ -69,7 +82,19 @@ def alibi_distance_mask(
     device: torch.device | str = "cpu",
     **kwargs,
 ) -> torch.Tensor:
-    """Mask function for the eager and SDPA ALiBi backends.
+    """Mask function for the eager and SDPA ALiBi backends (transformers' mask-interface signature).
+
+    Args:
+        batch_size (`int`): rows ``B``.
+        q_length (`int`): queries ``q`` of this call.
+        kv_length (`int`): keys ``kv`` of this call.
+        q_offset (`int` or `torch.Tensor`, defaults to 0): the cache index of the first query.
+        kv_offset (`int`, defaults to 0): the cache index of the first key.
+        mask_function (`Callable`, defaults to transformers' causal mask): which (query, key) pairs attend.
+        attention_mask (`torch.Tensor`, *optional*): the 2D ``(B, length)`` padding mask.
+        use_vmap (`bool`, defaults to `False`): passed on to transformers' ``sdpa_mask``.
+        device (`torch.device` or `str`, defaults to ``"cpu"``): where the mask is made.
+        **kwargs (`Any`): the mask interface's other arguments, not read.
 
     Returns:
         `torch.Tensor`: ``(B, 1, q, kv)`` float32, ``-(i - j)`` (positions as in :func:`token_positions`)
@@ -123,6 +148,21 @@ def alibi_flex_mask(
     """Mask function for the flex ALiBi backend: the block mask (causal, padding) and the token positions.
 
     The block mask is built compiled on CUDA: uncompiled, ``create_block_mask`` materialises an n x n mask.
+
+    Args:
+        batch_size (`int`): rows ``B``.
+        q_length (`int`): queries ``q`` of this call.
+        kv_length (`int`): keys ``kv`` of this call.
+        q_offset (`int` or `torch.Tensor`, defaults to 0): the cache index of the first query.
+        kv_offset (`int`, defaults to 0): the cache index of the first key.
+        mask_function (`Callable`, defaults to transformers' causal mask): which (query, key) pairs attend.
+        attention_mask (`torch.Tensor`, *optional*): the 2D ``(B, length)`` padding mask.
+        device (`torch.device` or `str`, defaults to ``"cpu"``): where the mask is made.
+        **kwargs (`Any`): the mask interface's other arguments, not read.
+
+    Returns:
+        `AlibiBlockMask`: the block mask, the positions (:func:`token_positions`) and, without padding, the index
+        shift.
     """
     padded = attention_mask is not None and not attention_mask.all()
     if padded:

@@ -71,9 +71,25 @@ PUSH_ARTIFACTS = (
 def commit_folder(
     api: HfApi, repo_id: str, folder: Path, *, revision: str | None, message: str, token: str | None
 ) -> CommitInfo:
-    """Upload ``folder`` to ``repo_id`` in one commit on the branch ``revision`` (None: ``main``; created from
-    ``main`` when missing, and then deleted again if the commit fails), removing the :data:`PUSH_ARTIFACTS` that
-    ``folder`` does not hold."""
+    """Upload ``folder`` to ``repo_id`` in one commit on the branch ``revision``, removing the
+    :data:`PUSH_ARTIFACTS` that ``folder`` does not hold.
+
+    Args:
+        api (`HfApi`): the client the requests go through.
+        repo_id (`str`): the repo, ``"user/name"``; it exists.
+        folder (`Path`): the staged files.
+        revision (`str` or `None`): the branch; None: ``main``. One other than ``main`` is created from ``main``
+            when missing, and then deleted again if the commit fails.
+        message (`str`): the commit message.
+        token (`str` or `None`): the token the requests carry, redacted from the note on a branch left behind.
+
+    Returns:
+        `CommitInfo`: the commit made.
+
+    Raises:
+        HfHubHTTPError: the Hub refused or failed creating the branch or the commit (with a note where a branch
+            created for it could not be deleted); any other error of the upload is raised as it is.
+    """
     created = revision not in (None, "main") and _create_branch(api, repo_id, revision)
     try:
         return api.upload_folder(

@@ -26,8 +26,21 @@ def read_metadata(
     local_files_only: bool = False,
 ) -> dict[str, Any] | None:
     """The ``hf_posenc.json`` record of a repo or folder, or None when it has none (or, offline, when none
-    is cached: the regular loading path then reports what is missing). Raises :class:`HubError` when the Hub
-    refuses or fails."""
+    is cached: the regular loading path then reports what is missing).
+
+    Args:
+        pretrained_model_name_or_path (`str`): a Hub id or a local folder.
+        revision (`str`, *optional*): the repo's branch, tag or commit.
+        token (`str`, *optional*): the Hub token.
+        cache_dir (`str` or `Path`, *optional*): huggingface_hub's cache.
+        local_files_only (`bool`, defaults to `False`): read the cache alone.
+
+    Raises:
+        HubError: the Hub refused or failed.
+        ValueError: the record is no JSON object, has another format, or is malformed (a config-only record
+            naming no base model).
+        FileNotFoundError: the name is written as a path, and nothing is there.
+    """
     local = Path(pretrained_model_name_or_path)
     if local.is_dir():
         path = local / METADATA_FILE if (local / METADATA_FILE).is_file() else None

@@ -156,12 +156,28 @@ def build_card(
     revision: str | None = None,
     weights_fingerprint: str | None = None,
 ) -> ModelCard:
-    """The model card :func:`push_to_hub` would push with the same arguments (``revision``: the branch pushed to;
-    ``weights_fingerprint``: with ``with_weights``, compared with the results' as a push compares it), rendered
-    without pushing.
+    """The model card :func:`push_to_hub` would push with the same arguments, rendered without pushing.
 
-    Reads the base model's commit and license from the Hub when ``base_model`` is a Hub id, and raises
-    :class:`HubError` when that fails.
+    Reads the base model's commit and license from the Hub when the base model is a Hub id.
+
+    Args:
+        model (`PreTrainedModel`): a model patched with ``hf_posenc.patch``; it is not modified.
+        repo_id (`str`): the repo the card is for, ``"user/name"``.
+        eval_results (`str` or `Path`, *optional*): an eval ``results.json``, as :func:`push_to_hub` takes it.
+        lm_eval_results (`str` or `Path`, *optional*): an ``hf-posenc lm-eval`` ``lm_eval.json``.
+        with_weights (`bool`, *optional*, defaults to `False`): the card of a push with the full model.
+        encoding_plot (`bool`, *optional*, defaults to `True`): show ``frequencies.png`` for a RoPE scaling.
+        base_model (`str`, *optional*): Hub id of the base model; defaults to ``model.name_or_path``.
+        base_revision (`str`, *optional*): branch, tag or commit of the base model the weights come from.
+        license (`str`, *optional*): license for the card; defaults to the base model's.
+        token (`str`, *optional*): Hub token for the requests.
+        revision (`str`, *optional*): the branch pushed to; the card's snippets load it.
+        weights_fingerprint (`str`, *optional*): with ``with_weights``, the model's fingerprint before the patch,
+            compared with the results' as a push compares it.
+
+    Raises:
+        ValueError: as :func:`push_to_hub` refuses the same arguments (a target, a license, a model or eval results).
+        HubError: the Hub refused or failed reading the base model's commit and license.
     """
     check_target(repo_id, revision, license)
     api = HfApi(token=token)
@@ -262,7 +278,16 @@ def stage_repo(
     tokenizer: Any = None,
 ) -> None:
     """Write every file of the repo into ``folder``: config (and weights), card (of the branch ``revision``),
-    metadata, eval and lm-eval results."""
+    metadata, eval results (and their plot), lm-eval results and the encoding plot, as ``contents`` holds them.
+
+    Args:
+        model (`PreTrainedModel`): the patched model; its config is as it was after.
+        folder (`Path`): the folder to write into (a push's temporary one).
+        repo_id (`str`): the repo pushed to, named in the card and the plot's title.
+        revision (`str` or `None`): the branch pushed to, which the card's snippets load.
+        contents (`_PushContents`): what :func:`push_to_hub` checked and resolved before (``_push_contents``).
+        tokenizer (*optional*): saved into ``folder`` too when given.
+    """
     if contents.with_weights:
         with _config_restored(model):
             model.save_pretrained(folder)

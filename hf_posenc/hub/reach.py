@@ -53,7 +53,17 @@ def hub_unreachable(
     """Why no connection to the Hub can be made (offline mode; no network, DNS or route, a connection that times
     out or a proxy that refuses it: one HEAD request for ``filename`` without retries), or None. Any answer (not
     found, a server error) or a connection that then waits for one is None: the download handles it as ever, its
-    retries included."""
+    retries included.
+
+    Args:
+        repo_id (`str`): the Hub model.
+        revision (`str`, *optional*): its branch, tag or commit.
+        filename (`str`, defaults to ``"config.json"``): the file asked for.
+        token (`str` or `bool`, *optional*): the token the request carries, as huggingface_hub takes it.
+
+    Returns:
+        `str` or `None`: the reason (with ``HF_HUB_OFFLINE``: that, or why this run reads the cache alone), or None.
+    """
     if is_offline_mode():
         return _CACHE_ONLY_SINCE[-1] if _CACHE_ONLY_SINCE else "HF_HUB_OFFLINE is set"
     try:
@@ -74,8 +84,16 @@ def cache_only_if_unreachable(
     the block, as ``HF_HUB_OFFLINE=1`` would, with a warning. A cached model then loads at once rather than after
     huggingface_hub's retries of a download (about 25 s), and one not cached fails at once (:func:`require_reachable`,
     naming the connection error). A dataset: `datasets`, which reads the setting once when imported, reads the cache
-    alone too (also where this run's model block set it). Offline mode is restored after the block. Yields why the
-    Hub cannot be reached, or None."""
+    alone too (also where this run's model block set it). Offline mode is restored after the block.
+
+    Args:
+        name (`str` or `None`): the Hub id read; None, a local path or a name no repo can have: nothing changes.
+        revision (`str`, *optional*): its branch, tag or commit.
+        dataset (`bool`, defaults to `False`): ``name`` is a dataset: `datasets` reads the cache alone too.
+
+    Yields:
+        `str` or `None`: why the Hub cannot be reached, or None.
+    """
     reason = hub_unreachable(name, revision) if _hub_repo(name) else None
     if reason is None:
         yield None
@@ -110,7 +128,13 @@ def _datasets_online() -> None:
 
 def cached_file(repo_id: str, filename: str, revision: str | None = None) -> Path | None:
     """The cached copy of the repo's ``filename`` at ``revision``, as huggingface_hub falls back to it offline, or
-    None when the cache has none."""
+    None when the cache has none.
+
+    Args:
+        repo_id (`str`): the Hub model.
+        filename (`str`): the file in it.
+        revision (`str`, *optional*): the branch, tag or commit.
+    """
     try:
         return Path(hf_hub_download(repo_id, filename, revision=revision, local_files_only=True))
     except LocalEntryNotFoundError:
@@ -131,7 +155,20 @@ def require_reachable(
     cache and no connection to the Hub can be made (:func:`hub_unreachable`): the message says ``role`` (what
     ``name`` is to the caller), the id, the revision, the reason and what is missing. A name written as a path to
     nothing is refused (:func:`~hf_posenc.hub.errors.refuse_missing_folder`); a local folder or file, a name no repo
-    can have, a cached model and a Hub that answers pass, for the loaders to read as ever."""
+    can have, a cached model and a Hub that answers pass, for the loaders to read as ever.
+
+    Args:
+        name (`str`): the model, a Hub id or a local path.
+        revision (`str`, *optional*): its branch, tag or commit.
+        role (`str`, defaults to ``"`model`"``): what ``name`` is to the caller, for the message.
+        filename (`str`, defaults to ``"config.json"``): the file that must be cached.
+        weights (`bool`, defaults to `False`): its weights must be cached too.
+        token (`str` or `bool`, *optional*): the token the request carries.
+
+    Raises:
+        OSError: not cached, and the Hub cannot be reached.
+        FileNotFoundError: ``name`` is written as a path, and nothing is there.
+    """
     refuse_missing_folder(name)
     if not _hub_repo(name):
         return
@@ -230,7 +267,16 @@ def check_card_names(base_model: str | None, base_revision: str | None, license_
     """Raise ``ValueError`` unless each name a card writes as is passes the check of its kind: ``base_model`` a Hub
     repo id, ``base_revision`` a git revision (:func:`check_target`'s characters), the license fields
     (:func:`license_problem`). The card's links and code snippets hold them; nothing in them may add markdown or
-    HTML."""
+    HTML.
+
+    Args:
+        base_model (`str` or `None`): the base model's Hub id.
+        base_revision (`str` or `None`): the base model's revision.
+        license_info (`dict[str, Any]`): ``license``, ``license_name`` and ``license_link``, those the card writes.
+
+    Raises:
+        ValueError: the first name that fails its check.
+    """
     if base_model is not None:
         _check_repo_id("base_model", base_model)
     if base_revision is not None and not _REVISION.fullmatch(base_revision):
@@ -253,6 +299,14 @@ def check_target(repo_id: str, revision: str | None = None, license: str | None 
     branch name git and the Hub accept (letters, digits, ``. _ / -``; no ``..``, ``//``, or a trailing ``/``, ``.``
     or ``.lock``) and ``license`` a license identifier: what a push writes to, and what its card names, before
     anything is loaded or written.
+
+    Args:
+        repo_id (`str`): the repo pushed to.
+        revision (`str`, *optional*): the branch pushed to.
+        license (`str`, *optional*): the card's license.
+
+    Raises:
+        ValueError: ``repo_id``, ``revision`` or ``license`` fails its check.
     """
     _check_repo_id("repo", repo_id)
     check_license(license)

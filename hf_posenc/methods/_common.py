@@ -75,7 +75,16 @@ def rope_base(value: Any) -> float:
 
 
 def positive_int(name: str, value: Any, most: int | None = None) -> int:
-    """A positive integer, at most ``most`` when given."""
+    """``value`` as an ``int``: a positive integer (not a bool; numpy integers too), at most ``most`` when given.
+
+    Args:
+        name (`str`): the parameter's name, for the error.
+        value (`Any`): the value to check.
+        most (`int`, *optional*): the largest value allowed.
+
+    Raises:
+        ValueError: ``value`` is not a positive integer, or is above ``most``.
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     if most is not None and value > most:
@@ -125,7 +134,22 @@ class ScaledRopeParams(RopeParams):
 def rope_inv_freq(
     head_dim: int, base: float, *, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """RoFormer (Su et al. 2021) Eq. (15): ``theta_i = base^(-2i/d)`` for pairs ``i = 0 .. d/2 - 1``."""
+    """RoFormer (Su et al., 2021, arXiv 2104.09864), eq. 15: ``theta_i = base^(-2i/d)`` for pairs
+    ``i = 0 .. d/2 - 1``, computed in float64.
+
+    Args:
+        head_dim (`int`): the rotary dimension ``d``, even and >= 2.
+        base (`float`): the RoPE base ``b`` (``rope_theta``), a finite number > 1.
+        dtype (`torch.dtype`, defaults to float64): dtype of the result.
+        device (`torch.device` or `str`, *optional*): where the result is made.
+
+    Returns:
+        `torch.Tensor`: the ``d // 2`` inverse frequencies, decreasing from 1.
+
+    Raises:
+        ValueError: ``head_dim`` is odd or below 2, or ``base`` is not finite or not > 1.
+        TypeError: ``base`` is not a number.
+    """
     if head_dim < 2 or head_dim % 2:
         raise ValueError(f"The rotary dimension must be even and >= 2, got {head_dim}.")
     exponent = torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim

@@ -33,8 +33,26 @@ class Llama3Params(ScaledRopeParams):
 def llama3_frequencies(
     params: Llama3Params, *, head_dim: int, base: float, seq_len=None, dtype=torch.float64, device=None
 ) -> tuple[torch.Tensor, float]:
-    """``lambda < L/high``: ``theta``; ``lambda > L/low``: ``theta/s``; between, with
-    ``smooth = (L/lambda - low) / (high - low)``: ``(1 - smooth) theta/s + smooth theta``."""
+    """Llama 3.1's RoPE scaling (Meta, 2024, The Llama 3 Herd of Models, arXiv 2407.21783; the formula of its
+    reference code, llama-models), by each pair's wavelength ``lambda = 2 pi / theta``: ``lambda < L/high``:
+    ``theta``; ``lambda > L/low``: ``theta/s``; between, with ``smooth = (L/lambda - low) / (high - low)``:
+    ``(1 - smooth) theta/s + smooth theta``. Computed in float64.
+
+    Args:
+        params (`Llama3Params`): ``factor`` ``s``, ``low_freq_factor`` ``low``, ``high_freq_factor`` ``high`` and
+            the trained context ``L``.
+        head_dim (`int`): the rotary dimension ``d``.
+        base (`float`): the RoPE base ``b`` (``rope_theta``).
+        seq_len (`int`, *optional*): not read (static); part of the methods' ``frequencies`` signature.
+        dtype (`torch.dtype`, defaults to float64): dtype of the returned ``inv_freq``.
+        device (`torch.device` or `str`, *optional*): where ``inv_freq`` is made.
+
+    Returns:
+        `tuple[torch.Tensor, float]`: ``theta'`` (``d // 2`` values) and the attention factor, 1.
+
+    Raises:
+        ValueError: ``head_dim`` or ``base`` out of range (:func:`~hf_posenc.methods._common.rope_inv_freq`).
+    """
     theta = rope_inv_freq(head_dim, base, device=device)
     wavelength = wavelengths(theta)
     context, low, high = params.context, params.low_freq_factor, params.high_freq_factor

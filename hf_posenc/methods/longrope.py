@@ -72,7 +72,27 @@ def _rescale(params: LongRoPEParams, head_dim: int, seq_len: int | None) -> tupl
 def longrope_frequencies(
     params: LongRoPEParams, *, head_dim: int, base: float, seq_len=None, dtype=torch.float64, device=None
 ) -> tuple[torch.Tensor, float]:
-    """``theta_i' = theta_i / lambda_i`` with the long factors past ``L``, the short ones up to it."""
+    """LongRoPE (Ding et al., 2024, arXiv 2402.13753): ``theta_i' = theta_i / lambda_i``, with the per-pair rescale
+    factors ``lambda_i`` of ``long_factor`` past ``L`` (``seq_len > L``), those of ``short_factor`` otherwise (all
+    ones where it is not given).
+
+    Args:
+        params (`LongRoPEParams`): ``long_factor``, ``short_factor``, ``factor``, ``attention_factor`` and the
+            trained context ``L``.
+        head_dim (`int`): the rotary dimension ``d``; each factor list holds ``d // 2`` values.
+        base (`float`): the RoPE base ``b`` (``rope_theta``).
+        seq_len (`int`, *optional*): the current length ``l``; None takes the short factors.
+        dtype (`torch.dtype`, defaults to float64): dtype of the returned ``inv_freq``.
+        device (`torch.device` or `str`, *optional*): where ``inv_freq`` is made.
+
+    Returns:
+        `tuple[torch.Tensor, float]`: ``theta_i'`` (``d // 2`` values) and the attention factor (``attention_factor``,
+        else ``sqrt(1 + ln s / ln L)``), at every length.
+
+    Raises:
+        ValueError: a factor list whose length is not ``d // 2``, ``L < 2`` for the default attention factor, or
+            ``head_dim`` or ``base`` out of range (:func:`~hf_posenc.methods._common.rope_inv_freq`).
+    """
     rescale = torch.tensor(_rescale(params, head_dim, seq_len), dtype=torch.float64, device=device)
     attention = params.attention_factor or longrope_attention_factor(params.factor, params.context)
     return (rope_inv_freq(head_dim, base, device=device) / rescale).to(dtype), attention

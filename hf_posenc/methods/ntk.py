@@ -11,7 +11,18 @@ from ._common import ScaledRopeParams, rope_base, rope_inv_freq
 
 
 def ntk_base(base: float, factor: float, head_dim: int) -> float:
-    """NTK-aware base, YaRN paper §3.1: ``b' = b * s^(d / (d - 2))``."""
+    """The NTK-aware base (bloc97, 2023), YaRN (Peng et al., 2023, arXiv 2309.00071), eq. 16:
+    ``b' = b * s^(d / (d - 2))``.
+
+    Args:
+        base (`float`): the RoPE base ``b`` (``rope_theta``), a finite number > 1.
+        factor (`float`): the scale ``s``.
+        head_dim (`int`): the rotary dimension ``d``, > 2.
+
+    Raises:
+        ValueError: ``head_dim <= 2``, ``base`` not finite or not > 1, or ``b'`` not a finite float.
+        TypeError: ``base`` is not a number.
+    """
     if head_dim <= 2:
         raise ValueError(f"NTK-aware scaling needs a rotary dimension d > 2 (its exponent is d/(d-2)), got {head_dim}.")
     try:
@@ -35,7 +46,24 @@ def ntk_frequencies(
     dtype=torch.float64,
     device=None,
 ) -> tuple[torch.Tensor, float]:
-    """Static NTK-aware: RoPE with the base ``b'``; the highest frequency is kept, the lowest divided by s."""
+    """Static NTK-aware scaling (bloc97, 2023), YaRN (Peng et al., 2023, arXiv 2309.00071), eqs. 15-16: RoPE with
+    the base ``b' = b * s^(d / (d - 2))`` (:func:`ntk_base`), ``theta_i' = b'^(-2i/d)``; the highest frequency is
+    kept, the lowest divided by ``s``.
+
+    Args:
+        params (`ScaledRopeParams`): ``factor``, ``s = L'/L``.
+        head_dim (`int`): the rotary dimension ``d``.
+        base (`float`): the RoPE base ``b`` (``rope_theta``).
+        seq_len (`int`, *optional*): not read (static); part of the methods' ``frequencies`` signature.
+        dtype (`torch.dtype`, defaults to float64): dtype of the returned ``inv_freq``.
+        device (`torch.device` or `str`, *optional*): where ``inv_freq`` is made.
+
+    Returns:
+        `tuple[torch.Tensor, float]`: ``theta_i'`` (``d // 2`` values) and the attention factor, 1.
+
+    Raises:
+        ValueError: as :func:`ntk_base` and :func:`~hf_posenc.methods._common.rope_inv_freq` refuse their inputs.
+    """
     return rope_inv_freq(head_dim, ntk_base(base, params.factor, head_dim), dtype=dtype, device=device), 1.0
 
 
@@ -52,8 +80,23 @@ def dynamic_ntk_frequencies(
     dtype=torch.float64,
     device=None,
 ) -> tuple[torch.Tensor, float]:
-    """Dynamic NTK (emozilla 2023; YaRN paper §3.3), for the current length ``l``:
-    ``b' = b * ((s * l / L) - (s - 1))^(d / (d - 2))`` when ``l > L``, the unscaled base otherwise.
+    """Dynamic NTK (emozilla, 2023; YaRN, Peng et al., 2023, arXiv 2309.00071, §3.3) for the current length ``l``,
+    as transformers' ``dynamic`` rope type computes it: ``b' = b * ((s * l / L) - (s - 1))^(d / (d - 2))`` when
+    ``l > L``, the unscaled base otherwise.
+
+    Args:
+        params (`ScaledRopeParams`): ``factor`` ``s`` and the trained context ``L``.
+        head_dim (`int`): the rotary dimension ``d``.
+        base (`float`): the RoPE base ``b`` (``rope_theta``).
+        seq_len (`int`, *optional*): the current length ``l``; None counts as ``L``.
+        dtype (`torch.dtype`, defaults to float64): dtype of the returned ``inv_freq``.
+        device (`torch.device` or `str`, *optional*): where ``inv_freq`` is made.
+
+    Returns:
+        `tuple[torch.Tensor, float]`: ``theta_i'`` (``d // 2`` values) and the attention factor, 1.
+
+    Raises:
+        ValueError: as :func:`ntk_base` and :func:`~hf_posenc.methods._common.rope_inv_freq` refuse their inputs.
     """
     length = max(seq_len or 0, params.context)
     scale = params.factor * length / params.context - (params.factor - 1)

@@ -24,7 +24,23 @@ def pi_frequencies(
     dtype=torch.float64,
     device=None,
 ) -> tuple[torch.Tensor, float]:
-    """PI, paper §2.2: ``f'(x, m) = f(x, m L / L')``, i.e. ``theta_i' = theta_i / s``."""
+    """Position Interpolation (Chen et al., 2023, arXiv 2306.15595), eq. 4: ``f'(x, m) = f(x, m L / L')``, i.e.
+    ``theta_i' = theta_i / s`` for every pair.
+
+    Args:
+        params (`ScaledRopeParams`): ``factor``, ``s = L'/L``.
+        head_dim (`int`): the rotary dimension ``d``.
+        base (`float`): the RoPE base ``b`` (``rope_theta``).
+        seq_len (`int`, *optional*): not read (PI is static); part of the methods' ``frequencies`` signature.
+        dtype (`torch.dtype`, defaults to float64): dtype of the returned ``inv_freq``.
+        device (`torch.device` or `str`, *optional*): where ``inv_freq`` is made.
+
+    Returns:
+        `tuple[torch.Tensor, float]`: ``theta_i'`` (``d // 2`` values) and the attention factor, 1.
+
+    Raises:
+        ValueError: ``head_dim`` or ``base`` out of range (:func:`~hf_posenc.methods._common.rope_inv_freq`).
+    """
     return rope_inv_freq(head_dim, base, dtype=dtype, device=device) / params.factor, 1.0
 
 

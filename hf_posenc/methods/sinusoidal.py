@@ -24,10 +24,21 @@ SINUSOID_RMS = math.sqrt(0.5)  # each (sin, cos) pair has mean square 1/2, so th
 def sinusoidal_embedding(
     positions: torch.Tensor, dim: int, *, base: float = SINUSOID_BASE, dtype: torch.dtype = torch.float64
 ) -> torch.Tensor:
-    """Vaswani et al. 2017, §3.5, at arbitrary positions: ``(..., dim)`` for ``positions (...)``.
+    """The sinusoidal encoding of Vaswani et al. (2017, arXiv 1706.03762), §3.5, at arbitrary positions:
+    ``(..., dim)`` for ``positions (...)``.
 
     Even columns ``2i`` hold ``sin(p * w_i)``, odd columns ``2i + 1`` hold ``cos(p * w_i)``, with
     ``w_i = base^(-2i/dim)``. Computed in float64 (exact integer positions up to 2^53), then cast.
+
+    Args:
+        positions (`torch.Tensor`): the positions ``p``, any shape; the result is made on their device.
+        dim (`int`): the width ``d``, even.
+        base (`float`, defaults to 10000): the paper's wavelength base, > 0.
+        dtype (`torch.dtype`, defaults to float64): dtype of the result.
+
+    Raises:
+        ValueError: ``dim`` is not a positive even integer, or ``base`` is not finite or not > 0.
+        TypeError: ``base`` is not a number.
     """
     dim = positive_int("dim", dim)
     if dim % 2:

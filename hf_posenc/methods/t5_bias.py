@@ -86,9 +86,20 @@ def t5_bias_init(
 ) -> torch.Tensor:
     """The ``(num_buckets, num_heads)`` table a patch starts from (float64).
 
-    ``"alibi"``: ALiBi's bias (Press et al. 2022) at each bucket's representative distance
-    (:func:`bucket_distances`), ``-m_h * n_b``: training starts from a working recency bias, saturating at
-    ``max_distance`` as T5's buckets do. ``"zeros"``: T5's own start (no bias until trained).
+    ``"alibi"``: ALiBi's bias (Press et al., 2022, arXiv 2108.12409) at each bucket's representative distance
+    (:func:`bucket_distances`), ``-m_h * n_b`` with the slopes of :func:`~hf_posenc.methods.alibi.alibi_slopes`:
+    training starts from a working recency bias, saturating at ``max_distance`` as T5's buckets do. ``"zeros"``:
+    T5's own start (no bias until trained).
+
+    Args:
+        num_heads (`int`): the attention heads ``H``.
+        num_buckets (`int`, defaults to 32): buckets ``B`` of relative distance (:func:`t5_buckets`).
+        max_distance (`int`, defaults to 128): the distance from which all share the last bucket.
+        init (`str`, defaults to ``"alibi"``): ``"alibi"`` or ``"zeros"``.
+
+    Raises:
+        ValueError: an unknown ``init``, a bucketing :func:`check_bucketing` refuses, or ``num_heads`` not a
+            positive integer.
     """
     if init not in INITS:
         raise ValueError(f"Unknown t5-bias init {init!r}. Available inits: {', '.join(INITS)}.")

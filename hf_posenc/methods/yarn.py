@@ -126,9 +126,20 @@ def yarn_attention_factor(factor: float, mscale: float = 1.0) -> float:
 
 
 def correction_dim(rotations: float, head_dim: int, base: float, context: int, name: str = "rotations") -> float:
-    """The (fractional) pair index whose wavelength fits ``rotations`` times into ``context``:
-    ``d * ln(L / (2 pi n)) / (2 ln b)`` (inverse of ``r(i) = L / lambda_i``, YaRN §3.2). ``name``: the
-    parameter ``rotations`` comes from, for the error where ``L / (2 pi n)`` is no finite float > 0."""
+    """The (fractional) pair index whose wavelength fits ``rotations`` times into ``context``,
+    ``d * ln(L / (2 pi n)) / (2 ln b)``: the inverse of ``r(i) = L / lambda_i`` with ``lambda_i = 2 pi b^(2i/d)``
+    (YaRN, Peng et al., 2023, arXiv 2309.00071, eqs. 17 and 13), the released code's "correction dim".
+
+    Args:
+        rotations (`float`): ``n``, rotations over ``L`` (``beta_fast`` or ``beta_slow``), > 0.
+        head_dim (`int`): the rotary dimension ``d``.
+        base (`float`): the RoPE base ``b``.
+        context (`int`): the trained context ``L``.
+        name (`str`, defaults to ``"rotations"``): the parameter ``rotations`` comes from, named in the error.
+
+    Raises:
+        ValueError: ``L / (2 pi n)`` is no finite float > 0, or ``base`` is not finite or not > 1.
+    """
     if not 0 < context / (rotations * 2 * math.pi) < math.inf:
         low, high = context / (2 * math.pi) / sys.float_info.max, sys.float_info.max / (2 * math.pi)
         raise ValueError(
@@ -139,7 +150,24 @@ def correction_dim(rotations: float, head_dim: int, base: float, context: int, n
 
 
 def keep_fraction(params: RampParams, inv_freq: torch.Tensor, head_dim: int, base: float) -> torch.Tensor:
-    """``gamma_i`` in [0, 1]: 1 keeps ``theta_i`` (extrapolate), 0 divides it by ``s`` (interpolate)."""
+    """``gamma_i`` in [0, 1] for each pair: 1 keeps ``theta_i`` (extrapolate), 0 divides it by ``s`` (interpolate).
+
+    ``ramp="ratio"``: the ramp of YaRN (Peng et al., 2023, arXiv 2309.00071), eq. 18, on ``r = L / lambda_i``
+    (eq. 17), ``alpha = beta_slow``, ``beta = beta_fast``. ``ramp="index"``: linear over the pair index between the
+    correction dims of ``beta_fast`` and ``beta_slow`` (:func:`correction_dim`, floored and ceiled with
+    ``truncate``), as the released code and transformers compute it (the module docstring).
+
+    Args:
+        params (`RampParams`): ``beta_fast``, ``beta_slow``, ``ramp``, ``truncate`` and the trained context ``L``.
+        inv_freq (`torch.Tensor`): the unscaled ``theta_i``, ``d // 2`` values; the result takes its dtype and
+            device.
+        head_dim (`int`): the rotary dimension ``d``.
+        base (`float`): the RoPE base ``b`` (read by ``ramp="index"``).
+
+    Raises:
+        ValueError: with ``ramp="index"``, a band wholly outside the pairs (where the released ramp runs
+            backwards) or a correction dim out of range (:func:`correction_dim`).
+    """
     context = params.context
     if params.ramp == "ratio":
         ratio = context * inv_freq / (2 * math.pi)  # r = L / lambda
@@ -184,7 +212,22 @@ def _check_index_band(params: RampParams, head_dim: int, low: float, high: float
 def by_parts_inv_freq(
     params: RampParams, factor: float, *, head_dim: int, base: float, dtype=torch.float64, device=None
 ) -> torch.Tensor:
-    """NTK-by-parts, YaRN §3.2: ``theta_i' = (1 - gamma_i) theta_i / s + gamma_i theta_i``."""
+    """NTK-by-parts, YaRN (Peng et al., 2023, arXiv 2309.00071), eq. 20:
+    ``theta_i' = (1 - gamma_i) theta_i / s + gamma_i theta_i``, ``gamma_i`` from :func:`keep_fraction`; computed in
+    float64.
+
+    Args:
+        params (`RampParams`): the ramp's parameters and the trained context ``L``.
+        factor (`float`): the scale ``s`` (``params.factor``, or the dynamic one of the current length).
+        head_dim (`int`): the rotary dimension ``d``.
+        base (`float`): the RoPE base ``b`` (``rope_theta``).
+        dtype (`torch.dtype`, defaults to float64): dtype of the result.
+        device (`torch.device` or `str`, *optional*): where the result is made.
+
+    Raises:
+        ValueError: as :func:`keep_fraction` and :func:`~hf_posenc.methods._common.rope_inv_freq` refuse their
+            inputs.
+    """
     theta = rope_inv_freq(head_dim, base, device=device)
     gamma = keep_fraction(params, theta, head_dim, base)
     return ((1 - gamma) * theta / factor + gamma * theta).to(dtype)
@@ -200,7 +243,24 @@ def ntk_by_parts_frequencies(
 def yarn_frequencies(
     params: YaRNParams, *, head_dim: int, base: float, seq_len=None, dtype=torch.float64, device=None
 ) -> tuple[torch.Tensor, float]:
-    """YaRN = NTK-by-parts (§3.2) + attention temperature (§3.4)."""
+    """YaRN (Peng et al., 2023, arXiv 2309.00071), §3.4: NTK-by-parts (eq. 20, :func:`by_parts_inv_freq`) and the
+    attention factor ``sqrt(1/t)`` of eq. 21, multiplying cos and sin (by default eq. 22's ``0.1 ln s + 1``).
+
+    Args:
+        params (`YaRNParams`): ``factor``, the ramp's parameters, the trained context ``L`` and the resolved
+            ``attention_factor``.
+        head_dim (`int`): the rotary dimension ``d``.
+        base (`float`): the RoPE base ``b`` (``rope_theta``).
+        seq_len (`int`, *optional*): not read (static); part of the methods' ``frequencies`` signature.
+        dtype (`torch.dtype`, defaults to float64): dtype of the returned ``inv_freq``.
+        device (`torch.device` or `str`, *optional*): where ``inv_freq`` is made.
+
+    Returns:
+        `tuple[torch.Tensor, float]`: ``theta_i'`` (``d // 2`` values) and ``params.attention_factor``.
+
+    Raises:
+        ValueError: as :func:`by_parts_inv_freq` refuses its inputs.
+    """
     inv_freq = by_parts_inv_freq(params, params.factor, head_dim=head_dim, base=base, dtype=dtype, device=device)
     return inv_freq, params.attention_factor
 
@@ -208,7 +268,24 @@ def yarn_frequencies(
 def dynamic_yarn_frequencies(
     params: RampParams, *, head_dim: int, base: float, seq_len: int | None = None, dtype=torch.float64, device=None
 ) -> tuple[torch.Tensor, float]:
-    """Dynamic YaRN, §3.3: YaRN with ``s = max(1, l / L)`` for the current length ``l``."""
+    """Dynamic YaRN (Peng et al., 2023, arXiv 2309.00071), §3.3: YaRN with ``s = max(1, l / L)`` for the current
+    length ``l``, and the attention factor of eq. 22, ``0.1 ln s + 1``.
+
+    Args:
+        params (`RampParams`): the ramp's parameters and the trained context ``L``.
+        head_dim (`int`): the rotary dimension ``d``.
+        base (`float`): the RoPE base ``b`` (``rope_theta``).
+        seq_len (`int`, *optional*): the current length ``l``; None gives ``s = 1``.
+        dtype (`torch.dtype`, defaults to float64): dtype of the returned ``inv_freq``.
+        device (`torch.device` or `str`, *optional*): where ``inv_freq`` is made.
+
+    Returns:
+        `tuple[torch.Tensor, float]`: ``theta_i'`` (``d // 2`` values) and the attention factor.
+
+    Raises:
+        ValueError: ``seq_len`` not finite, or as :func:`by_parts_inv_freq` refuses its inputs.
+        TypeError: ``seq_len`` is not a number.
+    """
     factor = max(1.0, real_number("seq_len", seq_len or 0) / params.context)
     inv_freq = by_parts_inv_freq(params, factor, head_dim=head_dim, base=base, dtype=dtype, device=device)
     return inv_freq, yarn_attention_factor(factor)
@@ -237,7 +314,17 @@ def mscale_pair(factor: float, attention_factor: float, mscale: float | None, ms
     only from their ratio ``(0.1 mscale ln s + 1) / (0.1 mscale_all_dim ln s + 1)`` (SGLang, TGI; transformers and
     vLLM read ``attention_factor`` first): the pair given, else ``mscale_all_dim = 1`` and the ``mscale`` whose ratio
     is ``attention_factor``. Empty where the factor is YaRN's default ``0.1 ln s + 1`` (what they compute without
-    the pair), for ``s <= 1``, and where no positive ``mscale`` gives it."""
+    the pair), for ``s <= 1``, and where no positive ``mscale`` gives it.
+
+    Args:
+        factor (`float`): the scale ``s``.
+        attention_factor (`float`): the attention factor the pair must say.
+        mscale (`float` or `None`): the ``mscale`` given, if any.
+        mscale_all_dim (`float` or `None`): the ``mscale_all_dim`` given, if any.
+
+    Returns:
+        `dict`: ``{"mscale": ..., "mscale_all_dim": ...}``, or empty.
+    """
     if mscale is not None and mscale_all_dim is not None:
         return {"mscale": mscale, "mscale_all_dim": mscale_all_dim}
     if factor <= 1 or math.isclose(attention_factor, yarn_attention_factor(factor), rel_tol=1e-12):

@@ -49,7 +49,14 @@ def _base_rope_fields(rope_parameters: dict[str, Any]) -> dict[str, Any]:
 
 
 def native_rope_parameters(method: Method, params: Any, config: Any) -> dict[str, Any] | None:
-    """``rope_parameters`` in transformers' vocabulary for this patch, or None if it has no such type."""
+    """``rope_parameters`` in transformers' vocabulary for this patch, or None if it has no such type.
+
+    Args:
+        method (`Method`): the RoPE method patched in.
+        params (`Any`): its built parameters.
+        config (`Any`): the model's config, unpatched: its rotary dimension, ``rope_theta`` and
+            ``partial_rotary_factor``.
+    """
     if method.transformers_rope is None:
         return None
     rope = method.transformers_rope(params, rotary_dim(config), config.rope_parameters["rope_theta"])
@@ -57,7 +64,14 @@ def native_rope_parameters(method: Method, params: Any, config: Any) -> dict[str
 
 
 def own_rope_parameters(method: Method, params: Any, config: Any) -> dict[str, Any]:
-    """``rope_parameters`` under hf_posenc's own rope type (methods transformers cannot express)."""
+    """``rope_parameters`` under hf_posenc's own rope type (methods transformers cannot express):
+    ``hf_posenc_dynamic`` for a dynamic method, else ``hf_posenc``, with the method's name and parameters.
+
+    Args:
+        method (`Method`): the RoPE method patched in.
+        params (`Any`): its built parameters.
+        config (`Any`): the model's config, unpatched: its ``rope_theta`` and ``partial_rotary_factor``.
+    """
     rope_type = OWN_DYNAMIC_ROPE_TYPE if method.dynamic else OWN_ROPE_TYPE
     return {
         "rope_type": rope_type,
@@ -75,7 +89,18 @@ def rope_config_updates(method: Method, params: Any, config: Any, rope_parameter
     the record). Methods with a ``factor`` announce the extended context ``round(s * L)`` (LongRoPE too, as Phi-3
     configs do: vLLM, SGLang and TGI take its attention factor and long table from ``max_position_embeddings / L``);
     a rope type that contains ``dynamic`` keeps ``L`` there, which transformers' dynamic update reads as the
-    trained context."""
+    trained context.
+
+    Args:
+        method (`Method`): the RoPE method patched in.
+        params (`Any`): its built parameters, the trained context ``L`` resolved.
+        config (`Any`): the model's config, unpatched: the record keeps the values replaced.
+        rope_parameters (`dict[str, Any]`): the new ``rope_parameters`` (:func:`native_rope_parameters` or
+            :func:`own_rope_parameters`).
+
+    Returns:
+        `dict[str, Any]`: config attribute -> new value, the patch record included.
+    """
     context = params.context
     factor = getattr(params, "factor", None)
     keeps_context = "dynamic" in rope_parameters["rope_type"] or factor is None
@@ -97,6 +122,16 @@ def transformers_frequencies(
 
     ``seq_len`` goes in as a 0-d int64 tensor, as transformers' dynamic update passes it, so the
     arithmetic (and so every bit of the result) is the one a natively loaded model does.
+
+    Args:
+        config (`Any`): a config whose ``rope_parameters`` hold one of transformers' rope types.
+        rotary_class (`type`): the model's rotary embedding class (its ``compute_default_rope_parameters`` serves
+            ``default``).
+        seq_len (`int`, *optional*): the current length, for the dynamic types.
+        device (*optional*): where the frequencies are made.
+
+    Returns:
+        `tuple[torch.Tensor, float]`: ``inv_freq`` and the attention factor.
     """
     rope_type = config.rope_parameters["rope_type"]
     if rope_type == "default":
@@ -107,13 +142,23 @@ def transformers_frequencies(
 
 
 def own_rope_init(config: Any, device: Any = None, seq_len: Any = None, layer_type: Any = None):
-    """transformers rope-init function for hf_posenc's rope types (``ROPE_INIT_FUNCTIONS`` signature).
+    """transformers rope-init function for hf_posenc's rope types (``ROPE_INIT_FUNCTIONS`` signature): the
+    float32 ``inv_freq`` and attention factor of the method a config carries.
 
     Reads the patch record when the config has one (a patched model whose rotary modules transformers
     re-initializes), else the method written into ``rope_parameters`` (a saved config loaded by plain
     transformers after ``import hf_posenc``). A patch without rotation (ALiBi) gives zero frequencies: the
     identity rotation it installed; a combination (``"yarn+logn"``) its RoPE scaling's frequencies; an
-    attention-level method alone the base's. An unknown method or a bad parameter raises here.
+    attention-level method alone the base's.
+
+    Args:
+        config (`Any`): the model's config.
+        device (*optional*): where the frequencies are made.
+        seq_len (*optional*): the current length, for a dynamic method (an int or a 0-d tensor).
+        layer_type (*optional*): not read; part of the ``ROPE_INIT_FUNCTIONS`` signature.
+
+    Raises:
+        ValueError: an unknown method, a bad parameter, or a malformed patch record.
     """
     record = PatchRecord.from_config(config, missing_ok=True)
     if record:

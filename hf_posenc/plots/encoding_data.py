@@ -242,6 +242,26 @@ def bias_data(
     ``d = num_heads * head_dim``; it equals ``PE(p)·PE(p+n) / (d/2) = mean_i cos(n w_i)`` for every ``p``. RoPE
     (``rope``, ``none``, a scaling): :func:`rope_decay_bound` of its ``theta'``, a dynamic one at ``seq_len``
     (default ``factor * L``).
+
+    Args:
+        specs (`Sequence[str]`): ALiBi, T5-bias, sinusoidal and RoPE specs (``rope`` or ``none``: as trained; a
+            scaling, or a combination holding one); another method is a ``ValueError`` naming those it draws.
+        max_distance_shown (`int`): the largest distance ``n``, at most 2^20.
+        num_heads (`int`): attention heads, at most 2^10.
+        head_dim (`int`): the head (rotary) dimension ``d``, even, at most 2^12; ``num_heads * head_dim`` at most
+            2^16.
+        base (`float`): the RoPE base ``b``, > 1.
+        trained_context (`int`): the trained context ``L``.
+        seq_len (`int`, *optional*): the length ``l`` dynamic methods are drawn at.
+        t5_table (`TrainedT5Table`, *optional*): a saved model's trained T5 table.
+
+    Returns:
+        `list[BiasCurve]`: the curves, each ``values[n]`` for ``n = 0 .. max_distance_shown``, in the order of
+        ``specs``.
+
+    Raises:
+        ValueError: a spec it does not draw or cannot parse, or a number out of its range.
+        TypeError: ``base`` is not a number.
     """
     geometry = Geometry(head_dim, base, trained_context, seq_len)
     positive_int("`num_heads`", num_heads, MAX_HEADS)

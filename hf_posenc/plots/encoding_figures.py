@@ -55,7 +55,16 @@ STEPS = {"t5-bias": "steps-post"}  # one value per bucket: a step function
 
 
 def frequency_figure(rows: list[dict[str, Any]], *, trained_context: int, title: str) -> Any:
-    """``theta_i / theta_i'`` (log2) against ``lambda_i / L`` (log), one line per method, ``lambda = L`` marked."""
+    """``theta_i / theta_i'`` (log2) against ``lambda_i / L`` (log), one line per method, ``lambda = L`` marked.
+
+    Args:
+        rows (`list[dict]`): :func:`~hf_posenc.plots.encoding_data.frequency_data`'s rows.
+        trained_context (`int`): the trained context ``L``.
+        title (`str`): the figure's title.
+
+    Returns:
+        `matplotlib.figure.Figure`: the figure, outside pyplot.
+    """
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 5))
@@ -77,7 +86,16 @@ def frequency_figure(rows: list[dict[str, Any]], *, trained_context: int, title:
 
 
 def bias_figure(curves: list[BiasCurve], *, trained_context: int, title: str) -> Any:
-    """One panel per kind, distance on a log axis from 1 (the CSV has ``n = 0`` too), ``L`` marked for RoPE."""
+    """One panel per kind, distance on a log axis from 1 (the CSV has ``n = 0`` too), ``L`` marked for RoPE.
+
+    Args:
+        curves (`list[BiasCurve]`): :func:`~hf_posenc.plots.encoding_data.bias_data`'s curves.
+        trained_context (`int`): the trained context ``L``, marked where the distances reach it.
+        title (`str`): the figure's title.
+
+    Returns:
+        `matplotlib.figure.Figure`: the figure, outside pyplot.
+    """
     from matplotlib.figure import Figure
 
     kinds = [kind for kind in BIAS_PANELS if any(curve.kind == kind for curve in curves)]
@@ -124,7 +142,23 @@ def write_frequency_plot(
     seq_len: int | None = None,
 ) -> tuple[Path, Path]:
     """Write ``frequencies.png`` and ``frequencies.csv`` (:func:`frequency_data`, the plotted numbers) into
-    ``output_dir``, each atomically, once all is computed (bad input writes nothing). Returns the two paths."""
+    ``output_dir``, each atomically, once all is computed (bad input writes nothing).
+
+    Args:
+        output_dir (`str` or `Path`): the folder written into.
+        specs (`Sequence[str]`): RoPE method specs, as :func:`frequency_data` takes them.
+        head_dim (`int`): the rotary dimension ``d``.
+        base (`float`): the RoPE base ``b``.
+        trained_context (`int`): the trained context ``L``.
+        seq_len (`int`, *optional*): the length ``l`` dynamic methods are drawn at; defaults to ``factor * L``.
+
+    Returns:
+        `tuple[Path, Path]`: the PNG and the CSV.
+
+    Raises:
+        ValueError: a spec or a number :func:`frequency_data` refuses, or a name in ``output_dir`` taken by
+            something other than a file.
+    """
     rows = frequency_data(specs, head_dim=head_dim, base=base, trained_context=trained_context, seq_len=seq_len)
     title = f"How RoPE scalings divide each pair's frequency: {Geometry(head_dim, base, trained_context)}"
     fig = frequency_figure(rows, trained_context=trained_context, title=title)
@@ -145,7 +179,27 @@ def write_bias_plot(
     t5_table: TrainedT5Table | None = None,
 ) -> tuple[Path, Path]:
     """Write ``bias.png`` and ``bias.csv`` (:func:`bias_data`: ``method``, ``kind``, ``series``, ``distance`` ``n``
-    and ``value``, a row per curve and distance) into ``output_dir``, each atomically, once all is computed."""
+    and ``value``, a row per curve and distance) into ``output_dir``, each atomically, once all is computed.
+
+    Args:
+        output_dir (`str` or `Path`): the folder written into.
+        specs (`Sequence[str]`): method specs, as :func:`bias_data` takes them.
+        max_distance_shown (`int`): the largest distance ``n`` drawn.
+        num_heads (`int`): attention heads.
+        head_dim (`int`): the head (rotary) dimension ``d``.
+        base (`float`): the RoPE base ``b``.
+        trained_context (`int`): the trained context ``L``.
+        seq_len (`int`, *optional*): the length ``l`` dynamic methods are drawn at; defaults to ``factor * L``.
+        t5_table (`TrainedT5Table`, *optional*): a saved model's trained T5 table, drawn for the T5 specs of its
+            bucketing.
+
+    Returns:
+        `tuple[Path, Path]`: the PNG and the CSV.
+
+    Raises:
+        ValueError: a spec or a number :func:`bias_data` refuses, or a name in ``output_dir`` taken by something
+            other than a file.
+    """
     geometry = dict(head_dim=head_dim, base=base, trained_context=trained_context)
     shown = dict(max_distance_shown=max_distance_shown, num_heads=num_heads, seq_len=seq_len, t5_table=t5_table)
     curves = bias_data(specs, **shown, **geometry)

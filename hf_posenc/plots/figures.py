@@ -23,13 +23,27 @@ PANEL_CHARACTERS = 14  # characters of a 9-point title over a heatmap panel's co
 
 def plot_ppl_vs_length(path: Path, results: list[dict[str, Any]], *, trained_context: int | None, title: str) -> None:
     """One line per method, perplexity on a log scale against length, the trained context (if known) marked: the
-    length axis reaches it where it lies outside the lengths measured."""
+    length axis reaches it where it lies outside the lengths measured. Written atomically as a PNG.
+
+    Args:
+        path (`Path`): the PNG to write.
+        results (`list[dict]`): result rows with ``method``, ``length`` and ``ppl`` (a results file's
+            ``results``); an infinite or NaN perplexity is named at the top edge.
+        trained_context (`int` or `None`): the trained context ``L``, marked; None: not known.
+        title (`str`): the figure's title.
+    """
     fig = ppl_figure(results, trained_context=trained_context, title=title)
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
 
 
 def ppl_figure(results: list[dict[str, Any]], *, trained_context: int | None, title: str):
-    """The figure of :func:`plot_ppl_vs_length` (a `matplotlib.figure.Figure`, outside pyplot)."""
+    """The figure of :func:`plot_ppl_vs_length` (a `matplotlib.figure.Figure`, outside pyplot).
+
+    Args:
+        results (`list[dict]`): result rows with ``method``, ``length`` and ``ppl``.
+        trained_context (`int` or `None`): the trained context ``L``, marked; None: not known.
+        title (`str`): the figure's title.
+    """
     from matplotlib.figure import Figure
     from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator, ScalarFormatter
 
@@ -114,7 +128,13 @@ def _cut(label: str, width: int) -> str:
 
 def wrapped(label: str, width: int, lines: int = 3) -> str:
     """``label`` on lines of at most ``width`` characters, broken after its colon and commas where it can, ``lines``
-    at most (the last one cut with ``…``); a number :func:`legend_labels` gave (`` #2``) stays at the end."""
+    at most (the last one cut with ``…``); a number :func:`legend_labels` gave (`` #2``) stays at the end.
+
+    Args:
+        label (`str`): a legend label (:func:`legend_labels`).
+        width (`int`): characters per line.
+        lines (`int`, defaults to 3): the most lines.
+    """
     body, number = re.fullmatch(r"(.*?)((?: #\d+)?)", label).groups()
     rows: list[str] = []
     for piece in re.findall(r"[^,:]*[,:]?", body)[:-1]:
@@ -140,7 +160,13 @@ def line_style(index: int) -> dict[str, Any]:
 
 
 def plot_passkey_heatmap(path: Path, grid: list[dict[str, Any]], *, title: str) -> None:
-    """One panel per method: accuracy by length (columns) and depth (rows)."""
+    """One panel per method: accuracy by length (columns) and depth (rows). Written atomically as a PNG.
+
+    Args:
+        path (`Path`): the PNG to write.
+        grid (`list[dict]`): cells with ``method``, ``length``, ``depth`` (a fraction) and ``accuracy`` (0 to 1).
+        title (`str`): the figure's title.
+    """
     fig = passkey_figure(grid, title=title)
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
 

@@ -11,6 +11,10 @@ causal softmax runs over the merged logits. Only sequences without padding (toke
 - DCA (An et al. 2024, arXiv 2402.17463), s = chunk_size - local_size: the key sits at j mod s; the query at i mod s
   in the same chunk (floor(i/s) == floor(j/s)), min(i mod s + s, chunk_size) in the chunk before, and
   min(2s - 1, chunk_size) in any earlier chunk.
+- STRING (An et al. 2025, arXiv 2410.18745), shifted offset S, local value W: if i - j < S the true positions;
+  otherwise the query at i - S + W and the key at j. The authors' code multiplies q and k by attention_factor.
+- ReRoPE (Su 2023, kexue.fm/archives/9708), window w: if i - j < w the true positions; otherwise the query at w and
+  the key at 0. Leaky ReRoPE: otherwise the query at (i + w (k - 1)) / k and the key at j / k.
 - log-n (Qwen): the query at position p multiplied by max(1, ln(p + 1) / ln L); Llama 4's variant by
   1 + attn_scale * ln(floor((p + 1) / floor_scale) + 1).
 - yarn: YaRN's frequencies and attention factor (paper_formulas.yarn) on both q and k.
@@ -42,6 +46,18 @@ def segments(method: str, length: int, **params) -> list[tuple[torch.Tensor, tor
         assert w % g == 0, "the window is a multiple of the group size"
         neighbour = causal & (i - j < w)
         found = [(i, j, neighbour), (i // g + w - w // g, j // g, causal & ~neighbour)]
+    elif "string" in parts:
+        shift, local = params["shifted_offset"], params["local_value"]
+        near = causal & (i - j < shift)
+        found = [(i, j, near), (i - shift + local, j, causal & ~near)]
+    elif "rerope" in parts:
+        w = params["window"]
+        near = causal & (i - j < w)
+        found = [(i, j, near), (torch.full_like(i, w), torch.zeros_like(j), causal & ~near)]
+    elif "leaky-rerope" in parts:
+        w, k = params["window"], params["k"]
+        near = causal & (i - j < w)
+        found = [(i, j, near), ((i.to(F64) + w * (k - 1)) / k, j.to(F64) / k, causal & ~near)]
     elif "dca" in parts:
         c, local = params["chunk_size"], params["local_size"]
         s = c - local
@@ -113,20 +129,26 @@ def _rms(x: torch.Tensor, norm) -> torch.Tensor:
 _SPLIT = {
     "self-extend": ("group_size", "window"),
     "dca": ("chunk_size", "local_size"),
+    "string": ("shifted_offset", "local_value", "attention_factor"),
+    "rerope": ("window",),
+    "leaky-rerope": ("window", "k"),
     "logn": ("variant", "attn_scale", "floor_scale"),
     "yarn": ("factor", "beta_fast", "beta_slow", "ramp", "truncate"),
 }
+
+
+REMAPS = ("self-extend", "dca", "string", "rerope", "leaky-rerope")
 
 
 def _split(method: str, params: dict) -> tuple[dict, dict, dict]:
     """The params of the remap, of log-n and of yarn; an unknown name raises (a typo must not pass silently)."""
     parts = [] if method == "none" else method.split("+")
     assert set(parts) <= set(_SPLIT) and len(set(parts)) == len(parts), method
-    assert not {"self-extend", "dca"} <= set(parts), "one remap at most"
+    assert len(set(parts) & set(REMAPS)) <= 1, "one remap at most"
     known = {name for part in parts for name in _SPLIT[part]} | {"original_max_position_embeddings"}
     assert set(params) <= known, set(params) - known
-    pick = {part: {k: v for k, v in params.items() if k in _SPLIT[part]} for part in _SPLIT}
-    return {**pick["self-extend"], **pick["dca"]}, pick["logn"], pick["yarn"]
+    pick = {part: {k: v for k, v in params.items() if k in _SPLIT[part] and part in parts} for part in _SPLIT}
+    return {key: value for part in REMAPS for key, value in pick[part].items()}, pick["logn"], pick["yarn"]
 
 
 @torch.no_grad()
@@ -137,12 +159,15 @@ def reference_logits(model, input_ids: torch.Tensor, method: str = "none", **par
     config = model.config
     L = params.get("original_max_position_embeddings", config.max_position_embeddings)
     remap, logn, yarn = _split(method, params)
+    # STRING's authors multiply RoPE's cos and sin, so q and k, by their attention factor (string_for_llama.py)
+    string_factor = remap.pop("attention_factor", 0.1 * math.log(2) + 1) if "string" in method.split("+") else 1.0
     batch, length = input_ids.shape
     layers = model.model.layers
     attention = layers[0].self_attn
     assert config.hidden_act == "silu", config.hidden_act
     heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, attention.head_dim
     inv_freq, rope_factor = frequencies(method, d, config.rope_parameters["rope_theta"], L, **yarn)
+    rope_factor *= string_factor
     parts = segments(method, length, **remap)
     scale = query_scale(method, length, L, **logn)[:, None]  # (T, 1): query i's factor
 

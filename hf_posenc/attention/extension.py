@@ -85,7 +85,23 @@ def extension_mask(
     device: torch.device | str = "cpu",
     **kwargs: Any,
 ) -> PositionMask:
-    """Mask function of every extension backend (transformers' mask-interface signature)."""
+    """Mask function of every extension backend (transformers' mask-interface signature): positions, no ``n x n``
+    tensor.
+
+    Args:
+        batch_size (`int`): rows ``B``.
+        q_length (`int`): queries ``q`` of this call.
+        kv_length (`int`): keys ``kv`` of this call.
+        q_offset (`int` or `torch.Tensor`, defaults to 0): the cache index of the first query.
+        kv_offset (`int`, defaults to 0): the cache index of the first key.
+        mask_function (`Any`, defaults to transformers' causal mask): must be that one.
+        attention_mask (`torch.Tensor`, *optional*): the 2D ``(B, length)`` padding mask.
+        device (`torch.device` or `str`, defaults to ``"cpu"``): where the positions are made.
+        **kwargs: the mask interface's other arguments, not read.
+
+    Raises:
+        ValueError: another ``mask_function`` (a sliding window, packed sequences, an added mask).
+    """
     if mask_function is not causal_mask_function:
         raise ValueError(
             "Self-Extend, DCA and log-n scaling support plain causal attention; this call asks for another mask "
@@ -124,7 +140,15 @@ def rotate(
     dimensions, computed in float32 and returned in ``dtype`` and the layout of ``states`` (a model's q and k
     are heads transposed out of ``(B, n, H, D)``: turned or not, they then take the same compiled flex). Each
     half is one product and one fused multiply-add on half-width float32 temporaries (half precision states
-    widen in the product), written once into the result: this runs on every layer's q and k of a prefill."""
+    widen in the product), written once into the result: this runs on every layer's q and k of a prefill.
+
+    Args:
+        states (`torch.Tensor`): ``(B, H, n, D)`` queries or keys.
+        cos (`torch.Tensor`): :func:`rotation`'s cosines, ``(B, 1, n, rotary_dim)`` float32.
+        sin (`torch.Tensor`): :func:`rotation`'s sines, the same shape.
+        rotary_dim (`int`): the leading dimensions of a head that RoPE rotates; the rest are copied.
+        dtype (`torch.dtype`, defaults to float32): dtype of the result.
+    """
     half = rotary_dim // 2
     wide = states[..., :rotary_dim].float() if states.dtype == torch.float64 else states[..., :rotary_dim]
     first, second = wide[..., :half], wide[..., half:]
@@ -160,7 +184,17 @@ def extension_state(module: nn.Module) -> ExtensionState:
 
 def checked_mask(module: nn.Module, mask: Any, kwargs: dict[str, Any]) -> PositionMask:
     """The mask, and on the first layer a check that the rotary embedding used these positions at every real
-    (non-padding) query; padding queries are free (:func:`positions_over_mask` fills them in)."""
+    (non-padding) query; padding queries are free (:func:`positions_over_mask` fills them in).
+
+    Args:
+        module (`nn.Module`): the attention module (its ``layer_idx``: 0 checks).
+        mask (`Any`): the ``attention_mask`` the attention function got.
+        kwargs (`dict[str, Any]`): the attention function's keyword arguments (``position_ids``).
+
+    Raises:
+        TypeError: ``mask`` is not a :class:`PositionMask` (a prepared 4D mask was passed).
+        ValueError: ``position_ids`` differ from the mask's positions at a real query.
+    """
     if not isinstance(mask, PositionMask):
         raise TypeError(
             f"The hf_posenc extension attention got an attention mask of type {type(mask).__name__}; pass a 2D "
@@ -187,7 +221,19 @@ def positions_over_mask(module: nn.Module, args: tuple, kwargs: dict[str, Any]) 
     and log-n read. ``position_ids`` are made so where they are not given, as ``generate()`` makes them (padding,
     free, at 1), or where they are ``generate()``'s count from 1 (:func:`counts_real_tokens`): a padded forward
     gives each row its own logits, as the unpatched model does. Given ones that disagree at a real token otherwise
-    raise: the rotary embedding would turn q and k by other distances than the method's."""
+    raise: the rotary embedding would turn q and k by other distances than the method's.
+
+    Args:
+        module (`nn.Module`): the decoder.
+        args (`tuple`): its forward's positional arguments.
+        kwargs (`dict[str, Any]`): its forward's keyword arguments.
+
+    Returns:
+        `tuple[tuple, dict[str, Any]]` or `None`: the arguments with ``position_ids`` set, or None to leave them.
+
+    Raises:
+        ValueError: given ``position_ids`` that disagree with the count at a real token.
+    """
     names = _forward_parameters(type(module))
     passed = {**dict(zip(names, args, strict=False)), **kwargs}
     mask, tokens = passed.get("attention_mask"), passed.get("input_ids")
@@ -217,7 +263,14 @@ def counts_real_tokens(
     ``real`` query (padding queries are free), or, in a row that starts with padding (``left_padded``, (B, 1)), the
     count plus one at every real query: ``generate()`` starts a row whose prompt is all padding at 1 (its padding at
     0, then one more a step), which the hook above replaces by the count. Any other offset is refused, as it may
-    differ from the one the cached keys were turned with (a call sees only its own tokens)."""
+    differ from the one the cached keys were turned with (a call sees only its own tokens).
+
+    Args:
+        given (`torch.Tensor`): the ``position_ids`` given, ``(B, q)``.
+        counted (`torch.Tensor`): the non-padding tokens before each query, ``(B, q)``.
+        real (`torch.Tensor`): which queries are real tokens, ``(B, q)`` bool.
+        left_padded (`torch.Tensor`): which rows start with padding, ``(B, 1)`` bool.
+    """
     offset = torch.where(real, given - counted, 0)
     return bool(((offset == 0) | ~real).all(-1).logical_or(((offset == 1) | ~real).all(-1) & left_padded[:, 0]).all())
 
@@ -230,9 +283,12 @@ def _forward_parameters(decoder: type) -> list[str]:
 
 
 def scaled_queries(state: ExtensionState, query: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The queries times log-n's factor at their positions and the remap's :attr:`~RemapParams.query_scale`."""
+    scale = 1.0 if state.remap is None else state.remap.query_scale
     if state.temperature is None:
-        return query
-    return query * state.temperature.scale(positions)[:, None, :, None].to(query.dtype)
+        return query if scale == 1.0 else query * scale
+    factor = state.temperature.scale(positions) * scale
+    return query * factor[:, None, :, None].to(query.dtype)
 
 
 def _rotation(state: ExtensionState, mask: PositionMask, side: str, segment: int) -> tuple[torch.Tensor, ...]:
@@ -261,7 +317,17 @@ def segment_queries(
     turn: Turn = rotate,
 ) -> torch.Tensor:
     """q (the mask's query ``rows``) as segment ``segment`` sees it: as given where its distances are the true
-    ones, else re-rotated (in ``dtype``)."""
+    ones, else re-rotated (in ``dtype``).
+
+    Args:
+        state (`ExtensionState`): the module's remap and rotary embedding.
+        mask (`PositionMask`): the call's positions (and the rotations kept on it).
+        segment (`int`): the segment's index in the remap's ``SEGMENTS``.
+        query (`torch.Tensor`): ``(B, H, rows, D)``, the queries of ``rows``.
+        rows (`slice`, defaults to all): which of the mask's queries ``query`` holds.
+        dtype (`torch.dtype`, defaults to float32): dtype of re-rotated queries.
+        turn (`Turn`, defaults to ``rotate``): how the rotation is applied (:func:`rotate`, or it compiled).
+    """
     if state.remap.TRUE_DISTANCES[segment]:
         return query
     cos, sin = _rotation(state, mask, "query", segment)
@@ -276,7 +342,16 @@ def segment_keys(
     dtype: torch.dtype = torch.float32,
     turn: Turn = rotate,
 ) -> torch.Tensor:
-    """Every k as segment ``segment`` sees it, as :func:`segment_queries` does q."""
+    """Every k as segment ``segment`` sees it, as :func:`segment_queries` does q.
+
+    Args:
+        state (`ExtensionState`): the module's remap and rotary embedding.
+        mask (`PositionMask`): the call's positions (and the rotations kept on it).
+        segment (`int`): the segment's index in the remap's ``SEGMENTS``.
+        key (`torch.Tensor`): ``(B, H_kv, kv, D)``, every key of the call.
+        dtype (`torch.dtype`, defaults to float32): dtype of re-rotated keys.
+        turn (`Turn`, defaults to ``rotate``): how the rotation is applied (:func:`rotate`, or it compiled).
+    """
     if state.remap.TRUE_DISTANCES[segment]:
         return key
     cos, sin = _rotation(state, mask, "key", segment)
@@ -292,7 +367,19 @@ def segment_states(
     turn: Turn = rotate,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Each segment's queries and keys as it sees them (:func:`segment_queries`, :func:`segment_keys`), in
-    segment order; segments whose keys are turned alike (``key_source``) share one turn of the keys."""
+    segment order; segments whose keys are turned alike (``key_source``) share one turn of the keys.
+
+    Args:
+        state (`ExtensionState`): the module's remap and rotary embedding.
+        mask (`PositionMask`): the call's positions.
+        query (`torch.Tensor`): ``(B, H, q, D)``, every query of the call.
+        key (`torch.Tensor`): ``(B, H_kv, kv, D)``, every key of the call.
+        dtype (`torch.dtype`, defaults to float32): dtype of re-rotated queries and keys.
+        turn (`Turn`, defaults to ``rotate``): how the rotation is applied (:func:`rotate`, or it compiled).
+
+    Yields:
+        `tuple[torch.Tensor, torch.Tensor]`: a segment's queries and keys.
+    """
     keys: dict[int, torch.Tensor] = {}
     for segment in range(len(state.remap.SEGMENTS)):
         source = state.remap.key_source(segment)
@@ -303,7 +390,13 @@ def segment_states(
 
 def grouped_scores(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
     """``(B, H, q, D) x (B, H_kv, k, D) -> (B, H, q, k)`` float32 logits, each key head serving its query
-    heads without copies."""
+    heads without copies.
+
+    Args:
+        query (`torch.Tensor`): ``(B, H, q, D)``.
+        key (`torch.Tensor`): ``(B, H_kv, k, D)``; ``H`` a multiple of ``H_kv``.
+        scaling (`float`): multiplies the logits.
+    """
     batch, heads, length, dim = query.shape
     kv_heads = key.shape[1]
     grouped = query.float().reshape(batch, kv_heads, heads // kv_heads * length, dim)
@@ -329,7 +422,20 @@ def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
 def prepared(
     module: nn.Module, query: torch.Tensor, attention_mask: Any, dropout: float, kwargs: dict[str, Any]
 ) -> tuple[ExtensionState, PositionMask, torch.Tensor]:
-    """What every remap backend starts with: the module's state, the checked mask, the queries scaled by log-n."""
+    """What every remap backend starts with: the module's state, the checked mask, the queries scaled by log-n.
+
+    Args:
+        module (`nn.Module`): the patched attention module.
+        query (`torch.Tensor`): ``(B, H, q, D)``.
+        attention_mask (`Any`): the mask the attention function got (a :class:`PositionMask`).
+        dropout (`float`): the attention dropout asked for; must be 0 in training.
+        kwargs (`dict[str, Any]`): the attention function's keyword arguments.
+
+    Raises:
+        RuntimeError: ``module`` carries no extension state (not patched by ``hf_posenc.patch``).
+        TypeError: the mask is not a :class:`PositionMask`.
+        ValueError: ``position_ids`` disagree with the mask (:func:`checked_mask`), or dropout in training.
+    """
     state, mask = extension_state(module), checked_mask(module, attention_mask, kwargs)
     if dropout and module.training:
         raise ValueError("The hf_posenc extension attention has no attention dropout; set it to 0 to train.")
@@ -346,7 +452,24 @@ def extension_eager_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference: every segment's logits in float32, merged pair by pair, one softmax."""
+    """Reference: every segment's logits in float32, merged pair by pair, one softmax.
+
+    Args:
+        module (`nn.Module`): the patched attention module (its ``hf_posenc_extension`` state).
+        query (`torch.Tensor`): ``(B, H, q, D)``, rotated at the true positions.
+        key (`torch.Tensor`): ``(B, H_kv, kv, D)``, rotated at the true positions.
+        value (`torch.Tensor`): ``(B, H_kv, kv, D)``.
+        attention_mask (`PositionMask`): what :func:`extension_mask` made.
+        scaling (`float`): the logits' scale.
+        dropout (`float`, defaults to 0.0): must be 0 in training (no attention dropout).
+        **kwargs: the model's other attention arguments; ``position_ids`` checked on the first layer.
+
+    Returns:
+        `tuple[torch.Tensor, torch.Tensor]`: the output ``(B, q, H, D)`` and the weights ``(B, H, q, kv)``.
+
+    Raises:
+        ValueError: as :func:`prepared` refuses the call (which also raises ``RuntimeError`` and ``TypeError``).
+    """
     state, mask, query = prepared(module, query, attention_mask, dropout, kwargs)
     qpos, kpos = mask.query_positions, mask.key_positions
     segment_of = state.remap.segment_of(qpos[:, None, :, None], kpos[:, None, None, :])  # (B, 1, q, kv)

@@ -16,8 +16,10 @@ from . import (  # noqa: F401  (registration)
     nope,
     ntk,
     pi,
+    rerope,
     self_extend,
     sinusoidal,
+    string_rope,
     t5_bias,
     temperature,
     yarn,
@@ -48,6 +50,7 @@ def rope_frequencies(
         original_max_position_embeddings (`int`): the trained context ``L``.
         seq_len (`int`, *optional*): the current length ``l``, for dynamic methods.
         dtype (`torch.dtype`, defaults to float64): dtype of the returned ``inv_freq``.
+        device (`torch.device` or `str`, *optional*): where ``inv_freq`` is made.
         **params: the method's parameters (``factor``, ``beta_fast``, ...).
 
     Returns:
@@ -77,7 +80,25 @@ def compute_frequencies(
 ) -> tuple[torch.Tensor, float]:
     """``method.frequencies`` on built ``params``, checked: values each in their own range may together still give a
     frequency that is not finite and > 0 in float32 (a huge base, extreme long factors) or an unusable attention
-    factor; that is a ``ValueError`` naming every input (:func:`~hf_posenc.methods._common.frequency_problem`)."""
+    factor (:func:`~hf_posenc.methods._common.frequency_problem`).
+
+    Args:
+        method (`Method`): a registered RoPE method (one with ``frequencies``).
+        params (`Any`): its parameters, built (``method.make_params``) with the trained context ``L`` resolved.
+        head_dim (`int`): the rotary dimension ``d``.
+        base (`float`): the RoPE base ``b`` (``rope_theta``).
+        seq_len (`int`, *optional*): the current length ``l``, for dynamic methods.
+        dtype (`torch.dtype`, defaults to float64): dtype of the returned ``inv_freq``.
+        device (`torch.device` or `str`, *optional*): where ``inv_freq`` is made.
+
+    Returns:
+        `tuple[torch.Tensor, float]`: ``inv_freq`` (``d // 2`` values, ``theta_i'``) and the factor that multiplies
+        cos and sin, as :func:`rope_frequencies` returns them.
+
+    Raises:
+        ValueError: the result is unusable (the message names the method and every input), or the method's own
+            math refuses the inputs.
+    """
     inv_freq, attention = method.frequencies(
         params, head_dim=head_dim, base=base, seq_len=seq_len, dtype=dtype, device=device
     )

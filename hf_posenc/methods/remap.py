@@ -1,5 +1,5 @@
-"""What Self-Extend and Dual Chunk Attention share: attention over *segments*, each a set of (query, key)
-pairs whose logits use remapped positions.
+"""What the remaps (Self-Extend, Dual Chunk Attention, STRING, ReRoPE) share: attention over *segments*, each a
+set of (query, key) pairs whose logits use remapped positions.
 
 Query ``i`` and key ``j <= i`` (token positions) fall in exactly one segment ``g = segment_of(i, j)``; their
 logit is ``q(P_g(i)) . k(K_g(j))``, the query rotated to ``P_g(i)`` and the key to ``K_g(j)``, and one
@@ -97,9 +97,23 @@ class RemapParams(RopeParams):
         None where there is no such bound (every distance is capped) or ``L`` is not resolved yet."""
         return None
 
+    @property
+    def query_scale(self) -> float:
+        """What every query is multiplied by, so every logit (1: none; STRING's authors scale q and k)."""
+        return 1.0
+
     def key_span(self, segment: int, first: int, last: int) -> tuple[int, int]:
         """``(lo, hi)``: every key position that queries at ``first .. last`` can see in ``segment`` lies in
-        ``lo .. hi`` (inclusive; empty when ``lo > hi``). Lets the query-block backends skip the rest."""
+        ``lo .. hi`` (inclusive; empty when ``lo > hi``). Lets the query-block backends skip the rest.
+
+        Args:
+            segment (`int`): the segment's index in ``SEGMENTS``.
+            first (`int`): the smallest query position of the block.
+            last (`int`): the largest query position of the block.
+
+        Raises:
+            NotImplementedError: here; each remap defines its own.
+        """
         raise NotImplementedError
 
     def tiles(self, segment: int, length: int) -> list[Tiles]:
@@ -109,9 +123,60 @@ class RemapParams(RopeParams):
         raise NotImplementedError
 
 
+@dataclass(frozen=True, kw_only=True)
+class BandRemapParams(RemapParams):
+    """A remap of two segments: the band of pairs nearer than :attr:`band` at their true positions, and every farther
+    pair in the second segment at the positions the method gives (Self-Extend's window, STRING's shifted offset,
+    ReRoPE's window). The band and the rest split the causal triangle the same way whatever the positions."""
+
+    @property
+    def band(self) -> int:
+        """The band's width: pairs ``i - j < band`` keep their true positions."""
+        raise NotImplementedError
+
+    def segment_of(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        return (i - j >= self.band).long()
+
+    def key_span(self, segment: int, first: int, last: int) -> tuple[int, int]:
+        if segment == 0:
+            return first - self.band + 1, last
+        return 0, last - self.band
+
+    def tiles(self, segment: int, length: int) -> list[Tiles]:
+        """The rest: the causal square of queries ``B ..`` against keys ``.. n-1-B`` (``j <= i - B``). The band, in
+        blocks of ``B`` queries: the causal square on the block's own keys, and on the block before it the keys
+        ``j > i - B``, the strict upper triangle of that square. The ``r < B`` rows past the last whole block take
+        their own causal square, and of the block before the strict upper triangle of its first ``r`` keys and all
+        of its last ``B - r``."""
+        band = self.band
+        if segment == 1:
+            return [Tiles("lower", band, 0, length - band, length - band)] if length > band else []
+        blocks, rest = divmod(length, band)
+        tiles = [Tiles("lower", 0, 0, band, band, blocks)] if blocks else []
+        if blocks > 1 and band > 1:
+            tiles.append(Tiles("upper", band, 0, band, band, blocks - 1))
+        if rest:
+            start = blocks * band
+            tiles.append(Tiles("lower", start, start, rest, rest))
+            if blocks and rest > 1:
+                tiles.append(Tiles("upper", start, start - band, rest, rest))
+            if blocks:
+                tiles.append(Tiles("full", start, start - band + rest, rest, band - rest))
+        return tiles
+
+
 def remap_distance(params: RemapParams, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
     """The relative position ``P_g(i) - K_g(j)`` each pair's logit sees (``-1`` where ``j > i``): what the
-    tests check against the papers' definitions and what must stay below the trained context."""
+    tests check against the papers' definitions and what must stay below the trained context.
+
+    Args:
+        params (`RemapParams`): the remap (Self-Extend's, DCA's), with the trained context resolved.
+        i (`torch.Tensor`): query positions, int64.
+        j (`torch.Tensor`): key positions, int64, broadcast against ``i``.
+
+    Returns:
+        `torch.Tensor`: int64, the broadcast shape of ``i`` and ``j`` (made on the CPU).
+    """
     segment = params.segment_of(i, j)
     distance = torch.full(torch.broadcast_shapes(i.shape, j.shape), -1, dtype=torch.int64)
     for index in range(len(params.SEGMENTS)):

@@ -21,19 +21,26 @@ import torch
 from ..fields import documented, setting
 from ..registry import Method, register
 from ._common import positive_int
-from .remap import RemapParams, Tiles
+from .remap import BandRemapParams
 
 DEFAULT_GROUP_SIZE = 8
 
 
 def self_extend_reach(context: int, group_size: int, window: int) -> int:
-    """``(L - W) * G + W``: the longest input whose every relative position stays below ``L`` (paper §3)."""
+    """``(L - W) * G + W``: the longest input whose every relative position stays below ``L`` (Self-Extend,
+    Jin et al., 2024, arXiv 2401.01325, §3).
+
+    Args:
+        context (`int`): the trained context ``L``.
+        group_size (`int`): the group size ``G``.
+        window (`int`): the neighbour window ``W``.
+    """
     return (context - window) * group_size + window
 
 
 @documented
 @dataclass(frozen=True, kw_only=True)
-class SelfExtendParams(RemapParams):
+class SelfExtendParams(BandRemapParams):
     """Self-Extend: true positions inside the window, floor-divided ones past it (Jin et al. 2024)."""
 
     SEGMENTS: ClassVar[tuple[str, ...]] = ("neighbour", "grouped")
@@ -97,8 +104,9 @@ class SelfExtendParams(RemapParams):
         context = self.original_max_position_embeddings
         return None if context is None else self_extend_reach(context, self.group_size, self.window)
 
-    def segment_of(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-        return (i - j >= self.window).long()
+    @property
+    def band(self) -> int:
+        return self.window
 
     def query_position(self, segment: int, i: torch.Tensor) -> torch.Tensor:
         if segment == 0:
@@ -107,33 +115,6 @@ class SelfExtendParams(RemapParams):
 
     def key_position(self, segment: int, j: torch.Tensor) -> torch.Tensor:
         return j if segment == 0 else torch.div(j, self.group_size, rounding_mode="floor")
-
-    def key_span(self, segment: int, first: int, last: int) -> tuple[int, int]:
-        if segment == 0:
-            return first - self.window + 1, last
-        return 0, last - self.window
-
-    def tiles(self, segment: int, length: int) -> list[Tiles]:
-        """Grouped: the causal square of queries ``W ..`` against keys ``.. n-1-W`` (``j <= i - W``). Neighbour, in
-        blocks of ``W`` queries: the causal square on the block's own keys, and on the block before it the keys
-        ``j > i - W``, the strict upper triangle of that square. The ``r < W`` rows past the last whole block take
-        their own causal square, and of the block before the strict upper triangle of its first ``r`` keys and
-        all of its last ``W - r``."""
-        w = self.window
-        if segment == 1:
-            return [Tiles("lower", w, 0, length - w, length - w)] if length > w else []
-        blocks, rest = divmod(length, w)
-        tiles = [Tiles("lower", 0, 0, w, w, blocks)] if blocks else []
-        if blocks > 1 and w > 1:
-            tiles.append(Tiles("upper", w, 0, w, w, blocks - 1))
-        if rest:
-            start = blocks * w
-            tiles.append(Tiles("lower", start, start, rest, rest))
-            if blocks and rest > 1:
-                tiles.append(Tiles("upper", start, start - w, rest, rest))
-            if blocks:
-                tiles.append(Tiles("full", start, start - w + rest, rest, w - rest))
-        return tiles
 
 
 register(

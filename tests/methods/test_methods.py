@@ -55,17 +55,21 @@ def test_frequencies_match_the_papers(method, params, seq_len, reference):
 
 def test_every_method_is_covered():
     """Every method with RoPE frequencies; ALiBi (no frequencies) is covered in test_alibi.py, the attention-level
-    methods (Self-Extend, DCA, log-n) against a paper reference in test_extension_reference.py, NoPE, sinusoidal and
+    methods (Self-Extend, DCA, STRING, ReRoPE, Leaky ReRoPE, log-n) against a paper reference in
+    test_extension_reference.py, NoPE, sinusoidal and
     the T5 bias in test_encodings.py and test_t5_bias.py."""
     rope_scaling = {name for name in hf_posenc.available_methods() if get_method(name).frequencies is not None}
     assert {case[0] for case in CASES} == rope_scaling
     assert set(hf_posenc.available_methods()) - rope_scaling == {
         "alibi",
         "dca",
+        "leaky-rerope",
         "logn",
         "nope",
+        "rerope",
         "self-extend",
         "sinusoidal",
+        "string",
         "t5-bias",
     }
 

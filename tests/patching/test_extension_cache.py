@@ -1,4 +1,4 @@
-"""Self-Extend, DCA and log-n (alone and combined) with the KV cache and with padding, on the tiny models (L = 64).
+"""Self-Extend, DCA, STRING, ReRoPE, Leaky ReRoPE and log-n (alone and combined) with the KV cache and with padding, on the tiny models (L = 64).
 
 The remaps re-rotate cached keys on the fly and take positions from the attention mask, so what they compute must
 not depend on how the sequence reaches the model: greedy generation with a dynamic or a static cache equals
@@ -30,6 +30,7 @@ pytestmark = [
 L = 64
 SE = {"group_size": 4, "window": 16}  # reaches (64 - 16) * 4 + 16 = 208 tokens
 DCA = {"chunk_size": 48, "local_size": 4}  # chunks of 44 tokens
+STRING = {"shifted_offset": 40, "local_value": 8}  # reaches 64 + 40 - 8 = 96 tokens
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 
 # (method, params, family, base attention implementation): remaps on the CPU backends, log-n on eager and sdpa.
@@ -45,6 +46,9 @@ CASES = {
     "self-extend+logn-blocked": ("self-extend+logn", {**SE, "backend": "blocked"}, "llama", "eager"),
     "self-extend+logn-eager": ("self-extend+logn", {**SE, "backend": "eager"}, "qwen2", "eager"),
     "yarn+logn": ("yarn+logn", {"factor": 2}, "mistral", "sdpa"),
+    "string-sdpa": ("string", {**STRING, "backend": "sdpa"}, "qwen3", "eager"),
+    "rerope+logn-blocked": ("rerope+logn", {"window": 16, "backend": "blocked"}, "mistral", "eager"),
+    "leaky-rerope-eager": ("leaky-rerope", {"window": 16, "k": 4.0, "backend": "eager"}, "llama", "eager"),
 }
 
 
@@ -81,7 +85,7 @@ def test_the_cases_change_the_model_past_the_context():
         assert (patched - base).abs().max() > 1e-2, case
 
 
-STATIC = ["self-extend-blocked", "dca-eager", "logn-sdpa", "self-extend+logn-blocked", "yarn+logn"]
+STATIC = ["self-extend-blocked", "dca-eager", "logn-sdpa", "self-extend+logn-blocked", "yarn+logn", "string-sdpa"]
 GENERATION = [(case, "dynamic") for case in sorted(CASES)] + [(case, "static") for case in STATIC]
 
 
@@ -234,7 +238,7 @@ def test_right_padded_batch_forward_equals_each_alone(case):
 @pytest.mark.parametrize(
     ("case", "cache"),
     [("self-extend-blocked", "dynamic"), ("dca-eager", "dynamic"), ("logn-sdpa", "dynamic"), ("yarn+logn", "dynamic")]
-    + [("self-extend+logn-blocked", "static")],
+    + [("self-extend+logn-blocked", "static"), ("leaky-rerope-eager", "dynamic"), ("string-sdpa", "static")],
 )
 def test_left_padded_batch_generates_as_each_alone(case, cache):
     """generate() on a left-padded batch (prompts of 50 and 33 tokens, 45 new ones: past L and DCA's chunk at 88
@@ -316,7 +320,9 @@ def test_positions_that_do_not_count_real_tokens_are_refused(case):
             model(batch[:, 70:], attention_mask=mask, past_key_values=cache, position_ids=torch.arange(20)[None])
 
 
-@pytest.mark.parametrize("case", ["self-extend+logn-blocked", "dca-blocked", "self-extend-sdpa", "dca+logn-sdpa"])
+@pytest.mark.parametrize(
+    "case", ["self-extend+logn-blocked", "dca-blocked", "self-extend-sdpa", "dca+logn-sdpa", "rerope+logn-blocked"]
+)
 def test_query_block_backends_across_many_blocks(monkeypatch, case):
     """The query-block backends (blocked, sdpa) with 16-row blocks (1024 by default, more than these inputs): a
     batch whose first blocks are padding in every row, and a cached forward in pieces, give each sequence's logits

@@ -43,6 +43,9 @@ METHODS = {
     "dca+logn": ("qwen2", "dca+logn", DCA),
     "dynamic-ntk+logn": ("llama", "dynamic-ntk+logn", {"factor": 2}),
     "yarn+self-extend+logn": ("mistral", "yarn+self-extend+logn", {"factor": 2, **SE}),
+    "string": ("qwen2", "string", {"shifted_offset": 44, "local_value": 8}),
+    "rerope+logn": ("llama", "rerope+logn", {"window": 16}),
+    "leaky-rerope": ("mistral", "leaky-rerope", {"window": 16, "k": 4.0}),
 }
 
 
@@ -293,6 +296,24 @@ def test_max_position_embeddings_is_self_extends_reach_or_the_one_asked():
     assert hf_posenc.patch(make_tiny("llama"), "logn").config.max_position_embeddings == 64
 
 
+def test_max_position_embeddings_is_the_reach_of_string_and_leaky_rerope():
+    """STRING writes its reach L + S - W and Leaky ReRoPE w + 1 + floor(k (L - 1 - w)), or the length asked (up to
+    the reach; Leaky ReRoPE then derives k from it); ReRoPE, which reaches any length, keeps L unless asked."""
+    string = hf_posenc.patch(make_tiny("llama"), "string", shifted_offset=21, local_value=4)
+    assert string.config.max_position_embeddings == 64 + 21 - 4
+    with pytest.raises(ValueError, match=r"STRING's reach L \+ S - W = 81"):
+        hf_posenc.patch(make_tiny("llama"), "string", shifted_offset=21, local_value=4, max_position_embeddings=82)
+    leaky = hf_posenc.patch(make_tiny("llama"), "leaky-rerope", window=16, k=4)
+    assert leaky.config.max_position_embeddings == 16 + 1 + 4 * 47
+    asked = hf_posenc.get_patch(
+        hf_posenc.patch(make_tiny("llama"), "leaky-rerope", window=15, max_position_embeddings=160)
+    )
+    assert asked.params["k"] == (160 - 1 - 15) / (64 - 1 - 15) == 3.0 and asked.params["max_position_embeddings"] == 160
+    assert hf_posenc.patch(make_tiny("llama"), "rerope", window=16).config.max_position_embeddings == 64
+    rerope = hf_posenc.patch(make_tiny("llama"), "rerope", window=16, max_position_embeddings=10_000)
+    assert rerope.config.max_position_embeddings == 10_000
+
+
 def _llama31_style(**overrides):
     """A tiny Llama shipping Llama 3.1's scaling: trained at 16 positions, served to max_position_embeddings 64."""
     rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
@@ -437,6 +458,19 @@ BAD = [
     ("local_size = chunk_size", "qwen2", "dca", {"chunk_size": 48, "local_size": 48}, ValueError, r"local_size must be below chunk_size=48"),
     ("local_size > default chunk_size", "llama", "dca", {"local_size": 50}, ValueError, r"local_size must be below chunk_size=48"),
     ("dca max_position_embeddings < L", "qwen2", "dca", {"max_position_embeddings": 63}, ValueError, r"max_position_embeddings \(the longest input to serve\) must be at least the trained context L=64, got 63"),
+    ("string default W above S", "llama", "string", {}, ValueError, r"local_value must be at most shifted_offset=21 .*got 128 \(the default is 128\)"),
+    ("string S = L", "llama", "string", {"shifted_offset": 64, "local_value": 8}, ValueError, r"shifted_offset must be below the trained context L=64, got 64"),
+    ("string W > S", "qwen2", "string", {"shifted_offset": 20, "local_value": 21}, ValueError, r"local_value must be at most shifted_offset=20"),
+    ("string W = 0", "llama", "string", {"shifted_offset": 20, "local_value": 0}, ValueError, r"local_value must be a positive integer, got 0"),
+    ("string reach shorter than asked", "llama", "string", {"shifted_offset": 21, "local_value": 4, "max_position_embeddings": 82}, ValueError, r"STRING's reach L \+ S - W = 81"),
+    ("string attention_factor 0", "llama", "string", {"shifted_offset": 21, "local_value": 4, "attention_factor": 0}, ValueError, r"attention_factor must be > 0"),
+    ("rerope window = L", "llama", "rerope", {"window": 64}, ValueError, r"window must be below the trained context L=64, got 64"),
+    ("rerope max_position_embeddings < L", "mistral", "rerope", {"max_position_embeddings": 32}, ValueError, r"must be at least the trained context L=64, got 32"),
+    ("leaky k < 1", "llama", "leaky-rerope", {"k": 0.5}, ValueError, r"k must be a finite number >= 1 \(1 is RoPE itself\), got 0.5"),
+    ("leaky k inf", "llama", "leaky-rerope", {"k": float("inf")}, ValueError, r"k must be finite, got inf"),
+    ("leaky reach shorter than asked", "llama", "leaky-rerope", {"window": 16, "k": 2, "max_position_embeddings": 112}, ValueError, r"reaches w \+ 1 \+ floor\(k \(L - 1 - w\)\) = 111 tokens, fewer than max_position_embeddings=112; use a larger k"),
+    ("two remaps string rerope", "llama", "string+rerope", {}, ValueError, r"'string' and 'rerope' both change the remap"),
+    ("dynamic scaling with rerope", "llama", "dynamic-ntk+rerope", {"factor": 2}, ValueError, r"'dynamic-ntk' changes the frequencies with the length"),
     ("unknown logn variant", "llama", "logn", {"variant": "mistral"}, ValueError, r"Unknown log-n variant 'mistral'. Available variants: qwen, llama4"),
     ("attn_scale with qwen", "llama", "logn", {"variant": "qwen", "attn_scale": 0.2}, ValueError, r"attn_scale belong to variant='llama4'"),
     ("floor_scale with qwen", "llama", "logn", {"floor_scale": 8}, ValueError, r"floor_scale belong to variant='llama4'"),

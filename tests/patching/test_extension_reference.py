@@ -1,4 +1,4 @@
-"""Self-Extend, DCA and log-n (alone and combined) against an independent float64 forward pass
+"""Self-Extend, DCA, STRING, ReRoPE, Leaky ReRoPE and log-n (alone and combined) against an independent float64 forward pass
 (tests/extension_reference.py, written from the papers), on the tiny models of every RoPE family (L = 64).
 
 Inputs of 96 to 126 tokens reach every segment: Self-Extend's neighbour and grouped pairs (up to its reach), DCA's
@@ -51,10 +51,23 @@ CASES = {
     "yarn+dca+logn": ("yarn+dca+logn", {"factor": 2, "chunk_size": 48, "local_size": 4}, 120),
     "yarn+logn": ("yarn+logn", {"factor": 2}, 100),
     "yarn+logn-betas": ("yarn+logn", {"factor": 4, "beta_fast": 16, "beta_slow": 2}, 96),
+    # STRING S=32, W=8 reaches L + S - W = 88 tokens; S=21 at 60 tokens changes attention inside L (with the
+    # authors' attention factor, the default); with log-n past L.
+    "string-s32-w8-reach": ("string", {"shifted_offset": 32, "local_value": 8, "attention_factor": 1.0}, 88),
+    "string-inside-L": ("string", {"shifted_offset": 21, "local_value": 4}, 60),
+    "string+logn": ("string+logn", {"shifted_offset": 24, "local_value": 8}, 80),
+    # ReRoPE w=16 caps every distance at 16; with log-n it is the authors' rerope_patch.py; over YaRN's frequencies.
+    "rerope-w16": ("rerope", {"window": 16}, 100),
+    "rerope+logn": ("rerope+logn", {"window": 16}, 100),
+    "yarn+rerope": ("yarn+rerope", {"factor": 2, "window": 16}, 100),
+    # Leaky ReRoPE: fractional positions w + (d - w) / k past the window.
+    "leaky-rerope-w16-k4": ("leaky-rerope", {"window": 16, "k": 4.0}, 120),
+    "leaky-rerope+logn": ("leaky-rerope+logn", {"window": 8, "k": 2.5}, 100),
 }
-REMAP_CASES = [name for name, (method, _, _) in CASES.items() if "self-extend" in method or "dca" in method]
+REMAP_CASES = [name for name, (method, _, _) in CASES.items() if set(method.split("+")) & set(ref.REMAPS)]
 OTHER_CASES = [name for name in CASES if name not in REMAP_CASES]
-FLEX_CASES = ["self-extend-g4-w16", "dca-48-4", "self-extend+logn"]  # flex runs uncompiled on CPU: few cases
+# flex runs uncompiled on CPU: few cases
+FLEX_CASES = ["self-extend-g4-w16", "dca-48-4", "self-extend+logn", "string-inside-L", "leaky-rerope+logn"]
 
 
 def tokens(length: int, seed: int = 0, batch: int = 1) -> torch.Tensor:
@@ -90,7 +103,7 @@ def test_reference_without_a_method_is_the_transformers_forward(family):
 @pytest.mark.parametrize("case", REMAP_CASES)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_remaps_equal_the_reference(monkeypatch, family, case, backend):
-    """Self-Extend and DCA, alone and with log-n (and YaRN): every segment's logits, merged under one softmax, are
+    """The remaps, alone and with log-n (and YaRN): every segment's logits, merged under one softmax, are
     the papers' positions rotated directly; on the CPU backends, in float64. ``sdpa`` runs this prefill as tiles;
     ``sdpa-blocks`` is the same backend with the tiles off, as it runs with a cache or a gradient."""
     if backend == "sdpa-blocks":
@@ -143,7 +156,8 @@ def _logits(family, method=None, implementation="eager", **params):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_remaps_are_the_model_inside_the_window_and_the_first_chunk(family):
-    """Self-Extend's first W queries see only neighbours, DCA's first s only their own chunk: true positions, so
+    """Self-Extend's first W queries see only neighbours, DCA's first s only their own chunk, STRING's first S and
+    ReRoPE's first w only their band: true positions (STRING without its attention factor), so
     the unpatched model's logits up to float32 rounding (the math is the same, the computation is not)."""
     base = _logits(family)
     for backend in ("eager", "blocked", "sdpa"):
@@ -151,6 +165,10 @@ def test_remaps_are_the_model_inside_the_window_and_the_first_chunk(family):
         _first_rows_unchanged(family, "self-extend", se, 16, base, exact=False, backend=backend)
         dca = {"chunk_size": 48, "local_size": 4}
         _first_rows_unchanged(family, "dca", dca, 44, base, exact=False, backend=backend)
+        string = {"shifted_offset": 21, "local_value": 4, "attention_factor": 1.0}
+        _first_rows_unchanged(family, "string", string, 21, base, exact=False, backend=backend)
+        for method in ("rerope", "leaky-rerope"):
+            _first_rows_unchanged(family, method, {"window": 16}, 16, base, exact=False, backend=backend)
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
@@ -206,6 +224,43 @@ def test_remap_distances_stay_within_the_trained_context(method, params, length)
         assert distance.max() <= params["chunk_size"]
         neighbour = causal & (position[:, None] // s == position[None, :] // s)
     assert torch.equal(distance[neighbour], true[neighbour])
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "length"),
+    [
+        ("string", {"shifted_offset": 32, "local_value": 8}, 88),
+        ("string", {"shifted_offset": 40, "local_value": 1}, 103),
+        ("rerope", {"window": 16}, 1000),
+        ("leaky-rerope", {"window": 16, "k": 4.0}, 205),
+        ("leaky-rerope", {"window": 8, "k": 2.5}, 146),
+    ],
+)
+def test_string_and_rerope_put_each_pair_at_the_papers_distance(method, params, length):
+    """STRING: ``d`` below ``S``, ``d - S + W`` from ``S`` on (An et al. 2025, §4); ReRoPE: ``min(d, w)``; Leaky
+    ReRoPE: ``d`` below ``w``, ``w + (d - w) / k`` past it (Su 2023, eqs. 3-4); each the reference's positions too.
+    STRING's and Leaky ReRoPE's largest distance is below ``L`` up to their reach and not one token later; ReRoPE's
+    is ``w`` at any length."""
+    library = get_method(method).make_params(original_max_position_embeddings=L, **params)
+    position = torch.arange(length + 1)
+    i, j = position[:, None], position[None, :]
+    distance = remap_distance(library, i, j).to(torch.float64)
+    causal, d = j <= i, (i - j).to(torch.float64)
+    if method == "string":
+        paper = torch.where(d < params["shifted_offset"], d, d - params["shifted_offset"] + params["local_value"])
+    elif method == "rerope":
+        paper = d.clamp(max=params["window"])
+    else:
+        w, k = params["window"], params["k"]
+        paper = torch.where(d < w, d, w + (d - w) / k)
+    torch.testing.assert_close(distance[causal], paper[causal], rtol=0, atol=1e-9)
+    query, key = ref.pair_positions(method, length + 1, **params)
+    torch.testing.assert_close(distance[causal], (query - key)[causal], rtol=0, atol=1e-9)
+    if method == "rerope":
+        assert library.reach is None and distance.max() == params["window"]
+    else:
+        assert library.reach == length == library.max_position_embeddings
+        assert distance[:length, :length].max() <= L - 1 < distance[length].max()
 
 
 @pytest.mark.parametrize(("method", "params"), [("self-extend", {"group_size": 3, "window": 12}), ("dca", {})])

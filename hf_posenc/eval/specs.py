@@ -72,17 +72,19 @@ def _row_identity(text: str, resolved: dict[str, dict[str, Any]] | None) -> tupl
 
 
 def warn_past_reach(spec: MethodSpec, resolved: dict[str, Any], longest: int) -> None:
-    """Warn when ``spec``'s position remap (Self-Extend) has a reach, with the parameters resolved on the model,
-    shorter than the ``longest`` input: past it the remapped positions leave the trained context. The run goes
-    on (how a method fails past its reach is worth measuring), but the table must not be read as within it."""
+    """Warn when ``spec``'s position remap (Self-Extend, STRING, Leaky ReRoPE) has a reach, with the parameters
+    resolved on the model, shorter than the ``longest`` input: past it the remapped positions leave the trained
+    context. The run goes on (how a method fails past its reach is worth measuring), but the table must not be read
+    as within it."""
     remap = None if spec.unpatched else get_method(spec.method).part("remap")
-    reach = None if remap is None else remap.make_params(**remap.own(resolved)).reach
-    if reach is not None and longest > reach:
+    params = None if remap is None else remap.make_params(**remap.own(resolved))
+    if params is not None and params.reach is not None and longest > params.reach:
         logger.warning(
-            "%s reaches %d tokens ((L - W) * G + W on L=%d); its lengths above that (up to %d) put grouped "
-            "positions past the trained context.",
+            "%s reaches %d tokens (%s on L=%d); its lengths above that (up to %d) put remapped positions past the "
+            "trained context.",
             spec.text,
-            reach,
+            params.reach,
+            params.REACH_FORMULA,
             resolved["original_max_position_embeddings"],
             longest,
         )

@@ -57,6 +57,8 @@ class RemapParams(RopeParams):
     # For each segment, the segment whose keys it uses as they are turned there: itself, or an earlier one that
     # turns them alike (both at true distances, or both to the same ``key_position``). Empty: each its own.
     KEY_SEGMENTS: ClassVar[tuple[int, ...]] = ()
+    # How :attr:`reach` is computed, in the method's own symbols (for the messages that quote it).
+    REACH_FORMULA: ClassVar[str] = ""
 
     backend: str = setting(
         "auto",

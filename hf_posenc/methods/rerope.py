@@ -105,6 +105,7 @@ class LeakyReRoPEParams(ReRoPEParams):
     """Leaky ReRoPE: true positions inside the window, positions growing by ``1/k`` a token past it (Su 2023)."""
 
     SEGMENTS: ClassVar[tuple[str, ...]] = ("window", "leaky")
+    REACH_FORMULA: ClassVar[str] = "w + 1 + floor(k (L - 1 - w))"
 
     k: float | None = setting(
         None,

@@ -46,6 +46,7 @@ class SelfExtendParams(BandRemapParams):
     SEGMENTS: ClassVar[tuple[str, ...]] = ("neighbour", "grouped")
     TRUE_DISTANCES: ClassVar[tuple[bool, ...]] = (True, False)
     KEY_SEGMENTS: ClassVar[tuple[int, ...]] = (0, 1)
+    REACH_FORMULA: ClassVar[str] = "(L - W) * G + W"
 
     group_size: int = setting(DEFAULT_GROUP_SIZE, help="``G``, positions past the window are floor-divided by it.")
     window: int | None = setting(

@@ -56,6 +56,7 @@ class StringParams(BandRemapParams):
 
     SEGMENTS: ClassVar[tuple[str, ...]] = ("neighbour", "shifted")
     TRUE_DISTANCES: ClassVar[tuple[bool, ...]] = (True, False)
+    REACH_FORMULA: ClassVar[str] = "L + S - W"
 
     shifted_offset: int | None = setting(
         None,

@@ -308,10 +308,24 @@ def test_self_extend_past_its_reach_is_scored_with_a_warning(tiny_dir, tmp_path,
     past = [record.getMessage() for record in caplog.records if "reaches" in record.getMessage()]
     expected = [
         "self-extend:group_size=2,window=16 reaches 112 tokens ((L - W) * G + W on L=64); its lengths above that "
-        "(up to 128) put grouped positions past the trained context."
+        "(up to 128) put remapped positions past the trained context."
     ]
     assert past == (expected if warned else [])
     assert {row["length"] for row in results_of(tmp_path / "out")["results"]} == {int(n) for n in lengths.split(",")}
+
+
+def test_string_and_leaky_rerope_past_their_reach_are_scored_with_a_warning(tiny_dir, tmp_path, caplog):
+    """L = 64: STRING with S = 20, W = 4 reaches L + S - W = 80 tokens, Leaky ReRoPE with w = 8, k = 2 reaches
+    w + 1 + floor(k (L - 1 - w)) = 119; ReRoPE has no reach (every distance is capped at w)."""
+    methods = ["string:shifted_offset=20,local_value=4", "leaky-rerope:window=8,k=2", "rerope:window=8"]
+    with caplog.at_level("WARNING", logger="hf_posenc"):
+        argv = [*eval_args(tiny_dir, tmp_path / "out"), "--lengths", "64,96"]
+        assert main([*argv, *(arg for method in methods for arg in ("--method", method))]) == 0
+    past = [record.getMessage() for record in caplog.records if "reaches" in record.getMessage()]
+    assert past == [
+        "string:shifted_offset=20,local_value=4 reaches 80 tokens (L + S - W on L=64); its lengths above that (up to "
+        "96) put remapped positions past the trained context."
+    ]
 
 
 def test_an_output_inside_the_dataset_folder_is_refused_before_anything(tiny_dir, capsys, nothing_loaded):

@@ -21,7 +21,16 @@ from ..hub.metadata import read_metadata
 from ..hub.reach import CONFIG_FILE, cached_file, hub_unreachable
 from ..record import PatchRecord
 from ..registry import Method, get_method
-from ..serving.engines import ENGINES, REFERENCE_READS, Finding, View, config_rotary_dim, engine_findings, rope_view
+from ..serving.engines import (
+    ENGINES,
+    REFERENCE_READS,
+    Finding,
+    View,
+    config_rotary_dim,
+    engine_findings,
+    lookalike_notes,
+    rope_view,
+)
 
 _REPO_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 
@@ -71,6 +80,7 @@ def check_command(args: argparse.Namespace) -> int:
         findings = [*record_findings(config, record), *engine_findings(config, added_tensors=added)]
     status = 0 if all(finding.severity == "ok" for finding in findings) else 1
     unknown = None if record is None else _unknown_here(record)
+    notes = [] if record is None or unknown else lookalike_notes(record.method)
     if args.json:
         method = None if record is None else {"method": record.method, "native": record.native}
         method = method and {**method, "version": record.version, "known": unknown is None}
@@ -79,6 +89,7 @@ def check_command(args: argparse.Namespace) -> int:
             "revision": args.revision,
             "hf_posenc": method,
             "findings": [vars(finding) for finding in findings],
+            "notes": [{"engine": engine, "note": note} for engine, note in notes],
             "engines": {engine.name: engine.version for engine in ENGINES},
             "exit_status": status,
         }
@@ -88,6 +99,8 @@ def check_command(args: argparse.Namespace) -> int:
     note = f" ({unknown})" if unknown else own_type
     print(f"{args.config}: hf_posenc record: {'none' if record is None else record.method}{note}")
     print(format_findings(findings))
+    for engine, note in notes:
+        print(f"note: {engine}: {note}.")
     return status
 
 

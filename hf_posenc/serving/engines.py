@@ -202,6 +202,33 @@ def rope_view(config: dict[str, Any], reads: tuple[str, ...], theta_from_rope: b
     return View(_ALIASES.get(rope_type, rope_type), params, float(theta or 10000.0), source)
 
 
+# Engine features that look like a method but are not it: method -> (engine, what a user comparing them must know).
+LOOKALIKES: dict[str, tuple[tuple[str, str], ...]] = {
+    "self-extend": (
+        (
+            "llama.cpp",
+            "its group attention (--grp-attn-n G, --grp-attn-w W) is not this Self-Extend: it divides the positions of "
+            "whole batches of cached keys at once instead of keeping the last W keys at true positions, and its cells' "
+            "pos_div records the shift with the opposite sign of pos_add's (src/llama-kv-cells.h), so divided keys are "
+            "rotated the wrong way; its numbers are not Self-Extend's",
+        ),
+    ),
+    "string": (
+        (
+            "vllm",
+            "the authors' vLLM fork (HKUNLP/STRING, vllm_string) reads a string_config {shifted_offset, local_value}; "
+            "released vLLM has no such key",
+        ),
+    ),
+}
+
+
+def lookalike_notes(method: str) -> list[tuple[str, str]]:
+    """``(engine, note)`` for each part of ``method`` (a registered name or combination) that an engine has a
+    lookalike of (:data:`LOOKALIKES`)."""
+    return [note for part in method.split("+") for note in LOOKALIKES.get(part, ())]
+
+
 def config_rotary_dim(config: dict[str, Any], view: View) -> int | None:
     """``head_dim`` (else ``hidden_size / num_attention_heads``) times ``partial_rotary_factor``; None if unknown."""
     heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")

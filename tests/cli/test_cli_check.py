@@ -57,6 +57,33 @@ def test_json_output_is_the_findings(tmp_path, capsys):
     assert set(report["engines"]) == {engine.name for engine in ENGINES}
 
 
+@pytest.mark.parametrize(
+    ("method", "params", "noted"),
+    [
+        ("self-extend", {"group_size": 2, "window": 16}, ["llama.cpp"]),
+        ("self-extend+logn", {"group_size": 2, "window": 16}, ["llama.cpp"]),
+        ("string", {"shifted_offset": 20, "local_value": 4}, ["vllm"]),
+        ("rerope", {"window": 8}, []),
+        ("leaky-rerope", {"window": 8}, []),
+        ("dca", {}, []),
+    ],
+)
+def test_the_remaps_are_served_by_no_engine_and_lookalikes_are_named(tmp_path, capsys, method, params, noted):
+    """No engine builds hf_posenc's remaps (refused, or plain RoPE in llama.cpp); where an engine has a feature
+    that looks like the method but is not it, a note says so (table and JSON)."""
+    folder = save(tmp_path / "remap", method, **params)
+    assert main(["check", str(folder)]) == 1
+    out = capsys.readouterr().out
+    verdicts = {line.split(" | ")[0].strip(): line.split(" | ")[2].strip() for line in out.splitlines()[2:6]}
+    assert verdicts == {"vllm": "refused", "sglang": "refused", "llama.cpp": "ignored", "tgi": "refused"}
+    notes = [line.split(":")[1].strip() for line in out.splitlines() if line.startswith("note: ")]
+    assert notes == noted
+    if "llama.cpp" in noted:
+        assert "group attention (--grp-attn-n G, --grp-attn-w W) is not this Self-Extend" in out
+    assert main(["check", str(folder), "--json"]) == 1
+    assert [note["engine"] for note in json.loads(capsys.readouterr().out)["notes"]] == noted
+
+
 def test_the_verdicts_are_on_the_file_as_written(tmp_path, capsys):
     """transformers' config class standardizes the rope dict in place (adds L and rope_theta): ``check`` validated
     with it first, then judged the engines on the changed dict, so TGI's KeyError read as ok."""

@@ -41,7 +41,7 @@ def pi_frequencies(
     Raises:
         ValueError: ``head_dim`` or ``base`` out of range (:func:`~hf_posenc.methods._common.rope_inv_freq`).
     """
-    return rope_inv_freq(head_dim, base, dtype=dtype, device=device) / params.factor, 1.0
+    return (rope_inv_freq(head_dim, base, device=device) / params.factor).to(dtype), 1.0
 
 
 def pi_transformers_rope(params: ScaledRopeParams, head_dim: int, base: float) -> dict:

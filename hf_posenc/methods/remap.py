@@ -172,15 +172,16 @@ def remap_distance(params: RemapParams, i: torch.Tensor, j: torch.Tensor) -> tor
     tests check against the papers' definitions and what must stay below the trained context.
 
     Args:
-        params (`RemapParams`): the remap (Self-Extend's, DCA's), with the trained context resolved.
+        params (`RemapParams`): the remap, with the trained context resolved.
         i (`torch.Tensor`): query positions, int64.
-        j (`torch.Tensor`): key positions, int64, broadcast against ``i``.
+        j (`torch.Tensor`): key positions, int64, broadcast against ``i`` and on its device.
 
     Returns:
-        `torch.Tensor`: int64, the broadcast shape of ``i`` and ``j`` (made on the CPU).
+        `torch.Tensor`: the broadcast shape of ``i`` and ``j`` on ``i``'s device; int64, or float64 for a remap
+        with fractional positions (Leaky ReRoPE).
     """
     segment = params.segment_of(i, j)
-    distance = torch.full(torch.broadcast_shapes(i.shape, j.shape), -1, dtype=torch.int64)
+    distance = torch.full(torch.broadcast_shapes(i.shape, j.shape), -1, dtype=torch.int64, device=i.device)
     for index in range(len(params.SEGMENTS)):
         here = segment == index
         seen = params.query_position(index, i).expand_as(distance) - params.key_position(index, j).expand_as(distance)

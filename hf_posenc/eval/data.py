@@ -8,6 +8,7 @@ properties (every token scored at most once, only earlier tokens of the same spa
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,14 +144,20 @@ def check_output_outside(output: Path, source: TextSource) -> None:
         )
 
 
-def check_protocol(protocol: str, stride: int | None) -> None:
-    """Raise ``ValueError`` for an unknown protocol, or a stride given to a protocol that has none."""
+def check_protocol(protocol: str, stride: int | None, lengths: Sequence[int] = ()) -> None:
+    """Raise ``ValueError`` for an unknown protocol, a stride given to a protocol that has none, or a stride longer
+    than the shortest of ``lengths`` (a sliding window would skip tokens)."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"Unknown protocol {protocol!r}; choose one of {PROTOCOLS}.")
     if stride is not None and protocol != "sliding":
         raise ValueError(
             f"`stride` applies to `protocol` sliding; `protocol` {protocol} does not use it. "
             "Leave `stride` out, or use `protocol` sliding."
+        )
+    if stride is not None and lengths and stride > min(lengths):
+        raise ValueError(
+            f"`stride` {stride} must be at most the shortest length, {min(lengths)}: a window sliding further than its "
+            "own length skips the tokens between."
         )
 
 

@@ -159,7 +159,7 @@ def run_perplexity(
         config (`PerplexityConfig`): lengths, methods and protocol.
         output (`Path`): the results folder (``results.json``, ``results.csv``, ``ppl_vs_length.png``).
     """
-    check_protocol(config.protocol, config.stride)
+    check_protocol(config.protocol, config.stride, config.lengths)
     saved = model_source.saved_patch()
     specs = parse_methods(config.methods, saved)
     folder = ResultsFolder(output, PERPLEXITY)

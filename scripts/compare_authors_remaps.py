@@ -1,34 +1,32 @@
-"""hf_posenc's ReRoPE, Leaky ReRoPE and STRING against the authors' published code: logits of one tiny Llama.
+"""hf_posenc's ReRoPE, Leaky ReRoPE and STRING against the authors' published code: the logits of one tiny Llama.
 
 * ReRoPE and Leaky ReRoPE (Su 2023, kexue.fm/archives/9708): bojone/rerope ``rerope_patch.py`` and
   ``leaky_rerope_patch.py``, tested there with transformers 4.31.0. Both multiply each query by Qwen's log-n
-  factor ``max(1, ln(p + 1) / ln L)``, so they are hf_posenc's ``"rerope+logn"`` and ``"leaky-rerope+logn"``.
+  factor ``max(1, ln(p + 1) / ln L)``: hf_posenc's ``"rerope+logn"`` and ``"leaky-rerope+logn"``.
 * STRING (An et al. 2025, arXiv 2410.18745): HKUNLP/STRING ``string_for_llama.py``, run there with transformers
   4.43.3 and flash attention.
 
-The main process builds the model with seeded random weights (transformers of this venv) and computes hf_posenc's
-logits with each attention backend asked for; each authors' file then runs in a subprocess under the transformers
-version its authors pin (installed once with pip under ``--cache``), on the same weights and tokens. The two must
-agree within 1e-4 (max |difference| of the logits) wherever they compute the same thing. ``prefill`` feeds all
-tokens in one call; ``decode`` feeds the first ones in one call and then one token a call through the authors' KV
-cache, so their decoding branch computes the rest.
+The main process makes seeded random weights and computes hf_posenc's logits (this venv's transformers, each
+attention backend); each authors' file runs in a subprocess of this script under the transformers version its
+authors pin (installed once with pip under ``--cache``), on the same weights and tokens. Where the two compute the
+same thing, their logits must agree within 1e-4 (max |difference|). A ``prefill`` case feeds all tokens in one call;
+a ``decode`` case the first ones, then one token a call through the authors' KV cache (their decoding branch).
 
-Flash attention needs CUDA: here it is a stand-in written by this script in plain torch (``flash_attn.flash_attn_func``
-and ``flash_attn_2_cuda.fwd_kvcache``, float32) with flash-attention's semantics: ``(batch, seqlen, heads,
-headdim)`` tensors, grouped-query heads, the causal mask and ``window_size=(left, right)`` aligned to the
-bottom-right corner, and a query that sees no key gets output 0 and log-sum-exp +inf, as the CUDA kernels write.
-A ``cache_seqlens`` outside the cache is an error (the kernel would read outside it).
+Flash attention needs CUDA: on a CPU it is a stand-in that this script writes, in plain torch
+(``flash_attn.flash_attn_func``, ``flash_attn_2_cuda.fwd_kvcache``, float32), with flash-attention's semantics:
+``(batch, seqlen, heads, headdim)`` tensors, grouped-query heads, the causal mask and ``window_size=(left, right)``
+aligned to the bottom-right corner; a query that sees no key gets output 0 and log-sum-exp +inf, as the CUDA
+kernels write; a ``cache_seqlens`` outside the cache is an error (the kernel would read outside it).
 
-Known differences, measured: STRING's prefill (flash attention with ``window_size=[S, 0]`` beside the shifted
-triangle) scores the keys at relative distance ``d = S`` twice, at ``S`` and at ``W``, where the paper's equation
-and the authors' decoding step score them once, at ``W``; the logits first differ at position ``S``. Their decoding
-step is defined only once the cache holds more than ``S`` tokens (below, it slices the cache with a negative
-start), so ``string decode`` prefills ``S + 1`` tokens; in a model of several layers the prefill's double count at
-position ``S`` reaches the later steps through the next layers' cache, so that case is also run on the first layer
-alone (``num_hidden_layers=1``, the same weights), where the cache holds no attention output.
+The known difference, measured: STRING's prefill (flash attention with ``window_size=[S, 0]`` beside the shifted
+triangle) scores the keys at relative distance ``d = S`` twice, at ``S`` and at ``W``; the paper's equation and
+the authors' decoding step score them once, at ``W``. The logits differ from position ``S`` on, and agree once the
+window is ``[S - 1, 0]`` (a diagnosis case, the authors' file edited). Their decoding step needs more than ``S``
+tokens in the cache, so the decode case prefills ``S + 1``; with two layers the prefill's double count at position
+``S`` reaches every later step through the second layer's cache, so it runs on the first layer alone too.
 
     python scripts/compare_authors_remaps.py --rerope-dir DIR --string-file FILE   # the authors' files given
-    python scripts/compare_authors_remaps.py          # downloads them at the pinned commits (raw.githubusercontent.com)
+    python scripts/compare_authors_remaps.py    # downloads them at the pinned commits (raw.githubusercontent.com)
 
 Writes benchmarks/results/authors_remaps_cpu.json; exits 1 if a case is not as expected.
 """
@@ -45,12 +43,13 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-SCRIPTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_common, imported where used (not in the worker)
+
 TOLERANCE = 1e-4
 CONTEXT = 64  # the trained context L: the config's max_position_embeddings
 SHAPE = dict(
@@ -65,6 +64,7 @@ SHAPE = dict(
     initializer_range=0.1,  # logits of a few units: attention far from flat
 )  # RoPE base 10000: the default of every transformers version here
 SEED = 0
+TOKENS = 128  # the longest case's length
 BACKENDS = ("eager", "sdpa")
 RAW = "https://raw.githubusercontent.com/{repository}/{commit}/{file}"
 
@@ -83,10 +83,16 @@ class Source:
 
 SOURCES = {
     "rerope": Source(
-        "bojone/rerope", "acfe78840357a94d0bb504cb8865eeaa752df1a6", "4.31.0", ("tokenizers==0.13.3", "huggingface-hub==0.16.4")
+        "bojone/rerope",
+        "acfe78840357a94d0bb504cb8865eeaa752df1a6",
+        "4.31.0",
+        ("tokenizers==0.13.3", "huggingface-hub==0.16.4"),
     ),
     "string": Source(
-        "HKUNLP/STRING", "216cc2f04cee147e8c3cfaa15723b182ecbe321e", "4.43.3", ("tokenizers==0.19.1", "huggingface-hub==0.24.5")
+        "HKUNLP/STRING",
+        "216cc2f04cee147e8c3cfaa15723b182ecbe321e",
+        "4.43.3",
+        ("tokenizers==0.19.1", "huggingface-hub==0.24.5"),
     ),
 }
 
@@ -94,9 +100,10 @@ SOURCES = {
 @dataclass(frozen=True)
 class Case:
     """One comparison: hf_posenc's ``spec`` with ``params`` against the authors' ``file`` with ``authors`` (module
-    globals, or the arguments of their function ``entry``), on ``length`` tokens fed as ``prefill`` tokens in one
-    call (None: all) and the rest one a call. ``expected_first_over``: the first position whose logits are meant
-    to differ beyond the tolerance (None: none)."""
+    globals, or the arguments of their function ``entry``) on the first ``length`` tokens, ``prefill`` of them fed
+    in one call (None: all) and the rest one a call, on the first ``layers`` layers. ``differs``: the positions
+    ``[start, stop)`` of a known difference (the rest must agree within the tolerance, these must not). ``edit``:
+    ``(old, new)``, text replaced once in the authors' file (a diagnosis, not their code)."""
 
     name: str
     source: str
@@ -105,10 +112,11 @@ class Case:
     params: dict
     authors: dict
     entry: str | None = None
-    length: int = 128
+    length: int = TOKENS
     prefill: int | None = None
     layers: int = SHAPE["num_hidden_layers"]
-    expected_first_over: int | None = None
+    differs: tuple[int, int] | None = None
+    edit: tuple[str, str] | None = None
     note: str = ""
 
     @property
@@ -121,45 +129,58 @@ RERO_AUTHORS = {"training_length": CONTEXT, "window": 16}
 LEAKY = {**RERO, "k": 4}
 LEAKY_AUTHORS = {**RERO_AUTHORS, "scaling_factor": 4}
 S, W, STRING_LENGTH = 40, 8, 96  # STRING's reach L + S - W = 96
-STRING = {"shifted_offset": S, "local_value": W, "original_max_position_embeddings": CONTEXT}
-STRING_AUTHORS = {"max_test_length": STRING_LENGTH, "shifted_offset": S, "small_local_value": W}
-STRING_DECODE = dict(
+STRING = dict(
     source="string",
     file="string_for_llama.py",
     spec="string",
-    params=STRING,
-    authors=STRING_AUTHORS,
+    params={"shifted_offset": S, "local_value": W, "original_max_position_embeddings": CONTEXT},
+    authors={"max_test_length": STRING_LENGTH, "shifted_offset": S, "small_local_value": W},
     entry="replace_with_string",
     length=STRING_LENGTH,
-    prefill=S + 1,
+)
+DOUBLE_COUNT = (
+    f"The authors' prefill scores the keys at d = S = {S} twice: flash attention with window_size=[S, 0] sees "
+    "distances 0..S, the shifted triangle distances S and more; the paper's equation and their decoding step once."
+)
+DECODE_START = (
+    f"Prefill of S + 1 = {S + 1} tokens, then one decoding step a token: the earliest start their code runs as "
+    "meant. A prefill of fewer than S - W tokens raises IndexError (the shifted queries' negative positions index "
+    "cos); a decoding step that brings the cache to fewer than S tokens slices it from a negative start (the kernel "
+    "would read outside the cache; the stand-in raises) or raises that IndexError; a prefill or step that brings it "
+    "to exactly S runs the shifted part on no keys (output 0, log-sum-exp +inf), so that layer's attention output "
+    "is 0."
 )
 CASES = (
     Case("rerope prefill", "rerope", "rerope_patch.py", "rerope+logn", RERO, RERO_AUTHORS),
     Case("rerope decode", "rerope", "rerope_patch.py", "rerope+logn", RERO, RERO_AUTHORS, prefill=1),
     Case("leaky-rerope prefill", "rerope", "leaky_rerope_patch.py", "leaky-rerope+logn", LEAKY, LEAKY_AUTHORS),
-    Case("leaky-rerope decode", "rerope", "leaky_rerope_patch.py", "leaky-rerope+logn", LEAKY, LEAKY_AUTHORS, prefill=1),
     Case(
-        "string prefill",
-        **{**STRING_DECODE, "prefill": None},
-        expected_first_over=S,
-        note=f"the authors' prefill scores the keys at d = S = {S} twice (flash attention with window_size=[S, 0] "
-        f"sees distances 0..S, the shifted triangle d >= S): positions below S agree, from S on they differ.",
+        "leaky-rerope decode", "rerope", "leaky_rerope_patch.py", "leaky-rerope+logn", LEAKY, LEAKY_AUTHORS, prefill=1
+    ),
+    Case("string prefill", **STRING, differs=(S, STRING_LENGTH), note=DOUBLE_COUNT),
+    Case(
+        "string prefill, window S - 1",
+        **STRING,
+        edit=("window_size=[diag_size, 0]", "window_size=[diag_size - 1, 0]"),
+        note="A diagnosis of 'string prefill': the authors' file with its prefill's flash attention window narrowed "
+        "to window_size=[S - 1, 0] (distances 0..S-1), so that d = S is scored once, in the shifted triangle.",
     ),
     Case(
         "string decode",
-        **STRING_DECODE,
-        expected_first_over=S,
-        note=f"prefill of S + 1 = {S + 1} tokens (their decoding step needs more than S tokens in the cache), then "
-        "one decoding step a token: the prefill's double count at position S reaches the later steps through the "
-        "second layer's cache.",
+        **STRING,
+        prefill=S + 1,
+        differs=(S, STRING_LENGTH),
+        note=f"{DECODE_START} {DOUBLE_COUNT} Here position S is their prefill's, and in two layers its double count "
+        "reaches every later step through the second layer's cache.",
     ),
     Case(
         "string decode, first layer",
-        **STRING_DECODE,
+        **STRING,
+        prefill=S + 1,
         layers=1,
-        note="as 'string decode' on the first layer alone: its cache holds no attention output, so the decoding steps "
-        "(positions S + 1 on) compute the paper's equation; position S is their prefill's.",
-        expected_first_over=S,
+        differs=(S, S + 1),
+        note=f"{DECODE_START} The first layer alone (the same weights): its cache holds no attention output, so only "
+        "position S, their prefill's, carries the double count, and every decoding step computes the paper's equation.",
     ),
 )
 
@@ -206,7 +227,7 @@ def fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin
         raise NotImplementedError(f"fwd_kvcache stand-in: {', '.join(given)} not supported")
     lengths = cache_seqlens.tolist()
     if not all(0 <= n <= k_cache.shape[1] for n in lengths):
-        raise ValueError(f"cache_seqlens {lengths} outside 0..{k_cache.shape[1]}: the kernel would read outside the cache")
+        raise ValueError(f"cache_seqlens {lengths} outside 0..{k_cache.shape[1]}: the kernel would read outside it")
     runs = [attention(q[b : b + 1], k_cache[b : b + 1, :n], v_cache[b : b + 1, :n], softmax_scale, causal,
                       window_left, window_right) for b, n in enumerate(lengths)]
     return [torch.cat([o for o, _ in runs]), torch.cat([lse for _, lse in runs])]
@@ -235,12 +256,12 @@ def flash_attn_with_kvcache(*args, **kwargs):
 }
 
 
-def build_model(layers: int, **config: object) -> torch.nn.Module:
+def build_model(layers: int) -> torch.nn.Module:
     """The tiny Llama with ``layers`` layers and eager attention, under whichever transformers is imported."""
     from transformers import LlamaConfig, LlamaForCausalLM  # here: the worker's is the authors' version
 
-    shape = {**SHAPE, "num_hidden_layers": layers, **config}
-    return LlamaForCausalLM(LlamaConfig(**shape, attn_implementation="eager")).float().eval()
+    config = LlamaConfig(**{**SHAPE, "num_hidden_layers": layers}, attn_implementation="eager")
+    return LlamaForCausalLM(config).float().eval()
 
 
 def first_layers(state: dict[str, torch.Tensor], layers: int) -> dict[str, torch.Tensor]:
@@ -317,14 +338,17 @@ def install_transformers(source: Source, cache: Path) -> Path:
     return target
 
 
-def authors_file(case: Case, given: Path | None, cache: Path) -> Path:
-    """The authors' file: ``given``, else downloaded once at the pinned commit into ``cache``."""
+def authors_file(case: Case, args: argparse.Namespace) -> Path:
+    """The authors' file: ``--rerope-dir``'s or ``--string-file``, else downloaded once at the pinned commit into
+    ``--cache``."""
+    rerope = args.rerope_dir / case.file if args.rerope_dir else None
+    given = {"rerope": rerope, "string": args.string_file}[case.source]
     if given is not None:
         if not given.is_file():
             raise SystemExit(f"{given}: no such file (the authors' {case.file})")
         return given
     source = SOURCES[case.source]
-    path = cache / f"{source.repository.replace('/', '+')}-{source.commit[:7]}" / case.file
+    path = args.cache / f"{source.repository.replace('/', '+')}-{source.commit[:7]}" / case.file
     if not path.is_file():
         url = RAW.format(repository=source.repository, commit=source.commit, file=case.file)
         try:
@@ -350,7 +374,13 @@ def authors_logits(case: Case, file: Path, site: Path, work: Path, ids: torch.Te
     ``site`` (their transformers) and a folder holding their file and the flash stand-in first on its path."""
     code = work / case.name.replace(" ", "-").replace(",", "")
     write_flash_stub(code)
-    shutil.copyfile(file, code / case.file)
+    text = file.read_text()
+    if case.edit:
+        old, new = case.edit
+        if text.count(old) != 1:
+            raise SystemExit(f"{case.name}: {old!r} is not in {file} exactly once; the diagnosis does not apply")
+        text = text.replace(old, new)
+    (code / case.file).write_text(text)
     job = {
         "file": case.file,
         "entry": case.entry,
@@ -369,3 +399,140 @@ def authors_logits(case: Case, file: Path, site: Path, work: Path, ids: torch.Te
         raise SystemExit(f"{case.name}: the authors' code failed under their transformers:\n{done.stderr[-4000:]}")
     result = torch.load(code / "logits.pt", weights_only=True)
     return result["logits"], result["transformers"]
+
+
+def spans(positions: list[int]) -> str:
+    """Positions as runs: ``"40..95"``, ``"3, 7..9"``; empty: ``""``."""
+    runs: list[list[int]] = []
+    for p in positions:
+        if runs and p == runs[-1][1] + 1:
+            runs[-1][1] = p
+        else:
+            runs.append([p, p])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
+
+
+def compare(case: Case, ours: torch.Tensor, theirs: torch.Tensor) -> dict:
+    """Max |difference| over all positions, those meant to agree, those of the known difference and (decode) the
+    decoding steps', and the positions over the tolerance; ``ok``: the meant-to-agree within it, the known difference
+    (where there is one) beyond it."""
+    diff = (ours - theirs).abs().amax(dim=-1)[0]
+    known = torch.zeros(diff.numel(), dtype=torch.bool)
+    if case.differs:
+        known[slice(*case.differs)] = True
+    meant_equal = diff[~known].max().item()
+    known_difference = diff[known].max().item() if case.differs else None
+    return {
+        "all": diff.max().item(),
+        "meant_equal": meant_equal,
+        "known_difference": known_difference,
+        **({"decode_steps": diff[case.prefill :].max().item()} if case.prefill is not None else {}),
+        "positions_over_tolerance": spans(torch.nonzero(diff > TOLERANCE)[:, 0].tolist()),
+        "ok": meant_equal <= TOLERANCE and (known_difference is None or known_difference > TOLERANCE),
+    }
+
+
+def run_case(case: Case, state: dict, ids: torch.Tensor, file: Path, site: Path, work: Path) -> dict:
+    """One case: the authors' logits against hf_posenc's with each backend, as a results entry."""
+    ids = ids[:, : case.length]
+    torch.save(first_layers(state, case.layers), work / "weights.pt")
+    theirs, version = authors_logits(case, file, site, work, ids)
+    diffs = {backend: compare(case, hf_posenc_logits(state, ids, case, backend), theirs) for backend in BACKENDS}
+    source = SOURCES[case.source]
+    return {
+        "case": case.name,
+        "method": case.spec,
+        "params": case.params,
+        "authors_settings": {**({"function": case.entry} if case.entry else {}), **case.authors},
+        "authors_code": {
+            "repository": source.repository,
+            "commit": source.commit,
+            "file": case.file,
+            "sha256": hashlib.sha256(file.read_bytes()).hexdigest(),
+            **({"edited": {"from": case.edit[0], "to": case.edit[1]}} if case.edit else {}),
+        },
+        "transformers": {"pinned": source.transformers, "used": version},
+        "length": case.length,
+        "layers": case.layers,
+        "path": case.path,
+        **({"prefill_tokens": case.prefill} if case.prefill is not None else {}),
+        "known_difference_positions": spans(list(range(*case.differs))) if case.differs else None,
+        "max_abs_logit": theirs.abs().max().item(),
+        "max_abs_diff": diffs,
+        "ok": all(d["ok"] for d in diffs.values()),
+        "note": case.note,
+    }
+
+
+def results(cases: list[dict]) -> dict:
+    """The results JSON: the cases, how they were run, the machine and versions."""
+    from bench_common import environment
+
+    import hf_posenc
+
+    return {
+        "what": "hf_posenc's ReRoPE, Leaky ReRoPE (with log-n) and STRING against the authors' published code, each "
+        "under the transformers version its authors pin: max |difference| of the logits of one tiny random Llama",
+        "tolerance": TOLERANCE,
+        "model": {**SHAPE, "rope_theta": 10000.0, "seed": SEED, "dtype": "float32", "attention": "eager"},
+        "tokens": f"the first `length` of torch.randint(0, {SHAPE['vocab_size']}, (1, {TOKENS})) seeded {SEED + 1}",
+        "flash_attention": "on this CPU, a stand-in in plain torch written by this script (flash_attn.flash_attn_func, "
+        "flash_attn_2_cuda.fwd_kvcache), not flash-attention's CUDA kernels: its documented semantics, and for a "
+        "query that sees no key output 0 and log-sum-exp +inf, as the kernels write",
+        "authors_code": {name: asdict(source) for name, source in SOURCES.items()},
+        "cases": cases,
+        "environment": {**environment(torch.device("cpu")), "hf_posenc": hf_posenc.__version__},
+    }
+
+
+def print_table(cases: list[dict]) -> None:
+    """Each case and backend a line: the max |differences| and the positions over the tolerance."""
+    columns = {"meant_equal": "meant equal", "known_difference": "known diff", "decode_steps": "decode"}
+    print(f"{'case':28} {'transformers':12} {'backend':8}", *(f"{name:>11}" for name in columns.values()), " over")
+    for case in cases:
+        for backend, d in case["max_abs_diff"].items():
+            values = (f"{'-' if d.get(key) is None else format(d[key], '.1e'):>11}" for key in columns)
+            used = case["transformers"]["used"]
+            print(f"{case['case']:28} {used:12} {backend:8}", *values, f" {d['positions_over_tolerance'] or '-'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # the subprocess's job
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=Path.home() / ".cache/hf_posenc/authors",
+        help="where the authors' transformers versions (and downloaded files) are kept (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rerope-dir",
+        type=Path,
+        help="folder holding bojone/rerope's rerope_patch.py and "
+        "leaky_rerope_patch.py (default: downloaded at the pinned commit)",
+    )
+    parser.add_argument("--string-file", type=Path, help="HKUNLP/STRING's string_for_llama.py (default: downloaded)")
+    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/authors_remaps_cpu.json"))
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.worker)
+        return 0
+    from bench_common import write_json
+
+    torch.manual_seed(SEED)
+    state = build_model(SHAPE["num_hidden_layers"]).state_dict()
+    ids = torch.randint(0, SHAPE["vocab_size"], (1, TOKENS), generator=torch.Generator().manual_seed(SEED + 1))
+    entries = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in CASES:
+            file = authors_file(case, args)
+            site = install_transformers(SOURCES[case.source], args.cache)
+            entries.append(run_case(case, state, ids, file, site, Path(tmp)))
+            print(f"{case.name}: ok={entries[-1]['ok']}", flush=True)
+    print_table(entries)
+    write_json(args.output, results(entries))
+    return 0 if all(entry["ok"] for entry in entries) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

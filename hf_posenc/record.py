@@ -39,7 +39,7 @@ class PatchRecord:
     version: str | None = __version__
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON-ready entry (``baked`` only when set, as earlier versions wrote it)."""
+        """The JSON-ready entry (``baked`` only when set: an entry without it is not baked)."""
         entry = {"method": self.method, "params": copy.deepcopy(self.params), "native": self.native}
         entry["base"] = copy.deepcopy(self.base)
         if self.baked:

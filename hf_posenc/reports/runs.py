@@ -2,8 +2,8 @@
 :func:`~hf_posenc.eval.run_passkey` return, and their files read back.
 
 Each report is the JSON file its run writes (``results.json``, ``passkey.json``), field for field: ``to_json``
-gives that object, ``from_json`` reads one (files of earlier runs too: a field they lack is None or empty), and
-``read`` a file, checked first (:func:`~hf_posenc.reports.schema.read_report`).
+gives that object, ``from_json`` reads one (a field a file lacks, one made by hand or by another program, is None
+or empty), and ``read`` a file, checked first (:func:`~hf_posenc.reports.schema.read_report`).
 """
 
 from __future__ import annotations

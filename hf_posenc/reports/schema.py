@@ -30,7 +30,8 @@ PERPLEXITY_ROW = {
     "nll": (*_NUMBER, type(None)),
     "tokens": (int,),
 }
-# Fields a row may leave out (files of earlier versions), checked where present; None: the field may be null.
+# Fields a row may leave out (a results file made by hand or by another program), checked where present; None: the
+# field may be null.
 PERPLEXITY_ROW_OPTIONAL = {
     "windows": (int,),
     "documents": (int,),
@@ -284,7 +285,7 @@ def _values_problem(rows: list[dict[str, Any]]) -> str | None:
                 return f"results[{i}] has {key} {row[key]}, below 0"
         if row.get("seconds", 0) < 0 or not math.isfinite(row.get("seconds", 0)):
             return f"results[{i}] has seconds {row['seconds']}, not a finite time"
-        nll, ppl = row["nll"], row["ppl"]  # NaN and infinity: earlier versions' files (and a status here)
+        nll, ppl = row["nll"], row["ppl"]  # null with a status, or bare NaN and infinity as Python's json writes
         if nll is not None and math.isfinite(nll) and nll < 0:
             return f"results[{i}] has nll {nll}, below 0"
         if ppl is not None and math.isfinite(ppl) and ppl < 1:

@@ -7,7 +7,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,7 +30,6 @@ from ..files import (
 )
 from ..hub.fingerprint import model_fingerprint
 from ..spec import MethodSpec
-from .optimizer import POSITION_GROUPS_LAYOUT
 from .packing import PackedWindows
 from .settings import TrainSettings
 from .trainer_arguments import resolved_bf16
@@ -43,7 +41,6 @@ RUN_FORMAT = 1
 ORIGINAL_SUFFIX = ".hf-posenc-original"  # a trimmed checkpoint config.json as it was, beside it
 RUN_LOCK = ".hf-posenc-train.lock"  # held by the run's first process while it trains
 STATE_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt")  # the Trainer's torch.save files of a checkpoint
-_RNG_FILE = re.compile(r"rng_state(?:_(\d+))?\.pth")  # the Trainer's, one per process (no rank: one process)
 
 
 def run_identity(
@@ -54,7 +51,6 @@ def run_identity(
     or the same model loaded in another dtype, is another run), and the processes it trains on (each takes its own
     windows of every step)."""
     run_settings = settings.recorded()  # the defaults of LoRA's and the same given are one run
-    layout = {} if settings.position_learning_rate is None else {"optimizer_groups": POSITION_GROUPS_LAYOUT}
     return {
         "format": RUN_FORMAT,
         "model": str(model.name_or_path),
@@ -64,7 +60,6 @@ def run_identity(
         "bf16": resolved_bf16(model, settings),  # as it trains: the default (None) depends on the machine
         "processes": processes,
         "data_sha256": data.fingerprint(),
-        **layout,
     }
 
 
@@ -97,8 +92,6 @@ def check_output(output_dir: Path, identity: dict[str, Any] | None, resume: bool
             f"`resume`: {run_file} is not the record of a run ({problem}); the run in `output_dir` cannot be "
             "checked, so it is not continued. Choose an empty or new folder."
         )
-    if identity is not None and "processes" not in recorded and (found := _checkpoint_processes(output_dir)):
-        recorded = {**recorded, "processes": found}  # an earlier version's run: its newest checkpoint says
     differences = [] if identity is None else _differences(recorded, identity)
     if differences:
         raise ValueError(
@@ -148,24 +141,18 @@ def _differences(recorded: dict[str, Any], identity: dict[str, Any]) -> list[str
     if not _same_method(recorded.get("method"), identity["method"]):
         pairs.append(("method", recorded.get("method"), identity["method"]))
     weights, loaded = recorded.get("weights"), identity["weights"]
-    weights = weights if isinstance(weights, dict) else loaded  # a run file without them: not compared
+    weights = weights if isinstance(weights, dict) else {}
     other_weights = weights.get("dtype") == loaded["dtype"] and weights.get("fingerprint") != loaded["fingerprint"]
     if weights.get("dtype") != loaded["dtype"]:
         pairs.append(("dtype", weights.get("dtype"), loaded["dtype"]))
-    for key in ("bf16", "processes"):  # compared where the run file has them (bf16 as the run trains)
-        if key in recorded:
-            there, here = {**there, key: recorded[key]}, {**here, key: identity[key]}
+    for key in ("bf16", "processes"):  # bf16 as the run trains
+        there, here = {**there, key: recorded.get(key)}, {**here, key: identity[key]}
     pairs += [(name, there.get(name), value) for name, value in here.items() if there.get(name) != value]
     said = [f"`{name}`: {old!r} there, {new!r} here" for name, old, new in pairs]
     if other_weights:
         said.append("the model's weights differ (another checkpoint or GGUF file under its name)")
     if recorded.get("data_sha256") != identity["data_sha256"]:
         said.append("the tokens of `texts` differ")
-    if recorded.get("optimizer_groups") != identity.get("optimizer_groups"):
-        said.append(
-            "its optimizer's parameter groups are laid out otherwise (an earlier hf_posenc's position learning rate): "
-            "its checkpoints' optimizer state does not load here"
-        )
     return said
 
 
@@ -214,17 +201,6 @@ def check_checkpoint_files(checkpoint: str) -> None:
                 f"`resume`: {path} cannot be read as saved training state ({reason}); nothing was changed. Remove "
                 f"{Path(checkpoint).name} to resume from the checkpoint before it, or choose an empty or new folder."
             ) from None
-
-
-def _checkpoint_processes(output_dir: Path) -> int | None:
-    """The number of processes that wrote the newest checkpoint in ``output_dir`` (one RNG state file each:
-    ``rng_state.pth`` for one, ``rng_state_<rank>.pth`` for several); None without a checkpoint."""
-    steps = _checkpoints(output_dir)
-    if not steps:
-        return None
-    matches = (_RNG_FILE.fullmatch(path.name) for path in steps[max(steps)].glob("rng_state*.pth"))
-    ranks = [int(match.group(1) or 0) + 1 for match in matches if match]
-    return max(ranks, default=None)
 
 
 def _checkpoints(output_dir: Path) -> dict[int, Path]:

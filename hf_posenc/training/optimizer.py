@@ -13,10 +13,6 @@ from typing import Any
 import torch
 from transformers import Trainer
 
-POSITION_GROUPS_LAYOUT = 2
-"""How a run with a position learning rate lays out its optimizer's groups, recorded in ``train_run.json``: 2, the
-Trainer's own split (1, unrecorded: hf_posenc's own AdamW of two groups, whose checkpoints a resume cannot load)."""
-
 # The module names FSDP (version 1, with use_orig_params), activation checkpointing and torch.compile insert in
 # parameter names (torch.distributed.fsdp's FSDP_WRAPPED_MODULE, checkpoint_wrapper's _CHECKPOINT_WRAPPED_MODULE,
 # OptimizedModule's _orig_mod).

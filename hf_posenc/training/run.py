@@ -368,8 +368,8 @@ class _Clock(TrainerCallback):
 
 
 def _seconds_at(checkpoint: str | None) -> float:
-    """The training time recorded in ``checkpoint``: 0 with none; 0 and a warning with one that has no record
-    (written by an earlier version, or killed between the checkpoint and its record)."""
+    """The training time recorded in ``checkpoint``: 0 with none; 0 and a warning with one that has no record (the
+    run was killed between writing the checkpoint and its record)."""
     if checkpoint is None:
         return 0.0
     clock = Path(checkpoint) / CLOCK_FILE

@@ -373,8 +373,8 @@ def test_resuming_on_a_model_changed_under_the_same_name_is_refused(tiny_dir, tm
 
 
 def test_a_resume_of_the_same_model_or_of_a_file_without_fingerprint_goes_on(tiny_dir, tmp_path):
-    """The model loaded again gives the same fingerprint; a results file of an earlier version (none recorded)
-    resumes as before, and gets this run's."""
+    """The model loaded again gives the same fingerprint; a results file that records none (made by hand or by
+    another program) resumes, and gets this run's."""
     out = tmp_path / "out"
     argv = [*eval_args(tiny_dir, out), "--method", "none"]
     assert main([*argv, "--lengths", "32"]) == 0

@@ -62,7 +62,7 @@ def test_derivation_note_names_the_lengths_read_from_a_longer_forward():
         "1k derived from the 4k forward, 8k derived from the 32k forward of each document for none; the other "
         "rows: one forward per length (see --help)."
     )
-    assert derivation_note(dynamic + [{"method": "pi", "length": 512}]) is None  # rows of older versions too
+    assert derivation_note(dynamic + [{"method": "pi", "length": 512}]) is None  # rows without derived_from too
 
 
 def test_bench_script_tiny_smoke():
@@ -133,7 +133,7 @@ def test_results_json_is_standard_json_and_reads_back_the_same(tmp_path):
     assert math.isnan(back[3]["nll"]) and math.isnan(back[3]["ppl"])
 
 
-def test_files_of_earlier_versions_with_bare_nan_and_infinity_still_read(tmp_path):
+def test_files_with_bare_nan_and_infinity_read(tmp_path):
     path = tmp_path / "results.json"
     path.write_text(json.dumps(_report_with(NON_FINITE_ROWS)))  # Python's default: NaN / Infinity written bare
     assert "Infinity" in path.read_text() and "NaN" in path.read_text()

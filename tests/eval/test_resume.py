@@ -49,7 +49,7 @@ def test_load_previous_names_the_differing_arguments(tmp_path):
     ):
         load_previous(path, {"protocol": "sliding", "bos": "auto", "stride": 512}, kind="perplexity")
     # --bos is compared by what it resolves to (check_same_bos), but by its spelling in a passkey file that does not
-    # say whether it scored with a BOS token (written before it did)
+    # say whether it scored with a BOS token (its optional "bos" left out)
     assert load_previous(path, {"protocol": "truncate", "bos": "none"}, kind="perplexity")["results"] == [ROW]
     passkey = tmp_path / "passkey.json"
     passkey.write_text(json.dumps({**PASSKEY, "arguments": {"bos": "auto"}}))
@@ -183,8 +183,8 @@ def test_resuming_compares_the_tokens_of_every_document():
         check_same_data(details, changed, "r.json")
     with pytest.raises(ValueError, match=r"2 documents of 6 tokens then, 2 documents of 7 tokens now"):
         check_same_data(details, {**details, "tokens": 7}, "r.json")
-    older = {"documents": 2, "tokens": 6}  # written before hashes were recorded: counts only
-    check_same_data(older, changed, "r.json")
+    counts = {"documents": 2, "tokens": 6}  # without the optional hashes: counts only
+    check_same_data(counts, changed, "r.json")
     assert len(set(document_hashes([[1, 2], [2, 1], [1, 2, 0], [258]]))) == 4
 
 

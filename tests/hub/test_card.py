@@ -221,7 +221,7 @@ def test_model_index_holds_finite_perplexities_on_hub_datasets_only(tmp_path):
     assert [(r.metric_args["context_length"], r.metric_value) for r in table.eval_results()] == [(512, 25.81)]
     text = str(render_card(yarn_model().config, repo_id="me/x", base_model=None, base_revision=None, config_only=False, eval_table=table))  # fmt: skip
     assert "| 1024 | 25.70 | inf |" in text and "| 2048 | 25.10 | nan |" in text
-    local = [{"name": "org/texts", "local": True}]  # recorded by the eval; older files: read from the name
+    local = [{"name": "org/texts", "local": True}]  # recorded by the eval; a file without it: read from the name
     local += [
         {"name": name} for name in (str(tmp_path / "texts"), "./texts", "~/texts", "data/pg19/texts", "x/texts.jsonl")
     ]

@@ -508,8 +508,9 @@ def test_plain_saved_model_on_the_hub_loads_online_then_offline(fake_hub):
 
 
 def test_pushed_results_are_standard_json_with_the_status_of_non_finite_rows(fake_hub, tmp_path):
-    """A results file of an earlier version (bare Infinity / NaN, which Python writes by default) is pushed as
-    standard JSON: null and the row's status, so that the Hub's viewer and strict parsers read it."""
+    """A results file with bare Infinity / NaN (which Python's json writes by default: a file made by another
+    program) is pushed as standard JSON: null and the row's status, so that the Hub's viewer and strict parsers read
+    it."""
     upload_base()
     rows = {"yarn:factor=4": {**YARN_PPL, 8192: math.inf, 16384: math.nan}, "none": BASE_PPL}
     results = write_results(tmp_path, rows)

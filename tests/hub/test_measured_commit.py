@@ -40,7 +40,8 @@ def run(capsys, *argv: str) -> tuple[int, str]:
 
 def test_a_push_compares_the_commit_eval_loaded_not_the_branch_it_asked(fake_hub, tiny_dir, tmp_path, capsys):
     """eval of main records the commit main was; once main moves to other weights, a config-only push of main refuses
-    those results, and a push of the commit measured takes them. A file of an earlier version (no commit) resumes."""
+    those results, and a push of the commit measured takes them. A file that records no commit (made by hand or by
+    another program) resumes, and gets this run's."""
     first = upload_with_tokenizer(tiny_dir, seed=0)
     output = tmp_path / "run"
     evaluate = ["eval", "--model", BASE_REPO, "--dataset", str(tiny_dir / "texts"), "--output", str(output)]

@@ -255,16 +255,14 @@ def test_any_other_patch_of_a_config_shipping_vllms_dca_key_removes_it_and_resto
 
 
 @pytest.mark.parametrize(("method", "params"), [("dca", DCA), ("yarn+dca", {"factor": 2, **DCA})])
-def test_a_vllm_key_written_by_an_earlier_release_loads_without_an_edited_config_warning(
-    tmp_path, caplog, method, params
-):
-    """Releases before this one wrote vLLM's DCA key with the trained context, and for ``yarn+dca`` too: the key is
-    for vLLM only, so a file saved that way loads as the record says, without a warning that it was edited."""
+def test_a_vllm_key_edited_by_hand_loads_without_an_edited_config_warning(tmp_path, caplog, method, params):
+    """vLLM's DCA key edited in the saved config (for vLLM, or added for ``yarn+dca``): neither hf_posenc nor
+    transformers builds the model from it, so the file loads as the record says, without a warning that the config
+    disagrees with the record."""
     model = hf_posenc.patch(make_tiny("qwen2"), method, original_max_position_embeddings=L, **params)
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     config[VLLM_KEY] = {"chunk_size": 48, "local_size": 4, "original_max_position_embeddings": L}
-    config["hf_posenc"]["base"][VLLM_KEY] = None  # as those releases recorded it: absent from the base
     (tmp_path / "config.json").write_text(json.dumps(config))
     with caplog.at_level(logging.WARNING, logger="hf_posenc"):
         loaded = hf_posenc.from_pretrained(str(tmp_path), attn_implementation="eager")

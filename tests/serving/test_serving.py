@@ -58,7 +58,7 @@ def test_ntk_by_parts_says_its_attention_factor_to_the_readers_of_the_mscale_pai
         "differs",
         f"YaRN s=4: attention factor {yarn_factor(4):.4f} where transformers uses 1.0000",
     )
-    for key in ("rope_parameters", "rope_scaling"):  # a config of an earlier hf_posenc: attention_factor alone
+    for key in ("rope_parameters", "rope_scaling"):  # a config that gives attention_factor alone (another tool's)
         del config[key]["mscale"], config[key]["mscale_all_dim"]
     assert verdicts(config)["sglang"][0] == verdicts(config)["tgi"][0] == "differs"
 

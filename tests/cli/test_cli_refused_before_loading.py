@@ -35,7 +35,10 @@ EVAL = [
     (["--lengths", "32", "--max-windows", "0"], "--max-windows"),
     (["--lengths", "32", "--max-documents", "0"], "--max-documents"),
     (["--lengths", "32", "--protocol", "sliding", "--stride", "0"], "--stride"),
-    (["--lengths", "32,64", "--protocol", "sliding", "--stride", "48"], "--stride 48 must be at most the shortest length, 32"),
+    (
+        ["--lengths", "32,64", "--protocol", "sliding", "--stride", "48"],
+        "--stride 48 must be at most the shortest length, 32",
+    ),
     (["--lengths", "32", "--method", "dynamic-ntk+self-extend:factor=2"], "changes the frequencies with the length"),
     (["--lengths", "32", "--method", "string:shifted_offset=0"], "shifted_offset must be a positive integer"),
     (["--lengths", "32", "--method", "leaky-rerope:k=0.5"], "k must be a finite number >= 1"),

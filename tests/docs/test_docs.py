@@ -74,9 +74,10 @@ json.dump(results, open(sys.argv[2], "w"))
 """
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def example_failures(tmp_path_factory) -> dict[str, str | None]:
-    """Page -> the traceback of its examples, run in order (None: they ran)."""
+    """Page -> the traceback of its examples, run in order (None: they ran). Once a session: the worker that runs
+    the pages' tests may take them in more than one batch."""
     root = tmp_path_factory.mktemp("examples")
     pages = {}
     for page in RUNNABLE:

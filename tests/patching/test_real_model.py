@@ -18,12 +18,12 @@ def ppl(model, ids: torch.Tensor) -> float:
         return math.exp(model(ids, labels=ids).loss.item())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def window(essay_ids) -> torch.Tensor:
     return essay_ids[:, :LENGTH]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def unpatched(smollm2, window):
     model, _ = smollm2
     with torch.inference_mode():

@@ -44,6 +44,9 @@ ROPE_METHODS = [
     "t5-bias",
     "self-extend",
     "dca",
+    "string",
+    "rerope",
+    "leaky-rerope",
     "logn",
     "yarn+logn",
 ]
@@ -93,21 +96,27 @@ def _cos_sin(model) -> tuple[torch.Tensor, torch.Tensor]:
     return model.base_model.rotary_emb(torch.zeros(1), torch.arange(len(IDS[0]))[None])
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory, one_thread):
-    """Each case patched and saved: case -> (folder, patched model, its logits on IDS)."""
+@pytest.fixture(scope="session")
+def saved(tmp_path_factory):
+    """Each case patched and saved: case -> (folder, patched model, its logits on IDS). Once a session: the worker
+    that runs this module's tests may take them in more than one batch."""
     root = tmp_path_factory.mktemp("saved4")
     models = {}
-    for family, method in [*CASES, *FIXED]:
-        model = _patched(family, method)
-        folder = root / f"{family}-{method}"
-        model.save_pretrained(folder)
-        with torch.no_grad():
-            models[(family, method)] = (str(folder), model, model(torch.tensor(IDS)).logits)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: intra-op threads only spin-wait
+    try:
+        for family, method in [*CASES, *FIXED]:
+            model = _patched(family, method)
+            folder = root / f"{family}-{method}"
+            model.save_pretrained(folder)
+            with torch.no_grad():
+                models[(family, method)] = (str(folder), model, model(torch.tensor(IDS)).logits)
+    finally:
+        torch.set_num_threads(threads)
     return models
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def read_by_4x(saved, tmp_path_factory):
     """What transformers 4.x makes of every saved folder: its logits or its error, by case."""
     target = pip_target(f"transformers=={VERSION}")

@@ -125,7 +125,7 @@ def ratios(seconds: dict[str, float]) -> dict[str, float]:
 def differences(variants: dict[str, Callable[[], object]]) -> dict[str, float]:
     """For each method timed on several backends (``method/backend``), the largest difference of each later
     backend's output from the first one's, in float32: a backend that computes something else shows beside its
-    time (DCA on flex ran Self-Extend's block masks for two of its segments in the 2026-11-27 H100 run)."""
+    time (DCA on flex running Self-Extend's block masks for two of its segments, say)."""
     first: dict[str, torch.Tensor] = {}
     found = {}
     for label, run in variants.items():

@@ -4,8 +4,8 @@
 #   bash scripts/gpu_run.sh eval rope extension   # bench_eval.py, bench_rope_overhead.py, bench_extension.py
 # A task lent a GPU has 15 minutes of device time, start-up included: one call (timeout_s 590; each stage has
 # its own timeout below, and the stages of one call must fit in it). Run the stages not measured since the last
-# changes first: `bash scripts/gpu_run.sh extension tests` (2026-11-27: tests 134 s, the two extension backends
-# about 150 s; now with flex-causal and the cached step as well, about twice the compilations), then `alibi` in
+# changes first: `bash scripts/gpu_run.sh extension tests` (tests about 134 s; the two extension backends about
+# 150 s, and flex-causal and the cached step about as many compilations again), then `alibi` in
 # a later call; leave `eval rope` to the next task lent one. The machine's image lacks datasets and has a transformers older than the
 # project's floor: `bash scripts/gpu_wheels.sh` here puts newer wheels in .whl/, which the call carries (see the
 # device README); the project itself runs from the working tree.

@@ -42,8 +42,8 @@ def _bench():
 
 
 def test_the_rows_done_are_written_before_a_later_length_fails(tmp_path, monkeypatch):
-    """A GPU run is cut by its timeout or fails at 128k: the 32k row is in the JSON already (before: written only
-    at the end, and the 2026-11-27 flex rows were copied from the log)."""
+    """A GPU run is cut by its timeout or fails at 128k: the 32k row is in the JSON already (each row is written
+    when it is done, not at the end)."""
     import pytest
 
     bench, output = _bench(), tmp_path / "bench.json"

@@ -38,8 +38,9 @@ def test_written_files_get_the_usual_permissions(tmp_path, umask):
 
 
 def test_a_read_only_file_is_replaced_and_stays_read_only(tmp_path):
-    """The temporary file is written before it takes the target's mode: a 0444 target made it unwritable first, so
-    any user but root got "Permission denied" naming the hidden temporary file (plot had written its PNG by then)."""
+    """The temporary file is written before it takes the target's mode: a 0444 target's mode taken first would make
+    it unwritable, and any user but root get "Permission denied" naming the hidden temporary file (after plot wrote
+    its PNG)."""
     path = tmp_path / "frequencies.csv"
     atomic_write_text(path, "old")
     path.chmod(0o444)
@@ -71,7 +72,7 @@ def test_a_replaced_file_keeps_its_permissions(tmp_path):
 
 def test_a_temporary_another_run_is_writing_is_not_removed_as_a_leftover(tmp_path):
     """A run starting on a folder removes what a killed run left there, but not the temporary file another run is
-    writing at that moment (before: removed, and that run failed with "No such file or directory")."""
+    writing at that moment (removed, that run would fail with "No such file or directory")."""
     path = tmp_path / "ppl_vs_length.png"
 
     def write(tmp):
@@ -94,7 +95,7 @@ def test_a_temporary_another_run_is_writing_is_not_removed_as_a_leftover(tmp_pat
 def test_a_leftovers_age_is_taken_on_the_file_systems_clock(tmp_path, monkeypatch):
     """A machine whose clock runs an hour ahead of the file server's (NFS) takes files written just now as an hour
     old: its age is taken on the server's clock, the modification time of a file made there, so a temporary written
-    now is kept and one left an hour ago on that clock removed (before: the new one was removed too)."""
+    now is kept and one left an hour ago on that clock removed."""
     import hf_posenc.files as files
 
     path = tmp_path / "results.json"
@@ -118,7 +119,7 @@ def _age(path, seconds=STALE_AFTER + 1):
 def test_a_temporary_being_written_where_locks_do_not_hold_is_not_removed(tmp_path, monkeypatch):
     """On NFS ``flock`` is a byte-range lock that a file opened to read cannot take (EBADF), and that the writer loses
     when it closes any descriptor of the file, as ``write_text`` does: the lock cannot tell a live temporary file
-    from a killed run's, its age can. Before: another run's start removed it, and the writing run failed."""
+    from a killed run's, its age can: another run's start does not remove it under the writing run."""
     path = tmp_path / "passkey.json"
     real_flock = fcntl.flock
 

@@ -243,7 +243,7 @@ def _merge(total: torch.Tensor, total_lse: torch.Tensor, seen: torch.Tensor, out
     the softmax over the keys of both. ``seen`` (``(count, rows)`` bool, on the CPU) marks the rows an earlier call
     reached. A call reaching none of them is copied; otherwise it is a ``lerp`` by its share of the softmax,
     ``exp(lse - merged)``, as the two shares add up to 1: one pass over the running output, which is memory-bound
-    on a GPU, where scaling, widening, weighting and adding took four."""
+    on a GPU, where scaling, widening, weighting and adding would take four."""
     if not seen.any():
         total.copy_(output)
         total_lse.copy_(lse)

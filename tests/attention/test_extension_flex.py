@@ -71,8 +71,8 @@ def test_flex_strategies_equal_the_eager_reference(strategy, method, padded):
 @pytest.mark.parametrize("strategy", ["_per_segment", "_side_by_side"])
 def test_methods_sharing_one_mask_each_get_their_own_block_masks(strategy):
     """The mask keeps the block masks it builds for every layer; a mask given to several methods (as
-    bench_extension gives one to each method it times) must not hand one method's block masks to another (before:
-    they were keyed by segment alone, and DCA after Self-Extend ran Self-Extend's masks on CUDA). Self-Extend with
+    bench_extension gives one to each method it times) must not hand one method's block masks to another (keyed
+    by segment alone, they would let DCA after Self-Extend run Self-Extend's masks). Self-Extend with
     another window, then DCA, then the first again, each against its own eager reference."""
     query, key, value, mask, real = _inputs(padded=True)
     other = _module("self-extend", temperature=False)

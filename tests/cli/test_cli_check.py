@@ -85,8 +85,8 @@ def test_the_remaps_are_served_by_no_engine_and_lookalikes_are_named(tmp_path, c
 
 
 def test_the_verdicts_are_on_the_file_as_written(tmp_path, capsys):
-    """transformers' config class standardizes the rope dict in place (adds L and rope_theta): ``check`` validated
-    with it first, then judged the engines on the changed dict, so TGI's KeyError read as ok."""
+    """transformers' config class standardizes the rope dict in place (adds L and rope_theta): ``check`` judges the
+    engines on the file as written, not on the dict its validation changed, where TGI's KeyError would read as ok."""
     config = {
         "model_type": "llama",
         "hidden_size": 64,
@@ -242,7 +242,7 @@ def test_a_record_of_a_method_this_version_does_not_know_says_so(tmp_path, capsy
 
 def test_a_record_with_a_parameter_this_version_does_not_know_says_so(tmp_path, capsys):
     """A newer hf_posenc's parameter of a known method: not a departure of the config from the record (a
-    ``record | differs`` finding, exit 1, it was), but a note on the record's line naming the version that wrote it."""
+    ``record | differs`` finding, exit 1), but a note on the record's line naming the version that wrote it."""
     folder = edit_config(save(tmp_path / "new", "yarn", factor=4), lambda c: c["hf_posenc"].update(
         params={**c["hf_posenc"]["params"], "new_knob": 2}, version="9.0.0"))  # fmt: skip
     assert main(["check", str(folder)]) == 0
@@ -309,8 +309,9 @@ def retries(monkeypatch) -> list[float]:
 def test_a_hub_that_cannot_be_reached_fails_at_once_or_reads_the_cache(
     fake_hub, tmp_path, capsys, retries, monkeypatch
 ):
-    """No network (here: a refused connection) and a repo not in the cache, a mistyped name say: huggingface_hub
-    retried 5 times (1 + 2 + 4 + 8 + 8 s) before failing. A repo read before is read from the cache, as ever."""
+    """No network (here: a refused connection) and a repo not in the cache, a mistyped name say: the command
+    fails at once, without huggingface_hub's 5 retries (1 + 2 + 4 + 8 + 8 s). A repo read before is read from the
+    cache."""
     from huggingface_hub import constants
 
     HfApi(token=TOKEN).create_repo("me/cached")

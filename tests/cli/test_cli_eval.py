@@ -431,7 +431,7 @@ def test_passkey_resume_refuses_prompts_whose_tokens_changed(tiny_dir, tmp_path,
 
 
 def test_passkey_refuses_more_trials_than_it_runs(capsys):
-    """1e11 keys per cell were a run that filled the memory before its first forward."""
+    """1e11 keys per cell would be a run that fills the memory before its first forward."""
     with pytest.raises(SystemExit) as exit_:
         main(["passkey", "--trials", "100000000000"])
     assert (

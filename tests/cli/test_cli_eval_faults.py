@@ -89,14 +89,14 @@ def test_a_malformed_passkey_file_is_one_line_and_kept(tiny_dir, tmp_path, capsy
     written = json.loads((out / "passkey.json").read_text())
     edits = [
         (lambda r: r["trials"][0].pop("correct"), "is malformed: trials[0] has no 'correct'"),
-        # before: the file and passkey.csv were written back from it, then the heatmap failed on no cell
+        # refused: written back to the file and passkey.csv, it would leave the heatmap no cell
         (lambda r: r.update(accuracy=[]), "is malformed: the trials of 'none' at 400 tokens have no accuracy cell"),
         (lambda r: r.update(prompt_hashes=["a"]), "is malformed: the file has a list as 'prompt_hashes'"),
         (
             lambda r: r.update(prompt_hashes={"400": 7}),
             "is malformed: the file has 'prompt_hashes' that are not an object of strings",
         ),
-        # before: "no" read as scored with BOS, 0 as without
+        # not a boolean: "no" would read as scored with BOS, 0 as without
         (lambda r: r.update(bos="no"), "is malformed: the file has a string as 'bos', not a boolean"),
         (lambda r: r.update(bos=0), "is malformed: the file has an integer as 'bos', not a boolean"),
     ]
@@ -258,7 +258,7 @@ def test_resuming_with_bos_other_than_the_results_is_refused(tiny_dir, tmp_path,
 @pytest.mark.parametrize("command", ["eval", "passkey"])
 def test_bos_spelled_otherwise_but_scored_alike_resumes(tiny_dir, tmp_path, command):
     """``--bos`` is compared by what it resolves to: where the tokenizer adds no BOS, ``auto`` and ``none`` score
-    alike, so a folder of one resumes with the other, its rows kept. Before: refused as other arguments."""
+    alike, so a folder of one resumes with the other, its rows kept, not refused as other arguments."""
     out = tmp_path / "out"
     argv, report, lengths = _bos_run(tiny_dir, out, command, "400,480")
     assert main([*argv, "--lengths", lengths[0], "--bos", "auto"]) == 0
@@ -272,7 +272,7 @@ def test_bos_spelled_otherwise_but_scored_alike_resumes(tiny_dir, tmp_path, comm
 
 def test_the_offline_default_takes_the_data_options_as_any_local_folder(tiny_dir, tmp_path, capsys, monkeypatch):
     """Without --dataset: --max-documents reads the first essays (joined after), and --split, for Hub datasets only,
-    is refused as for any local folder, nothing written. Both were ignored, the run reporting all the essays."""
+    is refused as for any local folder, nothing written. Neither is ignored (the run would report all the essays)."""
     from hf_posenc.cli import eval as eval_cli
     from hf_posenc.eval import models
 
@@ -345,8 +345,8 @@ def test_an_output_inside_the_dataset_folder_is_refused_before_anything(tiny_dir
 def test_resuming_on_a_model_changed_under_the_same_name_is_refused(tiny_dir, tmp_path, capsys, command, change, rerun):
     """The model's folder saved over (retrained, another seed) or its config edited between two runs into one
     output folder: rows of two models would share one file under one name. Refused in one line, nothing changed;
-    also where every result asked for is there (before: the old numbers printed as this model's, the model not
-    loaded)."""
+    also where every result asked for is there (the model is loaded even then, so the other model's numbers are
+    not printed as this one's)."""
     from tiny_models import make_tiny
 
     model_dir, out = tmp_path / "model", tmp_path / "out"
@@ -391,7 +391,8 @@ def test_a_resume_of_the_same_model_or_of_a_file_without_fingerprint_goes_on(tin
 
 @pytest.mark.parametrize("command", ["eval", "passkey", "train", "plot"])
 def test_an_output_that_links_to_nothing_is_one_line_naming_the_flag(tiny_dir, tmp_path, capsys, command):
-    """A dangling link as --output: making the folder failed with the bare "[Errno 17] File exists"."""
+    """A dangling link as --output: one line naming the flag, not the bare "[Errno 17] File exists" of making the
+    folder."""
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "nowhere")
     model, texts = str(tiny_dir / "model"), str(tiny_dir / "texts")

@@ -54,7 +54,8 @@ def base_ppl(tiny_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("method", list(SAVED))
 def test_a_saved_patched_model_is_its_base_and_its_saved_method(tiny_dir, tmp_path, base_ppl, method):
-    """Before: plain AutoModelForCausalLM raised (``KeyError: 'hf_posenc_alibi'``, "already carries a patch")."""
+    """A saved patched model loads (no ``KeyError: 'hf_posenc_alibi'``, no "already carries a patch") and is
+    scored as its base and its saved method."""
     _save_patched(tiny_dir, tmp_path / "saved", method)
     ppl = _eval(tmp_path / "saved", tiny_dir / "texts", tmp_path / "out")  # default: none and the saved method
     report = results_of(tmp_path / "out")
@@ -140,8 +141,7 @@ def test_a_saved_t5_bias_model_is_evaluated_with_its_trained_table(tiny_dir, tmp
 
 def test_a_copy_of_a_loaded_saved_t5_model_keeps_its_trained_table(tiny_dir, tmp_path):
     """The trained table a saved t5-bias model's base keeps aside (to give the saved method back) goes with a deepcopy
-    or a pickle of it, and so does its fingerprint. Before: it was kept beside the model, keyed by the instance, and
-    a copy lost it."""
+    or a pickle of it, and so does its fingerprint."""
     model = hf_posenc.patch(AutoModelForCausalLM.from_pretrained(tiny_dir / "model"), "t5-bias", backend="eager")
     with torch.no_grad():
         model.model.position_bias.weight.add_(1.0)
@@ -160,8 +160,8 @@ def test_a_copy_of_a_loaded_saved_t5_model_keeps_its_trained_table(tiny_dir, tmp
 
 def test_a_saved_gpt2_pi_is_the_model_as_saved(tiny_dir, tmp_path):
     """GPT-2 ``pi`` is baked (the resampled table is in the weights, the original gone): the model as saved is
-    the base, ``none`` by default is that model, and the results name the saved patch. Before: the saved method
-    was applied again by default and refused (a 128-row table is no 64-row one)."""
+    the base, ``none`` by default is that model, and the results name the saved patch. The saved method is not
+    applied again by default: it would be refused (a 128-row table is no 64-row one)."""
     gpt2 = AutoModelForCausalLM.from_pretrained(tiny_dir / "gpt2")
     hf_posenc.patch(gpt2, "pi", factor=2).save_pretrained(tmp_path / "saved")
     AutoTokenizer.from_pretrained(tiny_dir / "model").save_pretrained(tmp_path / "saved")
@@ -195,7 +195,7 @@ def test_the_card_of_a_local_saved_model_names_no_local_folder_and_claims_no_tra
 )
 def test_a_cards_default_name_names_the_method_once(tiny_dir, tmp_path, folder, method, title):
     """Without ``--repo`` a card is named ``<model>-<method>``, but a folder saved with the method whose name says
-    it already keeps its name. Before: ``tiny-yarn2-yarn``."""
+    it already keeps its name (no ``tiny-yarn2-yarn``)."""
     _save_patched(tiny_dir, tmp_path / folder, "yarn")
     card = tmp_path / "card.md"
     assert (
@@ -225,8 +225,8 @@ def test_a_cards_default_name_names_the_method_once(tiny_dir, tmp_path, folder, 
     ],
 )
 def test_a_name_names_a_method_as_a_word_of_its_own(name, method, named):
-    """Before: any word that started with the method's name named it (``gpt2-pile`` for pi, ``smol-dynamic-yarn`` for
-    yarn: the card kept the name)."""
+    """A word names a method only as a word of its own, not by starting with the method's name (``gpt2-pile`` would
+    name pi, ``smol-dynamic-yarn`` yarn, and the card keep the name)."""
     from hf_posenc.cli.share import _names_method
 
     assert _names_method(name, method) is named
@@ -254,7 +254,7 @@ def test_the_saved_methods_name_leaves_out_what_its_resolution_derives(params, s
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_a_saved_alibis_name_leaves_out_the_paper_slopes_patch_filled_in(family):
     """ALiBi records the slopes it used; the paper's for the model's heads are what `patch` fills in, so the name is
-    plain `alibi` (before: every slope spelled out, and `--method alibi` beside it refused as the same method).
+    plain `alibi` (with every slope spelled out, `--method alibi` beside it would be refused as the same method).
     Other slopes stay in the name, which patches the same model again."""
     heads = make_tiny(family).config.num_attention_heads
     record = PatchRecord.from_config(hf_posenc.patch(make_tiny(family), "alibi").config)

@@ -1,7 +1,7 @@
 """The commands that load a Hub model (eval, passkey, lm-eval, push, card) where the Hub cannot be reached, as
 ``check`` (tests/cli/test_cli_check.py): a model not in the cache fails at once (no retries), in one line naming it,
-its revision and the reason (HF_HUB_OFFLINE set; no connection), and nothing is written; a cached model loads offline
-as before."""
+its revision and the reason (HF_HUB_OFFLINE set; no connection), and nothing is written; a cached model loads offline,
+to the same numbers."""
 
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ def _one_line_error(capsys, command: str) -> str:
 def test_a_model_not_cached_fails_at_once_naming_it_and_the_reason(
     command, unreachable, fake_hub, retries, tmp_path, capsys
 ):
-    """Before: transformers' "We couldn't connect to ..." (no model named, nor HF_HUB_OFFLINE), after
-    huggingface_hub's five retries (~25 s) where no connection could be made."""
+    """No connection can be made: the run fails at once naming the model and the reason, not with transformers'
+    "We couldn't connect to ..." (no model named, nor HF_HUB_OFFLINE) after huggingface_hub's five retries (~25 s)."""
     (tmp_path / "texts").mkdir()
     (tmp_path / "texts" / "a.txt").write_text("some text to score")
     output = tmp_path / "out"
@@ -154,8 +154,8 @@ def test_a_model_whose_config_alone_is_cached_fails_at_once_naming_its_weights(
     command, config_alone_cached, unreachable, retries, tmp_path, capsys
 ):
     """``check`` and a config-only push read a model's config.json alone: with only that in the cache, a command that
-    loads the weights names them (before: the tokenizer's sentencepiece advice, after 5 retries of each file where
-    no connection could be made)."""
+    loads the weights names them (not the tokenizer's sentencepiece advice, after 5 retries of each file where no
+    connection can be made)."""
     (tmp_path / "texts").mkdir()
     output = tmp_path / "out"
     assert main(_argv(command, config_alone_cached, output)) == 2
@@ -169,8 +169,8 @@ def test_a_model_whose_config_alone_is_cached_fails_at_once_naming_its_weights(
 def test_with_no_connection_a_cached_model_loads_at_once_and_offline_mode_is_restored(
     evaluated_online, fake_hub, tmp_path, monkeypatch, retries, caplog
 ):
-    """No connection and HF_HUB_OFFLINE not set: the run reads the cache alone, as HF_HUB_OFFLINE=1 would (before:
-    huggingface_hub's five retries of a download, ~25 s, then the cache), to the same numbers, with a warning; the
+    """No connection and HF_HUB_OFFLINE not set: the run reads the cache alone, as HF_HUB_OFFLINE=1 would (not after
+    huggingface_hub's five retries of a download, ~25 s), to the same numbers, with a warning; the
     process is online again after it."""
     run, online = evaluated_online
     cut_off = tmp_path / "cut-off"
@@ -195,8 +195,8 @@ def test_with_no_connection_a_cached_model_loads_at_once_and_offline_mode_is_res
 )
 def test_a_connection_that_cannot_be_made_is_unreachable_and_one_made_is_not(monkeypatch, error, unreachable):
     """A connection refused, timed out before it was made (a firewall dropping packets) or refused by the proxy
-    means no connection can be made: the run says so at once. Before, only the first did, and the other two went
-    through huggingface_hub's retries. A connection made that waits for its answer is the download's to handle."""
+    means no connection can be made: the run says so at once, without huggingface_hub's retries. A connection made
+    that waits for its answer is the download's to handle."""
     import httpx2
 
     from hf_posenc.hub import reach as hub_reach
@@ -215,7 +215,7 @@ def test_a_hub_dataset_not_cached_fails_at_once_with_no_connection(
     tiny_dir, tmp_path, monkeypatch, retries, capsys, offline
 ):
     """A Hub ``--dataset`` with no connection (HF_HUB_OFFLINE unset) is read from the datasets cache alone, as a
-    model is (before: huggingface_hub's five retries, then advice to give a Hub dataset id); one not there is one
+    model is (not after huggingface_hub's five retries, with advice to give a Hub dataset id); one not there is one
     line naming the reason, nothing is written, and datasets is online again after it. With HF_HUB_OFFLINE set the
     line names that."""
     import datasets.config

@@ -143,7 +143,7 @@ def test_without_lm_eval_its_help_says_what_the_command_is_and_what_to_install(m
 
 
 def test_an_output_it_cannot_write_is_refused_before_any_task_runs(tiny_dir, tasks, tmp_path, capsys, monkeypatch):
-    """A read-only place (root passes permission bits, so it is simulated) is found before the tasks run (before:
+    """A read-only place (root passes permission bits, so it is simulated) is found before the tasks run (not
     after every method was evaluated, as the bare "[Errno 30] Read-only file system")."""
     import tempfile
 

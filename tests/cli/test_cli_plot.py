@@ -104,7 +104,7 @@ def test_a_models_config_gives_the_numbers_and_flags_override_them(tmp_path, cap
 
 
 def test_frequencies_of_a_model_without_rope_need_a_base(tmp_path, capsys):
-    """GPT-2 has no rope_theta: its "frequencies" were drawn at the default base, with no word of it."""
+    """GPT-2 has no rope_theta: its "frequencies" need a base given, not drawn at the default one with no word of it."""
     model = tmp_path / "gpt2"
     make_tiny("gpt2").config.save_pretrained(model)
     argv = ["plot", "frequencies", "--model", str(model), "--output", str(tmp_path / "out")]
@@ -171,8 +171,8 @@ def test_an_output_that_is_a_file_or_under_one_is_one_line_naming_the_flag(tmp_p
 
 
 def test_a_hub_model_not_cached_with_the_hub_out_of_reach_fails_at_once(tmp_path, monkeypatch, capsys):
-    """As check and card: one line naming the model and the reason, exit 2, nothing written. Before, plot went
-    through huggingface_hub's retries (about 23 s) and failed with exit 1 on an OSError it did not name."""
+    """As check and card: one line naming the model and the reason, exit 2, nothing written; not huggingface_hub's
+    retries (about 23 s), then exit 1 on an OSError that names neither."""
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)

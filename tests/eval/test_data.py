@@ -146,7 +146,8 @@ def test_unknown_hub_dataset_is_a_clear_error(monkeypatch):
 
 @pytest.mark.parametrize("name", ["./nope.txt", "/no/such/folder", "~/nope.jsonl", "a/b/c"])
 def test_a_path_to_nothing_is_said_so_not_taken_for_a_hub_id(name):
-    """Before: datasets' "Repo id must use alphanumeric chars ..." led the message for a mistyped local file."""
+    """A mistyped local file is said to be missing; datasets' "Repo id must use alphanumeric chars ..." does not
+    lead the message."""
     with pytest.raises(
         ValueError,
         match=rf"^Cannot load dataset '{re.escape(name)}': no such file or folder \(a path, not a Hub id\)\.$",
@@ -199,7 +200,7 @@ BAD_FILES = [
     ("not parquet", "parquet", PNG, r"b.parquet is not a Parquet file \(Parquet magic bytes not found in footer"),
     ("empty text", "txt", b"", r"b.txt is empty; remove it or point at other files\.$"),
     ("empty parquet", "parquet", b"", r"b.parquet is empty"),
-    ("nested too deep", "jsonl", b'{"text": ' + b"[" * 10_000 + b"]" * 10_000 + b"}\n", r"b.jsonl holds JSON nested deeper than 256 levels: not rows of documents\.$"),  # Arrow crashed the process
+    ("nested too deep", "jsonl", b'{"text": ' + b"[" * 10_000 + b"]" * 10_000 + b"}\n", r"b.jsonl holds JSON nested deeper than 256 levels: not rows of documents\.$"),  # Arrow would crash the process
 ]  # fmt: skip
 
 
@@ -216,8 +217,8 @@ def _good_file(path):
 @pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streaming"])
 @pytest.mark.parametrize(("case", "suffix", "data", "message"), BAD_FILES, ids=[case[0] for case in BAD_FILES])
 def test_a_bad_local_file_is_a_one_line_error_naming_it(tmp_path, case, suffix, data, message, streaming):
-    """Alone or beside a good file, the bad file is named with what is wrong (the error used to be `datasets`'
-    traceback, or an empty document); the files stay as they were."""
+    """Alone or beside a good file, the bad file is named with what is wrong (not in `datasets`'
+    traceback, nor read as an empty document); the files stay as they were."""
     bad = tmp_path / "docs" / f"b.{suffix}"
     bad.parent.mkdir()
     bad.write_bytes(data)
@@ -240,7 +241,7 @@ def test_what_the_reader_refuses_in_a_file_that_is_json_all_the_same_is_one_line
 
 
 def test_a_json_file_of_blank_lines_is_named(tmp_path):
-    """Read whole, `datasets` said 'Instruction "train" corresponds to no data!'."""
+    """Named, not left to `datasets`' 'Instruction "train" corresponds to no data!' (read whole)."""
     path = tmp_path / "d.jsonl"
     path.write_text("\n\n")
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} holds no JSON objects\.$"):
@@ -259,7 +260,8 @@ def test_a_file_of_another_type_or_a_folder_without_one_is_named(tmp_path):
 
 
 def test_reading_local_files_does_not_say_downloading(tmp_path, capfd):
-    """datasets names its bar over data files "Downloading data", local ones too: an offline run said it downloads."""
+    """datasets names its bar over data files "Downloading data", local ones too: an offline run would say it
+    downloads."""
     for i in range(20):  # datasets draws one bar over 16 files or more
         (tmp_path / f"{i:02}.txt").write_text(f"document {i}")
     texts = load_texts(TextSource(str(tmp_path)))

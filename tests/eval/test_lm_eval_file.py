@@ -85,8 +85,8 @@ def test_a_malformed_file_is_one_error_naming_the_file_and_the_problem(tmp_path,
     ids=["repeated-method", "limit-string", "arguments-list"],
 )
 def test_the_card_refuses_a_malformed_file_before_reading_it(tmp_path, changes, problem):
-    """The last run of a method won silently, a string limit was a TypeError in the card's template, a list of
-    arguments dropped the card's note on the limit: each is now the reader's one ValueError."""
+    """A method run twice (the last run would win silently), a string limit (a TypeError in the card's template), a
+    list of arguments (the card's note on the limit dropped): each is the reader's one ValueError."""
     from hf_posenc.hub.card import load_lm_eval_table
     from hf_posenc.record import PatchRecord
 

@@ -71,7 +71,7 @@ def test_float32_chunked_nll_within_1e4_of_labels_loss():
 
 def test_a_dynamic_base_model_scores_each_window_as_if_alone():
     """transformers' ``dynamic`` rope type keeps the frequencies of the longest input seen until one shorter than L
-    comes: a 100-token window read after a 128-token one got the 128-token frequencies (L = 64)."""
+    comes: a 100-token window read after a 128-token one would get the 128-token frequencies (L = 64)."""
     rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
     fresh, used = (make_tiny("llama", rope_parameters=dict(rope)) for _ in range(2))
     short, long = _ids(100), _ids(128, seed=2)

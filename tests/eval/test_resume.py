@@ -235,8 +235,8 @@ def test_the_fingerprint_reads_weights_and_rope_buffers_and_survives_a_patch_und
 
 @pytest.mark.parametrize("files", [PERPLEXITY_FILES, PASSKEY_FILES])
 def test_a_folder_where_the_run_writes_a_file_is_refused_up_front(tmp_path, files):
-    """A folder (or anything not a file) where a run writes one of its files: refused before the run (before: the
-    run computed, replaced its report, then failed on a bare "[Errno 21] Is a directory")."""
+    """A folder (or anything not a file) where a run writes one of its files: refused before the run (not after it
+    computed and replaced its report, on a bare "[Errno 21] Is a directory")."""
     report, csv_file, _ = files
     (tmp_path / report).write_text("{}")
     (tmp_path / csv_file).mkdir()

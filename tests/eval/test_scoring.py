@@ -328,8 +328,9 @@ def test_the_progress_bar_moves_with_each_layer_of_a_forward(family, capfd, monk
 
 def test_the_bar_counts_the_decoders_layers_only_and_forwards_on_a_gpu(capfd, monkeypatch):
     """transformers merges the vision tower's blocks into a multimodal model's ``_no_split_modules`` (Gemma 3 loads as
-    ``…ForConditionalGeneration``): text scoring never runs them, so the bar counts the decoder's only. Before: it
-    ended at 4/14. On a GPU a layer's hook runs when its kernels are queued: the bar counts forwards there."""
+    ``…ForConditionalGeneration``): text scoring never runs them, so the bar counts the decoder's only (counting
+    them, it would end at 4/14). On a GPU a layer's hook runs when its kernels are queued: the bar counts forwards
+    there."""
     from transformers import Gemma3Config
 
     text = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)

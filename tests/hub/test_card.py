@@ -350,8 +350,8 @@ def test_a_card_with_a_t5_tables_weights_says_llama_cpp_refuses_them():
     ],
 )
 def test_the_cards_check_command_is_one_shell_command_in_one_code_span(revision, command):
-    """The branch went into the card's ``hf-posenc check`` line as it was: a backtick ended the inline code, and a
-    shell character ran in the copied command. It is now shell-quoted, in a code span that holds it whole."""
+    """The branch goes into the card's ``hf-posenc check`` line shell-quoted, in a code span that holds it whole: as
+    it is, a backtick would end the inline code, and a shell character run in the copied command."""
     card = str(render_card(yarn_model().config, repo_id="me/tiny-yarn", base_model="org/tiny", base_revision="a" * 40,
                            config_only=True, revision=revision))  # fmt: skip
     assert f"(not run; {command} says the same" in card

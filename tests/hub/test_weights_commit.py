@@ -37,7 +37,7 @@ def base_revision(fake_hub, repo_id: str) -> str | None:
 
 def test_a_push_with_weights_records_the_commit_they_were_loaded_at_not_main_now(fake_hub, tmp_path):
     """main moved after the load: the weights pushed are still the first commit's, and results measured there are
-    theirs (before: main's commit now was recorded, and those results refused)."""
+    theirs (main's commit now, recorded instead, would refuse those results)."""
     first = upload_base()
     model = patched(AutoModelForCausalLM.from_pretrained(BASE_REPO))
     second = upload_base(seed=1)
@@ -54,7 +54,7 @@ def test_a_push_with_weights_records_the_commit_they_were_loaded_at_not_main_now
 
 def test_weights_whose_commit_cannot_be_told_record_none_and_their_results_are_not_compared(fake_hub, tmp_path, caplog):
     """Loaded at the first commit while the cache's main is the second: the weights are not the cache's, so no commit
-    is recorded (before: main's now, whose results were then quoted for other weights) and results are let through
+    is recorded (main's now would quote its results for other weights) and results are let through
     with a warning; a commit given as `base_revision` is the caller's word, and compared."""
     first, second = upload_base(), upload_base(seed=1)
     AutoModelForCausalLM.from_pretrained(BASE_REPO)  # the cache's main: the second commit
@@ -74,8 +74,8 @@ def test_weights_whose_commit_cannot_be_told_record_none_and_their_results_are_n
 
 def test_a_checkpoint_of_the_base_model_without_its_prefix_still_tells_the_commit(fake_hub, tmp_path):
     """GPT-2's own checkpoints (openai-community/gpt2, distilgpt2) store ``wte.weight``, not the model's
-    ``transformer.wte.weight``: the names are matched through ``base_model_prefix`` (before: nothing compared, and
-    no commit recorded)."""
+    ``transformer.wte.weight``: the names are matched through ``base_model_prefix`` (unmatched, nothing would be
+    compared, and no commit recorded)."""
     folder = tmp_path / "gpt2"
     make_tiny("gpt2").save_pretrained(folder)
     tensors = load_file(folder / "model.safetensors")
@@ -95,7 +95,7 @@ def test_a_checkpoint_of_the_base_model_without_its_prefix_still_tells_the_commi
 
 def test_weights_offloaded_by_a_device_map_still_tell_the_commit(fake_hub, tmp_path):
     """A model whose weights a device_map put on disk (or the CPU beside it) holds meta tensors, their values in
-    accelerate's hooks: those are compared. Before, they were skipped, and a model offloaded whole recorded none."""
+    accelerate's hooks: those are compared, so a model offloaded whole records its commit too."""
     first = upload_base()
     for budget in ("1KB", "60KB"):  # all on disk; some on the CPU
         loaded = AutoModelForCausalLM.from_pretrained(

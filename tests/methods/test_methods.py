@@ -112,7 +112,8 @@ def test_ramp_direction_keeps_high_frequencies():
 def test_an_index_band_outside_the_pairs_is_refused_where_the_clamped_ramp_runs_backwards(method, params, kept):
     """The released index ramp clamps its band to the pairs; wholly outside them the clamp turns it around (keeps
     every pair where §3.2 interpolates all, or the reverse), and transformers' yarn computes the same. Refused with
-    the paper's ramp named; ``ramp="ratio"`` gives the paper's values. Before: the inverted frequencies, silently."""
+    the paper's ramp named, not run with the inverted frequencies silently; ``ramp="ratio"`` gives the paper's
+    values."""
     scale = {"seq_len": 8 * params["original_max_position_embeddings"]} if method == "dynamic-yarn" else {"factor": 8}
     with pytest.raises(ValueError, match=r"ramp='index' .* runs backwards here: .* Use ramp='ratio'"):
         hf_posenc.rope_frequencies(method, **scale, **params)
@@ -241,7 +242,7 @@ def test_bad_parameters_raise_clearly(method, params, error, match):
 
 @pytest.mark.parametrize("base", [0, -1.0, 1, 0.5, float("nan"), float("inf")])
 def test_a_base_that_is_not_above_one_is_refused_by_name(base):
-    """``b <= 1`` used to give NaN or inf frequencies (``0 ** -x``, ``(-1) ** -x``) or divide by ``ln 1``."""
+    """``b <= 1`` would give NaN or inf frequencies (``0 ** -x``, ``(-1) ** -x``) or divide by ``ln 1``."""
     for method, params in [("pi", {"factor": 2}), ("yarn", {"factor": 2}), ("ntk", {"factor": 2})]:
         with pytest.raises(ValueError, match=r"^base (\(the RoPE base b, rope_theta\) must be > 1|must be finite)"):
             hf_posenc.rope_frequencies(method, head_dim=D, base=base, original_max_position_embeddings=L, **params)

@@ -1,5 +1,5 @@
 """Absurd method values, and a model whose RoPE base makes no sense, are refused in one line before the model
-changes (they used to overflow, divide by zero, or patch in inf / zero frequencies)."""
+changes (accepted, they would overflow, divide by zero, or patch in inf / zero frequencies)."""
 
 from __future__ import annotations
 

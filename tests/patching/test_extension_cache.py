@@ -261,8 +261,8 @@ def test_left_padded_batch_generates_as_each_alone(case, cache):
 )
 def test_a_batch_with_an_empty_prompt_generates_each_row_as_alone(case, cache):
     """generate() on a left-padded batch whose second prompt is empty (all padding, as a tokenizer that adds no
-    BOS pads ""): generate() counts that row's tokens from 1 (before: a ValueError at the first step; now the only
-    offset from the count taken, and only in a row that starts with padding). Each row's
+    BOS pads ""): generate() counts that row's tokens from 1 (the only offset from the count
+    taken, and only in a row that starts with padding), with no ValueError at the first step. Each row's
     tokens and logits are its own: the empty row's from its first token on equal generating from that token alone
     (80 tokens: past L, the window and DCA's first chunk)."""
     model = patched_tiny(case)

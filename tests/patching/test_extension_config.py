@@ -352,7 +352,7 @@ def test_a_combination_on_gpt2_is_refused_as_its_parts_are(method):
         ("hf_posenc_extension_eager", "eager"),
         ("hf_posenc_extension_blocked", "blocked"),
         ("hf_posenc_extension_flex", "flex"),
-        ("sdpa", "sdpa"),  # before: the standard names other than eager and flex_attention were ignored
+        ("sdpa", "sdpa"),  # a standard name other than eager and flex_attention selects a backend too
         ("flex_attention", "flex"),
     ],
 )
@@ -382,7 +382,7 @@ def test_attn_implementation_at_load_naming_an_extension_backend(tmp_path, asked
     ],
 )
 def test_attn_implementation_at_load_without_a_counterpart_is_refused(tmp_path, method, asked):
-    """A name the patch cannot run (before: silently the recorded backend) is a ValueError naming the ones it can,
+    """A name the patch cannot run (not silently the recorded backend) is a ValueError naming the ones it can,
     as for ALiBi."""
     hf_posenc.patch(tiny("llama"), method, original_max_position_embeddings=L).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=rf"attn_implementation='{asked}' has no counterpart .* use one of") as caught:

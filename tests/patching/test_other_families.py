@@ -36,7 +36,7 @@ def ids(length: int = 3 * L) -> torch.Tensor:
 )
 def test_falcon_with_its_alibi_switch_is_refused_as_an_alibi_model(method, params):
     """falcon-rw-1b/7b: ``alibi: true`` makes Falcon's attention add ALiBi and never use the rotary module it still
-    builds, so a RoPE method there would change nothing (it used to patch, report native, and leave the logits)."""
+    builds, so a RoPE method there would change nothing (it would patch, report native, and leave the logits)."""
     model = build("falcon", alibi=True, new_decoder_architecture=False, multi_query=False)
     assert_refused(model, method, params, ValueError, r"encodes position as alibi \(the config's alibi: true\)")
 
@@ -58,7 +58,7 @@ def granite_swa(bases: list[float], meta: bool = False) -> torch.nn.Module:
 @pytest.mark.parametrize("meta", [False, True])  # on the meta device (a config-only push), from the configs' bases
 def test_per_layer_rope_bases_are_refused(meta):
     """GraniteSWA's ``layer_rope_theta``: one rotary module per base. One set of new frequencies written into every
-    module gave the 5e5-base layers the 1e4 base's, reported as native."""
+    module would give the 5e5-base layers the 1e4 base's, reported as native."""
     model = granite_swa([1e4, 5e5], meta)
     for method in ("pi", "yarn"):
         if not meta:
@@ -164,7 +164,7 @@ def test_families_whose_attention_ignores_the_pair_still_get_it():
 
 
 def test_nope_on_phi3_is_refused_at_patch_time():
-    """Phi3Config accepts rope types default and longrope only: NoPE's marker patched, then failed the save."""
+    """Phi3Config accepts rope types default and longrope only: NoPE's marker would patch, then fail the save."""
     model = build(
         "phi3", intermediate_size=96, num_key_value_heads=2, original_max_position_embeddings=L, pad_token_id=0
     )

@@ -162,8 +162,7 @@ def test_a_shallow_copy_is_not_the_patched_model(family, method):
 @pytest.mark.parametrize(("family", "method"), AFTER_CASES)
 def test_a_patched_model_is_freed_with_its_last_reference(family, method):
     """The patch's record on the model refers back to the model and its modules weakly: a patched model dropped is
-    freed at once, as an unpatched one is (its GPU memory with it), not at the next full garbage collection.
-    Before: the record held the model, a reference cycle."""
+    freed at once, as an unpatched one is (its GPU memory with it), not at the next full garbage collection."""
     model = patched(family, method)
     copies = [copy.deepcopy(model), copy.deepcopy(model)]  # a deep copy's record refers to the copy
     references = [weakref.ref(m) for m in (model, *copies)]
@@ -178,8 +177,8 @@ def test_a_patched_model_is_freed_with_its_last_reference(family, method):
 @pytest.mark.parametrize(("family", "method"), [("llama", "alibi"), ("llama", "t5-bias"), ("gpt2", "alibi")])
 def test_a_module_replaced_after_the_patch_is_not_kept_by_it(family, method):
     """The record keeps what ``unpatch`` puts back, not every submodule of a module the patch changed: an output
-    layer replaced since (a vocabulary resized) is freed, and not carried by a deepcopy or a saved pickle. Before:
-    ALiBi and T5 bias, which change the model's own module, kept its old head (2 GB for an 8B Llama's)."""
+    layer replaced since (a vocabulary resized) is freed, and not carried by a deepcopy or a saved pickle: ALiBi
+    and T5 bias change the model's own module, and its old head kept would be 2 GB for an 8B Llama's."""
     model = patched(family, method)
     old_head = weakref.ref(model.get_output_embeddings())
     model.resize_token_embeddings(120, mean_resizing=False)

@@ -263,10 +263,10 @@ def test_unpatch_after_a_cast_there_and_back_gives_what_the_casts_give_the_unpat
 @pytest.mark.parametrize("method", ["nope", "alibi", "t5-bias", "dynamic-ntk", "dynamic-yarn", "longrope"])
 def test_a_cast_there_and_back_is_followed_whatever_the_patch_installed(method, dtype, ids):
     """The round trip rounds what unpatch gives back, and a forward between it and unpatch changes nothing: the
-    tensors a patch replaces stay on their module, cast with the model. Before, a round trip was told from the
-    values the patch left, which nope's, ALiBi's and the T5 bias's zero frequencies and a dynamic method's
-    per-call ones (after a forward) do not show: unpatch gave the frequencies unrounded, and within L dynamic NTK
-    and YaRN used them so, no longer the unpatched model (red-team)."""
+    tensors a patch replaces stay on their module, cast with the model. The values the patch left cannot tell a
+    round trip: nope's, ALiBi's and the T5 bias's zero frequencies and a dynamic method's per-call ones (after a
+    forward) do not show it, so unpatch would give the frequencies unrounded, and within L dynamic NTK and YaRN
+    would use them so, no longer the unpatched model."""
     reference = make_tiny("llama").to(dtype).to(torch.float32)
     model = hf_posenc.patch(make_tiny("llama"), method, **method_params(method, 8))
     model.to(dtype).to(torch.float32)
@@ -462,7 +462,7 @@ def test_the_resolved_parameters_patch_the_same_model(family, method):
 
 
 def test_unpatch_of_a_patched_model_loaded_without_hf_posenc_says_how_to_unpatch_it(tmp_path):
-    """A saved YaRN model loads with plain transformers (native): unpatch names the cause and the way (before: "not
+    """A saved YaRN model loads with plain transformers (native): unpatch names the cause and the way (not "not
     patched by hf_posenc", which its config contradicts), and changes nothing; a model never patched is told so."""
     hf_posenc.patch(make_tiny("llama"), "yarn", factor=4).save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
@@ -488,7 +488,8 @@ def test_a_method_spec_given_to_patch_is_told_apart(spec):
 
 
 def test_a_module_without_a_config_is_refused_by_name():
-    """Before: AttributeError: 'Linear' object has no attribute 'config'."""
+    """A module that is not a transformers model is a TypeError naming its class, not ``AttributeError: 'Linear'
+    object has no attribute 'config'``."""
     with pytest.raises(TypeError, match=r"patches a transformers model .*, not a Linear\.$"):
         hf_posenc.patch(torch.nn.Linear(2, 2), "yarn", factor=2)
 

@@ -214,8 +214,8 @@ def test_compiled_flex_on_cuda_equals_eager_with_padding():
 
 
 def test_patching_draws_nothing_from_torchs_global_generator():
-    """The table is made with its values: a seeded run draws the same numbers after the patch as without it (before,
-    nn.Embedding's random initialisation, overwritten at once, moved the generator on)."""
+    """The table is made with its values: a seeded run draws the same numbers after the patch as without it (no
+    nn.Embedding random initialisation, overwritten at once, moves the generator on)."""
     torch.manual_seed(3)
     expected = torch.rand(4)
     model = make_tiny("llama")
@@ -227,7 +227,7 @@ def test_patching_draws_nothing_from_torchs_global_generator():
 
 def test_a_model_offloaded_whole_gets_its_table_where_it_computes(tmp_path):
     """With every weight offloaded to disk (accelerate leaves the parameters on the meta device), the table is made
-    on the hooks' execution device, not on meta (before: "Cannot copy out of meta tensor" at the first forward), and
+    on the hooks' execution device, not on meta (where the first forward fails: "Cannot copy out of meta tensor"), and
     the model computes what the same model placed whole does; a model built on meta keeps its table there."""
     from transformers import AutoModelForCausalLM
 

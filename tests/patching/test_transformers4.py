@@ -266,7 +266,7 @@ def test_legacy_keys_in_the_fields_a_4x_class_takes():
 
 def test_a_saved_dynamic_yarn_loads_with_plain_transformers_after_import(tmp_path):
     """``import hf_posenc`` then plain ``from_pretrained``: transformers builds the model on the meta device first,
-    where hf_posenc's rope init has no values to check (it used to raise there); the model then equals the patched
+    where hf_posenc's rope init has no values to check (and does not raise); the model then equals the patched
     one, inside the trained context and on a first call past it."""
     model = _patched("qwen2", "dynamic-yarn")
     model.save_pretrained(tmp_path)

@@ -24,8 +24,7 @@ def test_a_peft_model_is_patched_in_the_model_it_wraps_and_merges_patched(method
     """``patch(peft_model)`` (or of its tuner, ``peft_model.base_model``, a ``LoraModel``) patches the model it wraps,
     which holds the record: ``get_patch`` reads it through the wrapper, the LoRA model computes what the patched base
     does (adapters start at zero), and after ``merge_and_unload()`` the merged model is the patched one, which
-    unpatches to the original bit for bit. Before: the record stayed on the wrapper, and the merged model was patched
-    with nothing to unpatch it."""
+    unpatches to the original bit for bit."""
     base = make_tiny("llama")
     original = snapshot(base)
     reference = hf_posenc.patch(make_tiny("llama"), method, **params)
@@ -43,7 +42,7 @@ def test_a_peft_model_is_patched_in_the_model_it_wraps_and_merges_patched(method
 
 
 def test_a_patched_model_wrapped_afterwards_reads_and_unpatches_through_the_wrapper(one_thread):
-    """Patch, then wrap: the wrapper reports the patch, refuses a second one as already patched (before: "not loaded
+    """Patch, then wrap: the wrapper reports the patch, refuses a second one as already patched (not "not loaded
     through hf_posenc", a wrong diagnosis), and unpatches the model it wraps."""
     base = make_tiny("llama")
     original = snapshot(base)
@@ -91,7 +90,7 @@ def test_lora_trained_on_a_patched_model_merges_into_a_model_that_saves_and_load
 @pytest.mark.parametrize("with_weights", [False, True])
 def test_a_peft_model_is_refused_by_push_before_anything_is_pushed(fake_hub, with_weights):
     """A ``PeftModel``'s ``save_pretrained`` writes its adapters alone: pushed, the repo would hold the base model
-    without them (or no model). Refused, naming ``merge_and_unload()``; no repo made. Before: pushed."""
+    without them (or no model). Refused, naming ``merge_and_unload()``; no repo made."""
     upload_base()
     lora = _lora(hf_posenc.patch(AutoModelForCausalLM.from_pretrained(BASE_REPO), "yarn", factor=4))
     with pytest.raises(ValueError, match=r"PeftModel wraps the model to push; .*`merge_and_unload\(\)` first"):
@@ -102,7 +101,7 @@ def test_a_peft_model_is_refused_by_push_before_anything_is_pushed(fake_hub, wit
 def test_a_model_holding_adapter_layers_is_refused_by_push_before_anything_is_pushed(fake_hub):
     """Adapters put into the model itself (peft's ``inject_adapter_in_model``, not merged): saved, its layers' weights
     are named ``base_layer`` and ``lora_A`` / ``lora_B``, and the pushed repo would load with those layers new.
-    Refused, naming the first layer; no repo made. Before: pushed."""
+    Refused, naming the first layer; no repo made."""
     from peft import inject_adapter_in_model
 
     upload_base()

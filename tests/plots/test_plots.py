@@ -109,7 +109,7 @@ def test_a_trained_context_outside_the_lengths_is_drawn_inside_the_axes(trained_
 
 
 def test_passkey_panels_are_titled_by_short_distinct_labels(tmp_path):
-    """A panel is 1.1 inches a length: a LongRoPE spec as its title ran across the panels beside it. Titles are
+    """A panel is 1.1 inches a length: a LongRoPE spec as its title would run across the panels beside it. Titles are
     the legend labels on lines of about the panel's width (14 characters at one length), three at most."""
     longrope = "longrope:factor=4.0,long_factor=[{}],original_max_position_embeddings=4096"
     methods = ["none", *(longrope.format(", ".join([f"{1 + i / 7}"] * 32)) for i in range(2))]

@@ -168,8 +168,7 @@ def test_llama3_and_static_ntk_are_built_alike_everywhere(tmp_path):
 def test_llama3s_l_is_the_rope_dicts_in_llama_cpps_converter_else_the_top_levels_else_8192(tmp_path):
     """conversion/llama.py computes llama3's rope_freqs factors with the rope dict's original_max_position_embeddings,
     which conversion/base.py fills from the top level when the dict has none (8192 without either; read in
-    llama-cpp-python 0.3.36's vendored source). Before: the top level only was taken, and a dict-only L said to
-    give 8192."""
+    llama-cpp-python 0.3.36's vendored source). A dict-only L is taken as it is, not said to give 8192."""
     config = saved_config(tmp_path, "llama3", factor=4)
     assert config["original_max_position_embeddings"] == config["rope_scaling"]["original_max_position_embeddings"] == L
     del config["original_max_position_embeddings"]
@@ -202,7 +201,7 @@ def test_llama3_outside_llama_and_mistral_is_converted_unscaled_by_llama_cpp(tmp
 def test_families_whose_converter_writes_no_rope_keys_are_plain_rope_in_llama_cpp(tmp_path, model_type, method, params):
     """llama.cpp's Gemma, Gemma 2, GPT-NeoX, Phi(-2) and StableLM converters write neither rope.freq_base nor
     rope.scaling (their set_gguf_parameters does not call the base class's; run on saved configs): the GGUF has
-    plain RoPE at base 10000, NTK's new base lost too. Before: "ok" (or "differs" on the attention factor alone)."""
+    plain RoPE at base 10000, NTK's new base lost too: not "ok", nor "differs" on the attention factor alone."""
     config = {**saved_config(tmp_path, method, **params), "model_type": model_type}
     severity, message = verdicts(config)["llama.cpp"]
     assert severity == "ignored" and f"its {model_type} converter writes no RoPE base or scaling" in message
@@ -245,7 +244,7 @@ def test_longrope_announces_the_extended_context_so_the_engines_compute_its_atte
     phi3 = verdicts({**config, "model_type": "phi3"})["llama.cpp"]  # its converter writes the factor tensors
     assert phi3[0] == "differs" and f"attention factor {hf:.4f} from max_position_embeddings / L = 256/64" in phi3[1]
     assert "long factors at every position when the context (n_ctx) > 64" in phi3[1]
-    config["max_position_embeddings"] = L  # as hf_posenc wrote it before: the engines compute 1
+    config["max_position_embeddings"] = L  # P = L in the config: the engines compute 1
     for engine in ("vllm", "sglang", "tgi"):
         assert (
             f"attention factor 1.0000 from max_position_embeddings / L = 64/64 (transformers: {hf:.4f})"
@@ -322,7 +321,7 @@ def test_a_gpt2_config_without_rope(tmp_path):
     gpt2 = make_tiny("gpt2")
     gpt2.config.n_ctx = 64  # as GPT-2's released configs say it, and llama.cpp's converter reads the context from
     hf_posenc.patch(gpt2, "pi", factor=2).config.save_pretrained(tmp_path / "n_ctx")
-    assert json.loads((tmp_path / "n_ctx" / "config.json").read_text())["n_ctx"] == 128  # before: 64, stale
+    assert json.loads((tmp_path / "n_ctx" / "config.json").read_text())["n_ctx"] == 128  # not a stale 64
     found = verdicts(config)
     assert {found[engine][0] for engine in ("vllm", "sglang", "tgi")} == {"ok"}
     assert found["llama.cpp"] == ("refused", "its gpt2 converter reads n_ctx (KeyError: not in this config)")
@@ -334,7 +333,7 @@ def test_a_gpt2_config_without_rope(tmp_path):
 def test_llama_cpp_refuses_a_yarn_config_without_its_trained_context():
     """Its converter indexes ``original_max_position_embeddings`` in the rope dict, where it mirrors the top-level one
     (conversion/base.py), and transformers 5 (and vLLM, SGLang) fall back to ``max_position_embeddings``. hf_posenc
-    always writes it in both. Before: a config with L at the top level only was said to be refused."""
+    always writes it in both. A config with L at the top level only is not refused."""
     config = {
         "model_type": "llama",
         "hidden_size": 64,

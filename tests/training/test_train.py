@@ -68,8 +68,8 @@ def _settings(**changes) -> TrainSettings:
 )
 def test_settings_of_the_wrong_type_are_refused_before_a_run_starts(change, said):
     """The API's TrainSettings, as the CLI's parser: a float or a bool where a count goes, or a string where a switch
-    goes, is refused when the settings are made. Before, the run wrote train_run.json and then failed in the Trainer
-    (the folder then refused both a retry and a resume), or ran with the value read otherwise."""
+    goes, is refused when the settings are made: before train_run.json is written (a failure in the Trainer would
+    leave a folder that refuses both a retry and a resume), and never run with the value read otherwise."""
     with pytest.raises(ValueError, match=re.escape(said)):
         _settings(**change)
 
@@ -197,7 +197,7 @@ def test_lora_without_peft_is_refused_when_the_settings_are_made(monkeypatch):
 def test_position_trains_gpt2s_table_as_pi_interpolated_it(tmp_path):
     """pi on GPT-2 adds no parameter: its position encoding is the learned table, resampled. ``trainable`` position
     trains that table (from the interpolated values) and the norms, every other weight bit for bit, and the
-    position learning rate applies to it. Before, the table stayed frozen and the rate was refused."""
+    position learning rate applies to it."""
     model = make_tiny("gpt2")
     before = {name: value.clone() for name, value in model.named_parameters()}
     trained = {name for name in before if "norm" in name or ".ln_" in name} | {"transformer.wpe.weight"}
@@ -263,7 +263,7 @@ class _Groups(TrainerCallback):
 def test_the_position_learning_rate_is_set_in_the_trainers_own_optimizer(tmp_path, monkeypatch):
     """The position rate splits the Trainer's own optimizer (its class, options and weight-decay groups) where the
     Trainer builds it: under FSDP, after wrapping, since Trainer refuses `optimizers` there (as this test's Trainer
-    does). Before, train built a plain AdamW itself, passed it in `optimizers`, and FSDP runs with the rate failed."""
+    does): train passes no optimizer of its own."""
     refuse = transformers.Trainer.__init__
 
     def fsdp_like(self, *args, **kwargs):  # transformers' rule under FSDP
@@ -317,7 +317,7 @@ def test_windows_longer_than_gpt2s_table_are_refused_before_anything_is_written(
 def test_a_refused_run_leaves_the_model_in_its_mode_and_with_its_frozen_parameters(tmp_path):
     """A check after the model was put in training mode refuses the run (alibi adds no position parameter for
     `position_learning_rate`): the model is handed back in eval mode, with the parameter the caller froze still
-    frozen (before: left training)."""
+    frozen."""
     model = make_tiny("llama").eval()
     frozen = model.model.layers[0].self_attn.q_proj.weight.requires_grad_(False)
     flags = {name: parameter.requires_grad for name, parameter in model.named_parameters()}
@@ -333,7 +333,7 @@ def test_a_refused_run_leaves_the_model_in_its_mode_and_with_its_frozen_paramete
 def test_a_run_that_fails_before_its_first_step_hands_the_model_back_as_it_was(tmp_path, monkeypatch, fails, trainable):
     """Writing the run's record fails (a full disk), or the Trainer fails to start after setting ``use_cache`` off:
     the model is handed back as it came, unpatched, without LoRA adapters, in its mode, with its frozen parameters
-    and its cache setting (before: patched, training, with unmerged adapters in its layers)."""
+    and its cache setting."""
     model = make_tiny("llama").eval()
     model.model.layers[0].mlp.up_proj.weight.requires_grad_(False)
     before, flags = snapshot(model), {name: p.requires_grad for name, p in model.named_parameters()}
@@ -503,7 +503,7 @@ class _ReadConfig(TrainerCallback):
 def test_a_resumed_checkpoints_config_is_whole_once_training_begins(tmp_path):
     """The checkpoint's config.json is trimmed only until the Trainer has read it: a resume killed by SIGTERM while
     it trains (which runs no ``finally``: torchrun's to the other processes, a scheduler's pre-emption) leaves it
-    whole. Before, it was put back only when ``train`` returned or raised."""
+    whole: it is not left to ``train`` returning or raising to put it back."""
     settings, killed, config, saved = _killed_yarn_run(tmp_path)
     reader = _ReadConfig(config)
     resume = dataclasses.replace(settings, resume=True)
@@ -652,8 +652,8 @@ def test_the_command_trains_lora_adapters_of_the_rank_asked(tiny_dir, tmp_path):
 
 def test_a_lora_runs_checkpoint_is_refused_as_a_model_and_resumes_the_run(tiny_dir, tmp_path, capsys):
     """A LoRA run's checkpoints hold its adapters unmerged (``base_layer``, ``lora_A``): ``from_pretrained`` and
-    ``eval --model`` of one refuse it, naming the output folder (before: loaded with every adapted layer new, and
-    scored at chance), while the run resumes from it and its output folder loads."""
+    ``eval --model`` of one refuse it, naming the output folder (loaded, every adapted layer would be new, and score
+    at chance), while the run resumes from it and its output folder loads."""
     out = tmp_path / "out"
     argv = _train_args(tiny_dir, out, "--trainable", "lora", "--steps", "2", "--save-steps", "1")
     assert main(argv) == 0
@@ -672,7 +672,7 @@ def test_a_lora_runs_checkpoint_is_refused_as_a_model_and_resumes_the_run(tiny_d
 @pytest.mark.parametrize("index", ["{", '{"weight_map": {"model.layers.0.mlp.up_proj.lora_A.default.weight": "x"}}'])
 def test_a_stray_index_beside_the_weights_transformers_loads_is_not_read(tmp_path, index):
     """The adapters check reads the file transformers loads, the single safetensors first: a stray index beside it,
-    unreadable or naming adapters, neither fails nor refuses the load (before: a bare KeyError or JSONDecodeError)."""
+    unreadable or naming adapters, neither fails nor refuses the load (no bare KeyError or JSONDecodeError)."""
     model = hf_posenc.patch(make_tiny("llama"), "yarn", factor=2)
     model.save_pretrained(tmp_path)
     (tmp_path / "model.safetensors.index.json").write_text(index)
@@ -814,7 +814,7 @@ def test_an_output_of_another_run_or_other_files_is_refused(tiny_dir, tmp_path, 
 
 def test_another_runs_check_folder_is_not_other_files(tmp_path):
     """A run starting on an empty folder while another checks it may see the other's check folder (made and removed
-    to probe writability): that is no one's files. Before: "holds other files"."""
+    to probe writability): that is no one's files, and the run does not say "holds other files"."""
     from hf_posenc.files import CHECK_PREFIX
     from hf_posenc.training.checkpoints import check_output
 
@@ -842,8 +842,8 @@ def test_position_parameters_are_found_by_their_names_in_a_wrapped_model():
 def test_a_checkpoint_cut_short_is_passed_over_and_written_again(tmp_path, caplog):
     """A run stopped while the Trainer wrote a checkpoint (killed, interrupted, a full disk) leaves a folder without
     its trainer_state.json, written last: the resume names it and continues from the checkpoint before it, to the
-    same weights as the run never stopped (before: transformers' newest folder was taken, and the resume failed on
-    the missing file, with the whole checkpoint before it unused)."""
+    same weights as the run never stopped (transformers' own pick, the newest folder, would fail on the missing
+    file, with the whole checkpoint before it unused)."""
     settings = _settings(batch_size=2)
     whole = make_tiny("llama")
     expected = train(whole, None, DATA, tmp_path / "whole", settings, "alibi")
@@ -862,8 +862,8 @@ def test_a_checkpoint_cut_short_is_passed_over_and_written_again(tmp_path, caplo
 
 def test_a_checkpoint_missing_a_processs_rng_state_is_not_finished(tmp_path):
     """Each process writes its own RNG state, the others' maybe after the first process's trainer_state.json (no
-    barrier): a checkpoint of a 2-process run whose second RNG file is missing or cut short is not finished (before:
-    taken, and the resume went on with another random state, only an INFO line saying so)."""
+    barrier): a checkpoint of a 2-process run whose second RNG file is missing or cut short is not finished (a
+    resume from it would go on with another random state, only an INFO line saying so)."""
     from hf_posenc.training.checkpoints import last_checkpoint
 
     for step in (1, 2):
@@ -1034,7 +1034,7 @@ def test_a_full_disk_is_one_line_and_the_run_resumes_after(tiny_dir, tmp_path, c
 
 def test_the_model_trained_keeps_its_cache_setting(tmp_path):
     """The Trainer turns ``use_cache`` off on the model's config for training; the model handed back, and the one
-    saved, generate with their KV cache as the base did (before: the saved config said ``use_cache: false``), also
+    saved, generate with their KV cache as the base did (the saved config does not say ``use_cache: false``), also
     after a run stopped midway."""
     model = make_tiny("llama")
     assert model.config.use_cache is True
@@ -1067,7 +1067,7 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_anything_load
     tiny_dir, tmp_path, capsys, monkeypatch
 ):
     """A read-only place (a read-only mount: root, as the tests may run, passes permission bits) is named before the
-    model and the data load (before: a bare "[Errno 30] Read-only file system" after both)."""
+    model and the data load, not met as a bare "[Errno 30] Read-only file system" after both."""
     import tempfile
 
     read_only, make = tmp_path / "mount", tempfile.mkdtemp
@@ -1088,7 +1088,7 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_anything_load
 
 def test_training_on_from_a_saved_t5_model_takes_its_table_or_says_why_not(tmp_path, caplog):
     """A saved t5-bias model trained on with its own method starts from its trained table; with other parameters
-    the table cannot serve, and a warning says that training starts afresh (before: silently)."""
+    the table cannot serve, and a warning says that training starts afresh."""
     from hf_posenc.eval.models import ModelSource, load_model
     from hf_posenc.spec import MethodSpec
     from hf_posenc.training.trainable import apply_method

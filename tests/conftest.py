@@ -16,6 +16,12 @@ from transformers import (
 pytest_plugins = ("hub_server", "tiny_runs")  # the fake_hub fixture; tiny_dir and eval runs on it
 
 
+def pytest_collection_modifyitems(items):
+    """The tests of the xdist groups first, in their order otherwise: each group runs on one worker and is among the
+    longest units of work, so a group started last would run alone after every other test has finished."""
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+
+
 def pytest_configure(config):
     """Under pytest-xdist, each worker takes its share of the cores' intra-op threads: two workers with two threads
     each on two cores spin-wait on each other."""

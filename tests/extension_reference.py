@@ -1,4 +1,5 @@
-"""A float64 reference forward pass of the tiny Llama-family decoders under Self-Extend, DCA and log-n.
+"""A float64 reference forward pass of the tiny Llama-family decoders under Self-Extend, DCA, STRING, ReRoPE,
+Leaky ReRoPE and log-n.
 
 Written from the papers' definitions, independent of hf_posenc's attention code on purpose: the tests compare the
 two. The causal (query i, key j) pairs split into segments (:func:`segments`), each with a query position that is a

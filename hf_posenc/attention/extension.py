@@ -104,8 +104,9 @@ def extension_mask(
     """
     if mask_function is not causal_mask_function:
         raise ValueError(
-            "Self-Extend, DCA and log-n scaling support plain causal attention; this call asks for another mask "
-            "(a sliding window, packed sequences in position_ids, or an added mask function)."
+            "The remaps (Self-Extend, DCA, STRING, ReRoPE) and log-n scaling support plain causal attention; this "
+            "call asks for another mask (a sliding window, packed sequences in position_ids, or an added mask "
+            "function)."
         )
     queries = torch.arange(q_length, device=device) + q_offset
     keys = torch.arange(kv_length, device=device) + kv_offset
@@ -211,7 +212,7 @@ def checked_mask(module: nn.Module, mask: Any, kwargs: dict[str, Any]) -> Positi
 
 POSITIONS_ERROR = (
     "position_ids must count the non-padding tokens (attention_mask.cumsum(-1) - 1, as generate() assigns them): "
-    "Self-Extend, DCA and log-n read positions from the attention mask."
+    "the remaps and log-n read positions from the attention mask."
 )
 
 

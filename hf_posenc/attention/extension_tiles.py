@@ -102,7 +102,7 @@ def _op_as_called(name: str) -> bool:
         return True
     warnings.warn(
         f"PyTorch {torch.__version__}'s torch.ops.aten.{name} is not the op hf_posenc calls (arguments "
-        f"{arguments or 'none'}, outputs {returns or 'none'}): Self-Extend and DCA prefills run as query blocks, "
+        f"{arguments or 'none'}, outputs {returns or 'none'}): the remaps' prefills run as query blocks, "
         "slower but the same numbers.",
         stacklevel=2,
     )

@@ -42,7 +42,12 @@ if TYPE_CHECKING:
 
 INSTALL_HINT = "pip install 'hf-posenc[lm-eval]' (from a checkout: pip install -e '.[lm-eval]')"
 MAX_FEWSHOT = 10_000  # examples in one prompt: more than any task's split holds for a context evaluated
-_TOKENIZER_KEYS = ("tokenizer", "pretrained")  # what lm-eval's synthetic tasks (RULER) read from the metadata
+_TOKENIZER_KEYS = ("tokenizer", "pretrained")
+# simple_evaluate arguments the run itself gives, which LmEvalConfig.evaluate may not replace
+_RUN_KEYS = frozenset(
+    {"model", "model_args", "tasks", "task_manager", "batch_size", "max_batch_size", "device", "max_length"}
+    | {"metadata", "include_path"}
+)  # what lm-eval's synthetic tasks (RULER) read from the metadata
 # HFLM arguments that load a model: given a loaded one (as here), HFLM ignores them with a warning. The parameter
 # of run_lm_eval that does the job, or why there is none.
 _QUANTIZED = "quantized checkpoints load through transformers as `model`"
@@ -137,6 +142,12 @@ class LmEvalConfig:
                     f"`model_args` {key}=... loads a model, and lm-eval ignores it for the model hf_posenc hands it: "
                     f"{LOADING_MODEL_ARGS[key]}."
                 )
+        reserved = sorted(set(self.evaluate) & _RUN_KEYS)
+        if reserved:
+            raise ValueError(
+                f"`evaluate` {', '.join(reserved)}=...: the run sets {'them' if len(reserved) > 1 else 'it'} (the "
+                "model, the tasks and their settings are LmEvalConfig's own fields, the device run_lm_eval's)."
+            )
         _check_evaluate_arguments(self.max_length, self.evaluate)
         if not re.fullmatch(r"[1-9]\d*|auto(:[1-9]\d*)?", str(self.batch_size)):  # True reads "True": refused
             raise ValueError(
@@ -181,6 +192,7 @@ def run_lm_eval(
 
     Raises:
         ImportError: lm_eval is not installed.
+        TypeError: ``model`` is a name: give a :class:`ModelSource`.
         ValueError: a method spec, a task name, the output folder, or a method the model refuses.
     """
     lm_eval = import_lm_eval()

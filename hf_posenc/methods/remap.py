@@ -55,7 +55,8 @@ class RemapParams(RopeParams):
     # the backends use the model's q and k there as they are.
     TRUE_DISTANCES: ClassVar[tuple[bool, ...]] = ()
     # For each segment, the segment whose keys it uses as they are turned there: itself, or an earlier one that
-    # turns them alike (both at true distances, or both to the same ``key_position``). Empty: each its own.
+    # leaves them where this one wants them (a true-distance segment's keys as the model rotated them, for a segment
+    # whose ``key_position`` is ``j``; or both turned to the same ``key_position``). Empty: each its own.
     KEY_SEGMENTS: ClassVar[tuple[int, ...]] = ()
     # How :attr:`reach` is computed, in the method's own symbols (for the messages that quote it).
     REACH_FORMULA: ClassVar[str] = ""

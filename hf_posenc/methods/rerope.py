@@ -34,6 +34,7 @@ from .remap import BandRemapParams
 
 WINDOW_RATIO = 8  # the authors' code: window = 512 for training_length = 4096
 DEFAULT_K = 16.0  # leaky_rerope_patch.py's scaling_factor
+MAX_K = 2.0**24  # as the RoPE scalings' factor: the reach stays an exact float64 integer
 
 
 @documented
@@ -99,6 +100,15 @@ def leaky_rerope_reach(context: int, window: int, k: float) -> int:
     return window + 1 + math.floor(k * (context - 1 - window))
 
 
+def _k_reaching(target: int, context: int, window: int) -> float:
+    """The smallest float ``k >= 1`` with ``w + 1 + floor(k (L - 1 - w)) >= T``: ``(T - 1 - w) / (L - 1 - w)``,
+    stepped up past float rounding, so a ``T``-token input's farthest pair sits at ``L - 1`` at most."""
+    k = max(1.0, (target - 1 - window) / (context - 1 - window))
+    while leaky_rerope_reach(context, window, k) < target:
+        k = math.nextafter(k, math.inf)
+    return k
+
+
 @documented
 @dataclass(frozen=True, kw_only=True)
 class LeakyReRoPEParams(ReRoPEParams):
@@ -122,17 +132,21 @@ class LeakyReRoPEParams(ReRoPEParams):
     def __post_init__(self) -> None:
         if self.k is not None:
             k = real_number("k", self.k)
-            if not 1 <= k < math.inf:
-                raise ValueError(f"k must be a finite number >= 1 (1 is RoPE itself), got {self.k!r}.")
+            if not 1 <= k <= MAX_K:
+                raise ValueError(f"k must be a number from 1 (RoPE itself) to 2^24, got {self.k!r}.")
             self._set("k", k)
         super().__post_init__()
 
     def _resolve(self, context: int) -> None:
         super()._resolve(context)
         target = self.max_position_embeddings
+        if target is not None and target > context and self.window > context - 2:
+            raise ValueError(
+                f"window must be at most L - 2 = {context - 2} for Leaky ReRoPE to reach past L={context} "
+                f"(max_position_embeddings={target}): past a window of L - 1 no position grows; got {self.window}."
+            )
         if self.k is None:
-            k = DEFAULT_K if target is None else (target - 1 - self.window) / (context - 1 - self.window)
-            self._set("k", max(1.0, k))
+            self._set("k", DEFAULT_K if target is None else _k_reaching(target, context, self.window))
         reach = leaky_rerope_reach(context, self.window, self.k)
         if target is None:
             self._set("max_position_embeddings", reach)

@@ -2,7 +2,7 @@
 Short?", ICLR 2025, arXiv 2410.18745, §4; HKUNLP/STRING): the relative positions a model rarely saw in training,
 the largest ones, are overwritten by well-trained smaller ones.
 
-Query ``i``, key ``j <= i``, relative position ``d = i - j``, shifted offset ``S``, local value ``W <= S``:
+Query ``i``, key ``j <= i``, relative position ``d = i - j``, shifted offset ``S``, local value ``W < S``:
 
 * ``d < S``: the true positions (the neighbour band, the model as trained);
 * otherwise the query at ``i - S + W`` and the key at ``j``: the relative position ``d - S + W``.
@@ -56,6 +56,7 @@ class StringParams(BandRemapParams):
 
     SEGMENTS: ClassVar[tuple[str, ...]] = ("neighbour", "shifted")
     TRUE_DISTANCES: ClassVar[tuple[bool, ...]] = (True, False)
+    KEY_SEGMENTS: ClassVar[tuple[int, ...]] = (0, 0)  # the shifted segment's keys sit at their true positions
     REACH_FORMULA: ClassVar[str] = "L + S - W"
 
     shifted_offset: int | None = setting(
@@ -65,7 +66,7 @@ class StringParams(BandRemapParams):
     )
     local_value: int | None = setting(
         None,
-        help="``W``, from 1 to ``S``: the relative position the shifted pairs start from. Defaults to 128, the "
+        help="``W``, from 1 to ``S - 1``: the relative position the shifted pairs start from. Defaults to 128, the "
         "authors' (they suggest 128, 256 or 512).",
     )
     attention_factor: float = setting(
@@ -112,10 +113,12 @@ class StringParams(BandRemapParams):
             )
 
     def _check_local_value(self) -> None:
-        if self.local_value > self.shifted_offset:
+        if self.local_value >= self.shifted_offset:
+            given = "the default local_value" if self.local_value == LOCAL_VALUE else "local_value"
             raise ValueError(
-                f"local_value must be at most shifted_offset={self.shifted_offset} (the shifted positions start at "
-                f"it, below the neighbour band's), got {self.local_value} (the default is {LOCAL_VALUE})."
+                f"{given} {self.local_value} must be below shifted_offset={self.shifted_offset} (the shifted positions "
+                f"start at it, below the neighbour band's; equal, nothing moves): give local_value from 1 to "
+                f"{self.shifted_offset - 1}."
             )
 
     @property

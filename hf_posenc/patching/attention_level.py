@@ -54,9 +54,10 @@ def _check_model(model: nn.Module, remaps: bool) -> None:
     config = model.config
     if config.model_type not in PLAIN_ATTENTION_ROPE_MODEL_TYPES:
         raise ValueError(
-            f"Self-Extend, DCA and log-n change attention in {', '.join(PLAIN_ATTENTION_ROPE_MODEL_TYPES)} models; "
-            f"{type(model).__name__} (model_type {config.model_type!r}) is not one of them: its attention may add "
-            "terms or not go through transformers' attention interface."
+            "The remaps (Self-Extend, DCA, STRING, ReRoPE) and log-n change attention in "
+            f"{', '.join(PLAIN_ATTENTION_ROPE_MODEL_TYPES)} models; {type(model).__name__} (model_type "
+            f"{config.model_type!r}) is not one of them: its attention may add terms or not go through transformers' "
+            "attention interface."
         )
     window, layer_types = getattr(config, "sliding_window", None), getattr(config, "layer_types", None)
     if layer_types is not None:  # Qwen2/Qwen3 window the layers it names, whatever use_sliding_window says
@@ -72,7 +73,7 @@ def _check_model(model: nn.Module, remaps: bool) -> None:
         types = {config.rope_parameters.get("rope_type")} | {module.rope_type for _, module in rotary_modules(model)}
         if not types <= STATIC_ROPE_TYPES:
             raise ValueError(
-                f"Self-Extend and DCA re-rotate cached keys with the model's frequencies, so they need frequencies "
+                f"The remaps re-rotate cached keys with the model's frequencies, so they need frequencies "
                 f"that do not change with the length; this model's rope_type is {sorted(types)}. Combine them with "
                 "a static scaling (pi, ntk, yarn, llama3) or none."
             )
@@ -138,7 +139,7 @@ def plan_extension(model: nn.Module, method: Method, params: Any) -> Plan:
     by_role = dict(zip((part.role for part in parts), getattr(resolved, "part_params", (resolved,)), strict=True))
     remap, temperature = by_role.get("remap"), by_role.get("temperature")
     if remap is not None:
-        refuse_training_dropout(model, "Self-Extend and DCA attention")
+        refuse_training_dropout(model, "The remaps' attention")
     implementation = _implementation(model, remap)
     rotary = rope_modules(model, scaled_ok=True)[0]
 

@@ -123,7 +123,9 @@ class LmEvalReport:
         )
 
     def to_json(self) -> dict[str, Any]:
-        report = {item.name: getattr(self, item.name) for item in dataclasses.fields(self)}
+        """The file's object, its keys in the file's order (the run's details first, the runs last)."""
+        order = ("model", "model_details", "lm_eval_version", "versions", "device", "max_length", "arguments")
+        report = {name: getattr(self, name) for name in order}
         return plain_json({**report, "runs": [run.to_json() for run in self.runs]})
 
     @classmethod

@@ -9,7 +9,8 @@ import transformers
 from tiny_runs import folder_files
 
 from hf_posenc.cli import main
-from hf_posenc.eval import data
+from hf_posenc.cli import train as train_command
+from hf_posenc.eval import data, runner
 
 
 @pytest.fixture
@@ -22,7 +23,8 @@ def nothing_loads(monkeypatch):
     for auto in (transformers.AutoModelForCausalLM, transformers.AutoTokenizer):
         monkeypatch.setattr(auto, "from_pretrained", refuse)
     monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(refuse))
-    monkeypatch.setattr(data, "load_texts", refuse)
+    for module in (data, runner, train_command):
+        monkeypatch.setattr(module, "load_texts", refuse)
 
 
 EVAL = [
@@ -41,7 +43,7 @@ EVAL = [
     ),
     (["--lengths", "32", "--method", "dynamic-ntk+self-extend:factor=2"], "changes the frequencies with the length"),
     (["--lengths", "32", "--method", "string:shifted_offset=0"], "shifted_offset must be a positive integer"),
-    (["--lengths", "32", "--method", "leaky-rerope:k=0.5"], "k must be a finite number >= 1"),
+    (["--lengths", "32", "--method", "leaky-rerope:k=0.5"], "k must be a number from 1 (RoPE itself) to 2^24"),
     (["--lengths", "32", "--method", "rerope", "--attn-implementation", "flash_attention_2"], "flash_attention_2"),
     (["--lengths", "32", "--max-memory", "0=70GiB"], "--max-memory"),
 ]

@@ -1,4 +1,4 @@
-"""Self-Extend, DCA and log-n (alone and combined): save / load round trips, what plain transformers and vLLM read
+"""The remaps (Self-Extend, DCA, STRING, ReRoPE, Leaky ReRoPE) and log-n (alone and combined): save / load round trips, what plain transformers and vLLM read
 in the saved config, the attention implementation staying one that applies the method, bad input, and exact
 unpatch. The KV cache and padding are in test_extension_cache.py."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import pickle
 import re
 import subprocess
@@ -19,6 +20,8 @@ from transformers import AutoModelForCausalLM
 
 import hf_posenc
 from hf_posenc.attention import REMAP
+from hf_posenc.methods.rerope import leaky_rerope_reach
+from hf_posenc.registry import get_method
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -307,6 +310,11 @@ def test_max_position_embeddings_is_the_reach_of_string_and_leaky_rerope():
         hf_posenc.patch(make_tiny("llama"), "leaky-rerope", window=15, max_position_embeddings=160)
     )
     assert asked.params["k"] == (160 - 1 - 15) / (64 - 1 - 15) == 3.0 and asked.params["max_position_embeddings"] == 160
+    for context, target in [(8192, 131072), (4096, 4290), (64, 65), (64, 1000)]:  # float rounding would fall short
+        derived = get_method("leaky-rerope").make_params(
+            original_max_position_embeddings=context, max_position_embeddings=target
+        )
+        assert derived.reach >= target > leaky_rerope_reach(context, derived.window, math.nextafter(derived.k, 0))
     assert hf_posenc.patch(make_tiny("llama"), "rerope", window=16).config.max_position_embeddings == 64
     rerope = hf_posenc.patch(make_tiny("llama"), "rerope", window=16, max_position_embeddings=10_000)
     assert rerope.config.max_position_embeddings == 10_000
@@ -456,15 +464,18 @@ BAD = [
     ("local_size = chunk_size", "qwen2", "dca", {"chunk_size": 48, "local_size": 48}, ValueError, r"local_size must be below chunk_size=48"),
     ("local_size > default chunk_size", "llama", "dca", {"local_size": 50}, ValueError, r"local_size must be below chunk_size=48"),
     ("dca max_position_embeddings < L", "qwen2", "dca", {"max_position_embeddings": 63}, ValueError, r"max_position_embeddings \(the longest input to serve\) must be at least the trained context L=64, got 63"),
-    ("string default W above S", "llama", "string", {}, ValueError, r"local_value must be at most shifted_offset=21 .*got 128 \(the default is 128\)"),
+    ("string default W above S", "llama", "string", {}, ValueError, r"the default local_value 128 must be below shifted_offset=21 .*give local_value from 1 to 20"),
+    ("string W = S", "llama", "string", {"shifted_offset": 20, "local_value": 20}, ValueError, r"local_value 20 must be below shifted_offset=20 .*equal, nothing moves"),
     ("string S = L", "llama", "string", {"shifted_offset": 64, "local_value": 8}, ValueError, r"shifted_offset must be below the trained context L=64, got 64"),
-    ("string W > S", "qwen2", "string", {"shifted_offset": 20, "local_value": 21}, ValueError, r"local_value must be at most shifted_offset=20"),
+    ("string W > S", "qwen2", "string", {"shifted_offset": 20, "local_value": 21}, ValueError, r"local_value 21 must be below shifted_offset=20"),
     ("string W = 0", "llama", "string", {"shifted_offset": 20, "local_value": 0}, ValueError, r"local_value must be a positive integer, got 0"),
     ("string reach shorter than asked", "llama", "string", {"shifted_offset": 21, "local_value": 4, "max_position_embeddings": 82}, ValueError, r"STRING's reach L \+ S - W = 81"),
     ("string attention_factor 0", "llama", "string", {"shifted_offset": 21, "local_value": 4, "attention_factor": 0}, ValueError, r"attention_factor must be > 0"),
     ("rerope window = L", "llama", "rerope", {"window": 64}, ValueError, r"window must be below the trained context L=64, got 64"),
     ("rerope max_position_embeddings < L", "mistral", "rerope", {"max_position_embeddings": 32}, ValueError, r"must be at least the trained context L=64, got 32"),
-    ("leaky k < 1", "llama", "leaky-rerope", {"k": 0.5}, ValueError, r"k must be a finite number >= 1 \(1 is RoPE itself\), got 0.5"),
+    ("leaky k < 1", "llama", "leaky-rerope", {"k": 0.5}, ValueError, r"k must be a number from 1 \(RoPE itself\) to 2\^24, got 0.5"),
+    ("leaky k huge", "llama", "leaky-rerope", {"k": 1e300}, ValueError, r"k must be a number from 1 \(RoPE itself\) to 2\^24, got 1e\+300"),
+    ("leaky window L - 1 past L", "llama", "leaky-rerope", {"window": 63, "max_position_embeddings": 100}, ValueError, r"window must be at most L - 2 = 62 for Leaky ReRoPE to reach past L=64"),
     ("leaky k inf", "llama", "leaky-rerope", {"k": float("inf")}, ValueError, r"k must be finite, got inf"),
     ("leaky reach shorter than asked", "llama", "leaky-rerope", {"window": 16, "k": 2, "max_position_embeddings": 112}, ValueError, r"reaches w \+ 1 \+ floor\(k \(L - 1 - w\)\) = 111 tokens, fewer than max_position_embeddings=112; use a larger k"),
     ("two remaps string rerope", "llama", "string+rerope", {}, ValueError, r"'string' and 'rerope' both change the remap"),

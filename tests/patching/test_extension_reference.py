@@ -263,22 +263,27 @@ def test_string_and_rerope_put_each_pair_at_the_papers_distance(method, params, 
         assert distance[:length, :length].max() <= L - 1 < distance[length].max()
 
 
-@pytest.mark.parametrize(("method", "params"), [("self-extend", {"group_size": 3, "window": 12}), ("dca", {})])
-def test_segments_that_share_keys_put_them_at_the_same_positions(method, params):
+@pytest.mark.parametrize(
+    ("method", "params", "turns"),
+    [
+        ("self-extend", {"group_size": 3, "window": 12}, 2),
+        ("dca", {}, 2),  # three segments, two turns
+        ("string", {"shifted_offset": 20, "local_value": 4}, 1),  # the shifted keys at their true positions
+    ],
+)
+def test_segments_that_share_keys_put_them_at_the_same_positions(method, params, turns):
     """The backends turn the keys once for the segments ``key_source`` groups: each shares with an earlier
-    (or its own) segment that turns its keys alike (both at true distances, or both to ``K_g(j)``)."""
+    (or its own) segment that puts its keys at the same positions (the true ones, or the same ``K_g(j)``)."""
     remap = get_method(method).make_params(original_max_position_embeddings=L, **params)
     position = torch.arange(4 * L)
     assert len(remap.KEY_SEGMENTS) == len(remap.SEGMENTS)
-    assert (
-        len({remap.key_source(segment) for segment in range(len(remap.SEGMENTS))}) == 2
-    )  # DCA: three segments, two turns
+    assert len({remap.key_source(segment) for segment in range(len(remap.SEGMENTS))}) == turns
     for segment in range(len(remap.SEGMENTS)):
         source = remap.key_source(segment)
         assert source <= segment and remap.key_source(source) == source
-        assert remap.TRUE_DISTANCES[segment] == remap.TRUE_DISTANCES[source]
-        if not remap.TRUE_DISTANCES[segment]:
-            assert torch.equal(remap.key_position(segment, position), remap.key_position(source, position))
+        if source != segment:  # its keys as the source leaves them: unturned (true positions), or turned alike
+            shared = position if remap.TRUE_DISTANCES[source] else remap.key_position(source, position)
+            assert torch.equal(remap.key_position(segment, position), shared)
 
 
 @pytest.mark.parametrize(

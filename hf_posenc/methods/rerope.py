@@ -147,6 +147,11 @@ class LeakyReRoPEParams(ReRoPEParams):
             )
         if self.k is None:
             self._set("k", DEFAULT_K if target is None else _k_reaching(target, context, self.window))
+            if self.k > MAX_K:
+                raise ValueError(
+                    f"max_position_embeddings={target} needs k = {self.k:.4g} with window={self.window} on "
+                    f"L={context}, above 2^24; a larger window reaches further at a smaller k."
+                )
         reach = leaky_rerope_reach(context, self.window, self.k)
         if target is None:
             self._set("max_position_embeddings", reach)

@@ -475,6 +475,7 @@ BAD = [
     ("rerope max_position_embeddings < L", "mistral", "rerope", {"max_position_embeddings": 32}, ValueError, r"must be at least the trained context L=64, got 32"),
     ("leaky k < 1", "llama", "leaky-rerope", {"k": 0.5}, ValueError, r"k must be a number from 1 \(RoPE itself\) to 2\^24, got 0.5"),
     ("leaky k huge", "llama", "leaky-rerope", {"k": 1e300}, ValueError, r"k must be a number from 1 \(RoPE itself\) to 2\^24, got 1e\+300"),
+    ("leaky target past k = 2^24", "llama", "leaky-rerope", {"window": 8, "max_position_embeddings": 2**40}, ValueError, r"max_position_embeddings=1099511627776 needs k = 1.999e\+10 with window=8 on L=64, above 2\^24"),
     ("leaky window L - 1 past L", "llama", "leaky-rerope", {"window": 63, "max_position_embeddings": 100}, ValueError, r"window must be at most L - 2 = 62 for Leaky ReRoPE to reach past L=64"),
     ("leaky k inf", "llama", "leaky-rerope", {"k": float("inf")}, ValueError, r"k must be finite, got inf"),
     ("leaky reach shorter than asked", "llama", "leaky-rerope", {"window": 16, "k": 2, "max_position_embeddings": 112}, ValueError, r"reaches w \+ 1 \+ floor\(k \(L - 1 - w\)\) = 111 tokens, fewer than max_position_embeddings=112; use a larger k"),

@@ -14,13 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .schema import read_report
-
-
-def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
-    """The entries of ``data`` that are fields of the dataclass ``cls``."""
-    names = {item.name for item in dataclasses.fields(cls)}
-    return {key: value for key, value in data.items() if key in names}
+from .schema import known_fields, read_report
 
 
 @dataclass(frozen=True)
@@ -65,7 +59,7 @@ class PerplexityRow:
 
     @classmethod
     def from_json(cls, row: Mapping[str, Any]) -> PerplexityRow:
-        return cls(**_known(cls, row))
+        return cls(**known_fields(cls, row))
 
 
 @dataclass(frozen=True)
@@ -109,7 +103,7 @@ class PerplexityReport:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PerplexityReport:
         rows = tuple(PerplexityRow.from_json(row) for row in data["results"])
-        return cls(**{**_known(cls, data), "results": rows})
+        return cls(**{**known_fields(cls, data), "results": rows})
 
     @classmethod
     def read(cls, path: str | Path) -> PerplexityReport:
@@ -183,9 +177,9 @@ class PasskeyReport:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PasskeyReport:
-        trials = tuple(PasskeyTrial(**_known(PasskeyTrial, trial)) for trial in data["trials"])
-        cells = tuple(PasskeyCell(**_known(PasskeyCell, cell)) for cell in data["accuracy"])
-        return cls(**{**_known(cls, data), "trials": trials, "accuracy": cells})
+        trials = tuple(PasskeyTrial(**known_fields(PasskeyTrial, trial)) for trial in data["trials"])
+        cells = tuple(PasskeyCell(**known_fields(PasskeyCell, cell)) for cell in data["accuracy"])
+        return cls(**{**known_fields(cls, data), "trials": trials, "accuracy": cells})
 
     @classmethod
     def read(cls, path: str | Path) -> PasskeyReport:

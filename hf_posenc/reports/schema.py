@@ -8,9 +8,10 @@ naming the file and the field, and nothing is written on the way to it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,13 @@ PASSKEY_CELL = {"method": (str,), "length": (int,), "depth": _NUMBER, "accuracy"
 LM_EVAL_FILE = {"model": (str,), "lm_eval_version": (str,), "max_length": (int,), "runs": (list,)}
 LM_EVAL_FILE_OPTIONAL = {"arguments": (dict,), "model_details": (dict,)}  # what a card reads of them, where present
 LM_EVAL_RUN = {"method": (str,), "params": (dict,), "results": (dict,)}
+
+
+def known_fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``data`` (a file's object) that are fields of the dataclass ``cls``: a typed report is built
+    from what its file holds of it."""
+    names = {item.name for item in dataclasses.fields(cls)}
+    return {key: value for key, value in data.items() if key in names}
 
 
 def read_report(path: Path, *, kind: str, advice: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..spec import MethodSpec
-from .schema import read_report
+from .schema import known_fields, read_report
 
 LM_EVAL_JSON = "lm_eval.json"  # the results file of ``hf-posenc lm-eval``
 _RENAMED = {"n_shot": "n-shot", "n_samples": "n-samples"}  # field -> lm-eval's key, kept in the file
@@ -67,9 +67,8 @@ class LmEvalRun:
 
     @classmethod
     def from_json(cls, run: Mapping[str, Any]) -> LmEvalRun:
-        names = {item.name for item in dataclasses.fields(cls)}
-        given = {name: run[_RENAMED.get(name, name)] for name in names if _RENAMED.get(name, name) in run}
-        return cls(**given)
+        renamed = {name: run[key] for name, key in _RENAMED.items() if key in run}
+        return cls(**known_fields(cls, {**run, **renamed}))
 
 
 @dataclass(frozen=True)
@@ -130,9 +129,8 @@ class LmEvalReport:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LmEvalReport:
-        names = {item.name for item in dataclasses.fields(cls)}
-        known = {key: value for key, value in data.items() if key in names}
-        return cls(**{**known, "runs": tuple(LmEvalRun.from_json(run) for run in data["runs"])})
+        runs = tuple(LmEvalRun.from_json(run) for run in data["runs"])
+        return cls(**{**known_fields(cls, data), "runs": runs})
 
     @classmethod
     def read(cls, path: str | Path) -> LmEvalReport:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .schema import known_fields
+
 SUMMARY_FILE = "train_summary.json"
 
 
@@ -83,10 +85,8 @@ class TrainSummary:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TrainSummary:
-        names = {item.name for item in dataclasses.fields(cls)}
-        known = {key: value for key, value in data.items() if key in names}
         losses = [(int(step), loss) for step, loss in data["losses"]]
-        return cls(**{**known, "data": TrainData(**data["data"]), "losses": losses})
+        return cls(**{**known_fields(cls, data), "data": TrainData(**data["data"]), "losses": losses})
 
     @classmethod
     def read(cls, path: str | Path) -> TrainSummary:

@@ -20,16 +20,24 @@ def tasks(tmp_path_factory) -> str:
 
 
 def test_lm_eval_writes_the_results_and_prints_the_table(tiny_dir, tasks, tmp_path, capsys, one_thread):
+    """The results and the table; a token in --model_args (lm-eval hands model_args on to its model, and to
+    from_pretrained) is redacted in lm_eval.json, which a push uploads as it is."""
     output = tmp_path / "out"
+    secret = "hf_SecretTokenValue1234567890"
     argv = ["lm-eval", "--model", str(tiny_dir / "model"), "--method", "none", "--method", "yarn:factor=4"]
     argv += ["--include_path", tasks, "--tasks", "tiny_choice", "--limit", "4", "--metadata", "note=x"]
+    argv += ["--model_args", f"token={secret}"]
     assert main([*argv, "--output", str(output)]) == 0
-    report = json.loads((output / "lm_eval.json").read_text())
+    text = (output / "lm_eval.json").read_text()
+    captured = capsys.readouterr()
+    assert secret not in text and secret not in captured.err + captured.out
+    report = json.loads(text)
+    assert report["arguments"]["model_args"] == {"token": "***"}
     assert [run["method"] for run in report["runs"]] == ["none", "yarn:factor=4"]
     assert report["arguments"]["limit"] == 4 and report["arguments"]["include_path"] == tasks
-    assert report["arguments"]["metadata"] == {"note": "x", "pretrained": str(tiny_dir / "model")}
+    assert report["arguments"]["metadata"] == {"note": "x", "pretrained": str(tiny_dir / "model"), "token": "***"}
     assert all(run["n-samples"]["tiny_choice"]["effective"] == 4 for run in report["runs"])  # --limit applied
-    printed = capsys.readouterr().out
+    printed = captured.out
     scores = [f"{run['results']['tiny_choice']['acc,none']:.4f}" for run in report["runs"]]
     assert f"lm-eval {report['lm_eval_version']}, max_length 256:" in printed
     assert ["tiny_choice", "acc,none", *scores] in [line.split() for line in printed.splitlines()]
@@ -106,19 +114,6 @@ def test_the_library_bounds_what_it_passes_to_lm_eval(tiny_dir, tasks):
     ]:
         with pytest.raises(ValueError, match=message):
             LmEvalConfig(["tiny_choice"], include_path=tasks, **kwargs)
-
-
-def test_a_token_given_to_lm_eval_is_not_written(tiny_dir, tasks, tmp_path, one_thread):
-    """A token in --model_args (lm-eval hands model_args on to its model, and to from_pretrained) is redacted in
-    lm_eval.json, which a push uploads as it is."""
-    output = tmp_path / "out"
-    secret = "hf_SecretTokenValue1234567890"
-    argv = ["lm-eval", "--model", str(tiny_dir / "model"), "--include_path", tasks, "--tasks", "tiny_choice"]
-    argv += ["--limit", "2", "--model_args", f"token={secret}", "--output", str(output)]
-    assert main(argv) == 0
-    text = (output / "lm_eval.json").read_text()
-    assert secret not in text
-    assert json.loads(text)["arguments"]["model_args"] == {"token": "***"}
 
 
 def test_an_output_holding_a_run_is_named_by_its_flag(tiny_dir, tasks, tmp_path, capsys):

@@ -56,9 +56,9 @@ def test_planners_never_import_each_other():
         assert not _imports(planner) & (PLANNERS - {planner}), planner
 
 
-def test_only_the_cli_and_eval_itself_import_eval():
+def test_only_the_cli_tune_and_eval_itself_import_eval():
     for name in MODULES:
-        if name.startswith(("hf_posenc.cli", "hf_posenc.eval")):
+        if name.startswith(("hf_posenc.cli", "hf_posenc.eval", "hf_posenc.tune")):
             continue
         assert not {m for m in _imports(name) if m.startswith("hf_posenc.eval")}, name
 
@@ -84,6 +84,7 @@ LAYERS = (
     {"plots", "reports", "serving"},
     {"hub"},
     {"eval", "training"},
+    {"tune"},
     {"cli", "__init__"},
     {"__main__"},
 )

@@ -111,6 +111,8 @@ class PerplexityConfig:
         derive_lengths (`bool`, defaults to `True`): ``truncate`` reads shorter lengths from the longest forward of a
             method that does not depend on the input's length; False: one forward per length.
         note (`str`, *optional*): what the data is, for the report's ``protocol_details``.
+        blocks (`int`, defaults to 1): above 1, each row also holds each window's NLL by that many contiguous
+            blocks of its tokens (``blocks``), from which :mod:`hf_posenc.tune` reads the spread of a mean.
     """
 
     lengths: list[int]
@@ -123,6 +125,11 @@ class PerplexityConfig:
     chunk_size: int = 2048
     derive_lengths: bool = True
     note: str | None = None
+    blocks: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.blocks, bool) or not isinstance(self.blocks, int) or self.blocks < 1:
+            raise ValueError(f"`blocks` must be a whole number >= 1, got {self.blocks!r}.")
 
 
 @dataclass
@@ -222,6 +229,7 @@ def _perplexity_arguments(
         "stride": config.stride,
         "bos": config.bos,
         "max_windows": config.max_windows,
+        **({"blocks": config.blocks} if config.blocks > 1 else {}),
     }
 
 
@@ -288,6 +296,7 @@ def _score_method(
                 batch_size=config.batch_size,
                 chunk_size=config.chunk_size,
                 desc=f"{spec.text} @ {','.join(map(str, group))}",
+                blocks=config.blocks,
             )
             rows = [*run.report["results"], *(_result(spec.text, params, n, scores[n], plans[n]) for n in group)]
             run.report["results"] = sort_results(rows, order)
@@ -315,8 +324,14 @@ def _result(method: str, params: dict, length: int, score: LengthScore, plan: Wi
         forwards=score.forwards,
         derived_from=score.derived_from,
         seconds=round(score.seconds, 2),
+        blocks=None if score.blocks is None else [[_finite(value), count] for value, count in score.blocks],
     )
     return row.to_json()
+
+
+def _finite(value: float) -> float | None:
+    """``value``, or None where it is not finite (JSON has no NaN: the row's own ``status`` says why)."""
+    return value if math.isfinite(value) else None
 
 
 @dataclass(frozen=True)

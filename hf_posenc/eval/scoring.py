@@ -77,12 +77,31 @@ class Forward:
 class LengthScore:
     """One length's windows scored: ``(summed NLL, tokens)`` of each in plan order; how many were read by a
     forward of their own; those forwards' seconds on this process (a pass's other time, gathering, goes to
-    its longest length); the longest length whose forwards the other windows were read from, or None."""
+    its longest length); the longest length whose forwards the other windows were read from, or None; with
+    ``blocks`` asked for, each window's scored tokens cut into that many contiguous blocks, ``(summed NLL, tokens)``
+    of each, window after window (:func:`block_sums`)."""
 
     windows: list[tuple[float, int]]
     forwards: int
     seconds: float
     derived_from: int | None
+    blocks: list[tuple[float, int]] | None = None
+
+
+def block_sums(running: torch.Tensor, blocks: int) -> list[tuple[float, int]]:
+    """``(summed NLL, tokens)`` of ``blocks`` contiguous blocks of a window's scored tokens, as even as whole tokens
+    allow, read from its running sums (:func:`~hf_posenc.eval.perplexity.cumulative_nll`: entry ``k`` sums the first
+    ``k + 1`` tokens). The blocks' means give the spread of the window's mean (batch means): the tokens of one
+    document are not independent, blocks of hundreds of them nearly are."""
+    scored = running.shape[0]
+    ends = [round(scored * (b + 1) / blocks) for b in range(blocks)]
+    sums, before, start = [], 0.0, 0
+    for end in ends:
+        if end > start:
+            total = running[end - 1].item()
+            sums.append((total - before, end - start))
+            before, start = total, end
+    return sums
 
 
 def serves_every_length(model, method: str) -> bool:
@@ -115,9 +134,11 @@ def score_lengths(
     batch_size: int = 1,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     desc: str = "",
+    blocks: int = 1,
 ) -> dict[int, LengthScore]:
     """Every window of ``plans`` (length -> windows) scored, on every process, each window's NLL read from the
-    forward :func:`plan_forwards` gives it (pass one length at a time for one forward per window).
+    forward :func:`plan_forwards` gives it (pass one length at a time for one forward per window). ``blocks`` > 1:
+    each window's NLL by blocks of its tokens too (:func:`block_sums`).
 
     Raises:
         `RuntimeError`: the gathered results do not cover each forward exactly once.
@@ -139,10 +160,21 @@ def score_lengths(
                 sums = cumulative_nll(model, ids, input_shape(forwards[batch[0]].window, bos)[1], chunk_size).cpu()
             seconds[forwards[batch[0]].length] += time.perf_counter() - begin
             for row, i in enumerate(batch):
-                records.append((i, _served(model, docs, plans, forwards[i], sums[row], bos_id, chunk_size, seconds)))
+                served = _served(model, docs, plans, forwards[i], sums[row], bos_id, chunk_size, seconds)
+                records.append((i, [(*entry, _blocks_of(entry, sums[row], blocks)) for entry in served]))
     gathered = _gathered(records, len(forwards), "forwards")
     seconds[max(plans)] += time.perf_counter() - start - sum(seconds.values())
-    return {n: _length_score(n, windows, forwards, gathered, seconds[n]) for n, windows in plans.items()}
+    return {n: _length_score(n, windows, forwards, gathered, seconds[n], blocks) for n, windows in plans.items()}
+
+
+def _blocks_of(entry: tuple, running: torch.Tensor, blocks: int) -> list[tuple[float, int]] | None:
+    """The blocks of a window :func:`_served` read (``(length, index, nll, tokens, read alone)``): from the forward's
+    running sums, its first ``tokens`` entries; a window read again alone has no blocks to read (it was not finite)
+    and gets one, its whole NLL."""
+    _, _, nll, tokens, alone = entry
+    if blocks <= 1:
+        return None
+    return [(nll, tokens)] if alone else block_sums(running[:tokens], blocks)
 
 
 class _LayerProgress:
@@ -217,17 +249,20 @@ def _served(
 
 
 def _length_score(
-    length: int, windows: list[Window], forwards: list[Forward], gathered: list, seconds: float
+    length: int, windows: list[Window], forwards: list[Forward], gathered: list, seconds: float, blocks: int = 1
 ) -> LengthScore:
     """``length``'s :class:`LengthScore` from the gathered ``(forward index, [(length, index, nll, tokens, read
-    alone)])``."""
-    entries = [(i, k, nll, count, alone) for i, served in gathered for n, k, nll, count, alone in served if n == length]
-    scored = sorted((k, (nll, tokens)) for _, k, nll, tokens, _ in entries)
-    if [k for k, _ in scored] != list(range(len(windows))):
+    alone, blocks)])``."""
+    entries = [(i, k, *rest) for i, served in gathered for n, k, *rest in served if n == length]
+    scored = sorted((k, (nll, tokens), parts) for _, k, nll, tokens, _, parts in entries)
+    if [k for k, _, _ in scored] != list(range(len(windows))):
         raise RuntimeError(f"Gathered {len(scored)} results for {len(windows)} windows of length {length}.")
-    sources = [length if alone else forwards[i].length for i, _, _, _, alone in entries]
+    sources = [length if alone else forwards[i].length for i, _, _, _, alone, _ in entries]
     derived = [source for source in sources if source != length]
-    return LengthScore([value for _, value in scored], len(sources) - len(derived), seconds, max(derived, default=None))
+    parts = [part for _, _, window_parts in scored for part in window_parts] if blocks > 1 else None
+    return LengthScore(
+        [value for _, value, _ in scored], len(sources) - len(derived), seconds, max(derived, default=None), parts
+    )
 
 
 def map_split(accelerator: Accelerator, count: int, fn: Callable[[int], Any], desc: str) -> list:

@@ -41,6 +41,7 @@ PERPLEXITY_ROW_OPTIONAL = {
     "forwards": (int,),
     "derived_from": (int, type(None)),
     "seconds": _NUMBER,
+    "blocks": (list,),
 }
 MAX_LENGTH = 2**40  # tokens: no window is longer; a longer length is an edited or damaged file
 # A row whose perplexity is not a finite number says so in its file as null plus a ``status`` (standard JSON has no
@@ -73,8 +74,8 @@ def read_report(path: Path, *, kind: str, advice: str) -> dict[str, Any]:
 
     Args:
         path (`Path`): the file.
-        kind (`str`): ``"perplexity"`` (``hf-posenc eval``'s results.json), ``"passkey"`` (passkey.json) or
-            ``"lm-eval"`` (``hf-posenc lm-eval``'s lm_eval.json).
+        kind (`str`): ``"perplexity"`` (``hf-posenc eval``'s results.json), ``"passkey"`` (passkey.json),
+            ``"lm-eval"`` (``hf-posenc lm-eval``'s lm_eval.json) or ``"tune"`` (tune.json).
         advice (`str`): what the reader can do, ending the error message.
 
     Raises:
@@ -333,7 +334,35 @@ def _params_problem(rows: list[dict[str, Any]]) -> str | None:
     return None
 
 
-_PROBLEMS = {"perplexity": _perplexity_problem, "passkey": _passkey_problem, "lm-eval": _lm_eval_problem}
+TUNE_FILE = {
+    "model": (str,),
+    "dataset": (str,),
+    "trained_context": (int,),
+    "target_length": (int,),
+    "short_lengths": (list,),
+    "max_regression": _NUMBER,
+    "reference": (dict,),
+    "rows": (list,),
+}
+TUNE_ROW = {"method": (str,), "family": (str,), "regression": (dict,), "eligible": (bool,), "tied": (bool,)}
+
+
+def _tune_problem(report: dict[str, Any]) -> str | None:
+    problem = fields_problem(report, TUNE_FILE, "the file")
+    rows = [] if problem else report["rows"]
+    problems = (
+        f"rows[{i}] is not an object" if not isinstance(row, dict) else fields_problem(row, TUNE_ROW, f"rows[{i}]")
+        for i, row in enumerate(rows)
+    )
+    return problem or next((p for p in problems if p), None)
+
+
+_PROBLEMS = {
+    "perplexity": _perplexity_problem,
+    "passkey": _passkey_problem,
+    "lm-eval": _lm_eval_problem,
+    "tune": _tune_problem,
+}
 _JSON_NAMES = {
     str: "a string",
     int: "an integer",

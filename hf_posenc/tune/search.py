@@ -1,0 +1,261 @@
+"""``tune``: the best training-free extension of a model to a target length, measured.
+
+The candidates (:func:`~hf_posenc.tune.space.search_space`) and the unpatched model are scored by one perplexity
+run (:func:`~hf_posenc.eval.run_perplexity`, truncate protocol) at the target ``T`` and at lengths inside the
+trained context ``L``: a method whose output does not depend on the input's length scores each document with one
+forward at ``T`` and reads the shorter lengths from it. That run's folder (``perplexity/`` in the output) resumes:
+a killed tune loses at most the candidate it was on, and a rerun with more candidates computes only the new ones.
+
+With a ``budget`` smaller than the candidates, each is screened first on the first window at a shorter length
+(halfway from ``L`` to ``T``; its own resumable folder, ``screening/``), and the ``budget`` best go on to the full
+run. Screening costs one forward per candidate at that length; the full run one per kept candidate and document at
+``T``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import AutoConfig
+
+from ..eval.data import TextSource
+from ..eval.folder import PERPLEXITY, ResultsFolder
+from ..eval.models import ModelSource, trained_context
+from ..eval.runner import PerplexityConfig, run_perplexity
+from ..files import atomic_write_text, json_text
+from ..hub.saved import base_config, loading_errors
+from ..plots.tuning_figure import plot_tune
+from ..reports.runs import PerplexityReport, PerplexityRow
+from ..reports.tuning import TUNE_CSV, TUNE_JSON, TuneReport, TuneRow
+from ..spec import NONE_METHOD
+from .space import Candidate, check_families, search_space
+from .statistics import nll_estimate, paired_difference, tied
+
+logger = logging.getLogger("hf_posenc")
+
+PERPLEXITY_FOLDER = "perplexity"
+SCREENING_FOLDER = "screening"
+TUNE_PLOT = "tune.png"
+DEFAULT_MAX_REGRESSION = 0.03  # a winner's perplexity inside L is at most 3% above the unpatched model's
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """What a tune searches and how it scores (``hf-posenc tune``'s options).
+
+    Attributes:
+        target_length (`int`, *optional*): the length ``T`` to reach; None: twice the trained context.
+        methods (`list[str]`, *optional*): the families to search (``["yarn", "self-extend"]``); None: all.
+        budget (`int`, *optional*): at most this many candidates get the full run, the best of a screening; None:
+            all of them.
+        max_regression (`float`, defaults to 0.03): the largest perplexity increase inside the trained context,
+            against the unpatched model, that a winner may have (0.03: 3%).
+        short_lengths (`list[int]`, *optional*): the lengths inside ``L`` the regression is measured at; None:
+            ``L / 4`` and ``L``.
+        logn (`bool`, defaults to `True`): each candidate with log-n too, where it combines.
+        blocks (`int`, defaults to 8): the blocks each window's tokens are cut into for the standard errors.
+        batch_size (`int`, defaults to 1): windows per forward.
+    """
+
+    target_length: int | None = None
+    methods: Sequence[str] | None = None
+    budget: int | None = None
+    max_regression: float = DEFAULT_MAX_REGRESSION
+    short_lengths: Sequence[int] | None = None
+    logn: bool = True
+    blocks: int = 8
+    batch_size: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("target_length", "budget"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"`{name}` must be a whole number >= 1, got {value!r}.")
+        regression = self.max_regression
+        if isinstance(regression, bool) or not isinstance(regression, (int, float)) or not 0 <= regression < math.inf:
+            raise ValueError(f"`max_regression` must be a finite number >= 0 (0.03: 3%), got {regression!r}.")
+        if isinstance(self.blocks, bool) or not isinstance(self.blocks, int) or self.blocks < 2:
+            raise ValueError(f"`blocks` must be a whole number >= 2 (standard errors need two), got {self.blocks!r}.")
+        if self.short_lengths is not None and not all(isinstance(n, int) and n > 1 for n in self.short_lengths):
+            raise ValueError(f"`short_lengths` must be whole numbers of tokens > 1, got {list(self.short_lengths)}.")
+        if self.methods is not None:
+            check_families(self.methods)
+
+
+def trained_context_of(model_source) -> int:
+    """The trained context ``L`` of ``model_source`` (:class:`~hf_posenc.eval.ModelSource`), read from its config
+    alone: a saved patch's base model's."""
+    saved = model_source.saved_patch()
+    if model_source.gguf_file:
+        with loading_errors(model_source.name, model_source.gguf_file):
+            config = AutoConfig.from_pretrained(model_source.name, gguf_file=model_source.gguf_file)
+    else:
+        config = base_config(model_source.name, saved, revision=model_source.revision)
+    return trained_context(config)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A tune's lengths and candidates, fixed before any model loads."""
+
+    trained: int
+    target: int
+    short: list[int]
+    candidates: list[Candidate]
+
+
+def _plan(trained: int, config: TuneConfig) -> _Plan:
+    """The lengths and candidates of a tune of a model trained on ``trained`` tokens; ``ValueError`` for a target
+    inside it, short lengths outside it, or no candidate reaching the target."""
+    target = config.target_length or 2 * trained
+    short = sorted(set(config.short_lengths or [trained // 4, trained]))
+    outside = [n for n in short if n > trained]
+    if outside:
+        raise ValueError(f"`short_lengths` {outside} are past the trained context {trained}: give lengths inside it.")
+    candidates = search_space(trained, target, config.methods, config.logn)
+    if not candidates:
+        families = ", ".join(config.methods) if config.methods else "no family"
+        raise ValueError(f"No candidate of {families} takes a model trained on {trained} tokens to {target}.")
+    return _Plan(trained, target, short, candidates)
+
+
+def tune(model_source: ModelSource, text_source: TextSource, config: TuneConfig, output: Path) -> TuneReport:
+    """Score every candidate that takes the model to the target length, and rank them: the winner is the lowest
+    perplexity at ``T`` among the candidates whose regression inside ``L`` stays within ``max_regression``;
+    candidates within noise of it (paired standard errors over blocks of tokens) are reported as tied.
+
+    The model's config, the candidates, the output folder and the data are checked before the model is loaded.
+    Writes ``tune.json``, ``tune.csv`` and ``tune.png`` into ``output``, beside the perplexity run's folder.
+
+    Args:
+        model_source (`ModelSource`): the model, and how to load it.
+        text_source (`TextSource`): the documents (each scored on its first ``T`` tokens).
+        config (`TuneConfig`): the target, the families and the budget.
+        output (`Path`): the tune's folder.
+
+    Raises:
+        ValueError: a target inside the trained context, no candidate reaching it, data too short for it, an
+            output folder holding other results.
+    """
+    start = time.perf_counter()
+    output = Path(output)
+    plan = _plan(trained_context_of(model_source), config)
+    full = ResultsFolder(output / PERPLEXITY_FOLDER, PERPLEXITY)
+    full.check()
+    candidates, screened_out, screening = plan.candidates, [], None
+    if config.budget is not None and config.budget < len(candidates):
+        screening = plan.trained + (plan.target - plan.trained) // 2
+        candidates, screened_out = _screen(model_source, text_source, config, plan, screening, output)
+    methods = [NONE_METHOD, *(candidate.text for candidate in candidates)]
+    run = PerplexityConfig(
+        lengths=[*plan.short, plan.target], methods=methods, blocks=config.blocks, batch_size=config.batch_size
+    )
+    logger.info("tune: %d candidates at %d tokens", len(candidates), plan.target)
+    measured = run_perplexity(model_source, text_source, run, output / PERPLEXITY_FOLDER)
+    rows = rank(measured, candidates, plan.target, plan.short, config.max_regression)
+    report = TuneReport(
+        model=measured.model,
+        dataset=measured.dataset,
+        trained_context=plan.trained,
+        target_length=plan.target,
+        short_lengths=plan.short,
+        max_regression=config.max_regression,
+        reference={str(n): _row(measured, NONE_METHOD, n).ppl for n in [*plan.short, plan.target]},
+        rows=tuple(rows),
+        screened_out=screened_out,
+        screening_length=screening,
+        seconds=round(time.perf_counter() - start, 2),
+    )
+    _write(output, report, measured)
+    return report
+
+
+def _screen(
+    model_source: ModelSource,
+    text_source: TextSource,
+    config: TuneConfig,
+    plan: _Plan,
+    length: int,
+    output: Path,
+) -> tuple[list[Candidate], list[str]]:
+    """The ``budget`` most promising candidates, and the others: every one scored on the first window at
+    ``length`` (and inside ``L``, read from the same forward), ranked as the full run ranks."""
+    methods = [NONE_METHOD, *(candidate.text for candidate in plan.candidates)]
+    run = PerplexityConfig(lengths=[*plan.short, length], methods=methods, max_windows=1, blocks=config.blocks)
+    logger.info("tune: screening %d candidates at %d tokens, keeping %d", len(methods) - 1, length, config.budget)
+    measured = run_perplexity(model_source, text_source, run, output / SCREENING_FOLDER)
+    order = [row.method for row in rank(measured, plan.candidates, length, plan.short, config.max_regression)]
+    kept = set(order[: config.budget])
+    return [c for c in plan.candidates if c.text in kept], [c.text for c in plan.candidates if c.text not in kept]
+
+
+def _row(report: PerplexityReport, method: str, length: int) -> PerplexityRow:
+    return next(row for row in report.results if (row.method, row.length) == (method, length))
+
+
+def rank(
+    report: PerplexityReport, candidates: list[Candidate], target: int, short: list[int], max_regression: float
+) -> list[TuneRow]:
+    """The candidates' rows of ``report`` as ranked :class:`~hf_posenc.reports.tuning.TuneRow` s: the eligible
+    (every regression within ``max_regression``) by NLL at ``target``, rank 1 shared by those tied with the best,
+    then the others by NLL."""
+    scored = []
+    for candidate in candidates:
+        row = _row(report, candidate.text, target)
+        regression = {
+            str(n): math.exp(_row(report, candidate.text, n).nll - _row(report, NONE_METHOD, n).nll) for n in short
+        }
+        eligible = all(ratio <= 1 + max_regression for ratio in regression.values())
+        scored.append((candidate, row, regression, eligible))
+    scored.sort(key=lambda item: (not item[3], _sort_key(item[1].nll)))
+    best = scored[0][1] if scored and scored[0][3] else None
+    rows = []
+    for place, (candidate, row, regression, eligible) in enumerate(scored, start=1):
+        spread = nll_estimate(row.blocks or [[row.nll * row.tokens, row.tokens]])
+        difference = paired_difference(row.blocks, best.blocks) if best is not None and row.blocks else None
+        within = bool(eligible and best is not None and row is not best and difference and tied(difference))
+        rows.append(
+            TuneRow(
+                method=candidate.text,
+                family=candidate.family,
+                ppl=row.ppl,
+                nll=row.nll,
+                error=spread.error,
+                difference=math.nan if difference is None else difference.mean,
+                difference_error=math.nan if difference is None else difference.error,
+                regression=regression,
+                eligible=eligible,
+                rank=(1 if within or row is best else place) if eligible else None,
+                tied=within,
+            )
+        )
+    return rows
+
+
+def _sort_key(nll: float) -> float:
+    """NaN (a numerical failure) ranks last."""
+    return math.inf if math.isnan(nll) else nll
+
+
+def _write(output: Path, report: TuneReport, measured: PerplexityReport) -> None:
+    """tune.json, tune.csv and tune.png, each written atomically."""
+    atomic_write_text(output / TUNE_JSON, json_text(report.to_json()))
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(report.csv_rows())
+    atomic_write_text(output / TUNE_CSV, buffer.getvalue())
+    ranked = [(row.method, row.worst_regression, row.eligible) for row in report.rows]
+    plot_tune(
+        output / TUNE_PLOT,
+        [row.to_json() for row in measured.results],
+        ranked,
+        trained_context=report.trained_context,
+        max_regression=report.max_regression,
+        title=f"tune: {report.model} to {report.target_length} tokens on {report.dataset}",
+    )

@@ -37,6 +37,7 @@ COMMAND_MODULES = (
     "hf_posenc.cli.lm_eval",
     "hf_posenc.cli.check",
     "hf_posenc.cli.methods",
+    "hf_posenc.cli.tune",
 )
 _PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
 INTERRUPTED = "interrupted."

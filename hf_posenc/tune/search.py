@@ -157,7 +157,7 @@ def tune(model_source: ModelSource, text_source: TextSource, config: TuneConfig,
     run = PerplexityConfig(
         lengths=[*plan.short, plan.target], methods=methods, blocks=config.blocks, batch_size=config.batch_size
     )
-    logger.info("tune: %d candidates at %d tokens", len(candidates), plan.target)
+    logger.debug("tune: %d candidates at %d tokens", len(candidates), plan.target)
     measured = run_perplexity(model_source, text_source, run, output / PERPLEXITY_FOLDER)
     rows = rank(measured, candidates, plan.target, plan.short, config.max_regression)
     report = TuneReport(
@@ -189,7 +189,7 @@ def _screen(
     ``length`` (and inside ``L``, read from the same forward), ranked as the full run ranks."""
     methods = [NONE_METHOD, *(candidate.text for candidate in plan.candidates)]
     run = PerplexityConfig(lengths=[*plan.short, length], methods=methods, max_windows=1, blocks=config.blocks)
-    logger.info("tune: screening %d candidates at %d tokens, keeping %d", len(methods) - 1, length, config.budget)
+    logger.debug("tune: screening %d candidates at %d tokens, keeping %d", len(methods) - 1, length, config.budget)
     measured = run_perplexity(model_source, text_source, run, output / SCREENING_FOLDER)
     order = [row.method for row in rank(measured, plan.candidates, length, plan.short, config.max_regression)]
     kept = set(order[: config.budget])

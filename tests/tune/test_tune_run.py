@@ -1,0 +1,127 @@
+"""A tune on the tiny model: its ranking is the perplexity run's numbers read as the issue says (regression against
+the unpatched model, ties by paired standard errors), it resumes, a budget screens, and bad input is refused before
+anything is written."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from tiny_models import make_tiny
+
+from hf_posenc.cli import main
+from hf_posenc.eval import ModelSource, TextSource
+from hf_posenc.eval import runner as eval_runner
+from hf_posenc.eval.data import build_windows
+from hf_posenc.eval.scoring import score_lengths
+from hf_posenc.reports.tuning import TuneReport
+from hf_posenc.tune import TuneConfig, tune
+from hf_posenc.tune.statistics import Z
+
+
+def _tune(tiny_dir, output, **config):
+    source, texts = ModelSource(str(tiny_dir / "model")), TextSource(str(tiny_dir / "texts"))
+    return tune(source, texts, TuneConfig(**{"logn": False, **config}), output)
+
+
+def test_the_ranking_is_the_perplexity_runs_numbers(tiny_dir, tmp_path):
+    report = _tune(tiny_dir, tmp_path, methods=["yarn", "rerope", "dca"], max_regression=0.0)
+    rows = {
+        (r["method"], r["length"]): r for r in json.loads((tmp_path / "perplexity/results.json").read_text())["results"]
+    }
+    assert (report.trained_context, report.target_length, report.short_lengths) == (64, 128, [16, 64])
+    for row in report.rows:
+        measured = rows[(row.method, 128)]
+        assert (row.ppl, row.nll) == (measured["ppl"], measured["nll"])
+        blocks = measured["blocks"]
+        assert sum(s for s, _ in blocks) == pytest.approx(measured["nll"] * measured["tokens"], rel=1e-9)
+        assert sum(n for _, n in blocks) == measured["tokens"] and len(blocks) == 8 * measured["windows"]
+        for n in (16, 64):
+            ratio = math.exp(rows[(row.method, n)]["nll"] - rows[("none", n)]["nll"])
+            assert row.regression[str(n)] == pytest.approx(ratio, rel=1e-12)
+        assert row.eligible == (max(row.regression.values()) <= 1.0)
+    eligible = [row for row in report.rows if row.eligible]
+    best = min(eligible, key=lambda row: row.nll)
+    assert report.best.text == best.method and report.rows[0] is not None and report.rows[0].method == best.method
+    for row in eligible[1:]:  # the paired difference to the best, block by block, written out
+        pairs = zip(rows[(row.method, 128)]["blocks"], rows[(best.method, 128)]["blocks"], strict=True)
+        diffs = [((a - b) / n, n) for (a, n), (b, _) in pairs]
+        total = sum(n for _, n in diffs)
+        mean = sum(d * n for d, n in diffs) / total
+        error = math.sqrt(len(diffs) / (len(diffs) - 1) * sum(n * n * (d - mean) ** 2 for d, n in diffs)) / total
+        assert row.difference == pytest.approx(mean, rel=1e-9, abs=1e-15)
+        assert row.tied == (abs(mean) <= Z * error) and (row.rank == 1) == row.tied
+    assert [row.method for row in report.rows if not row.eligible] == [
+        row.method for row in sorted(report.rows, key=lambda row: row.nll) if not row.eligible
+    ]
+    read = TuneReport.read(tmp_path / "tune.json")
+    assert read.to_json() == report.to_json() and read.best == report.best
+    assert (tmp_path / "tune.csv").read_text().splitlines()[0].startswith("rank,method,family,ppl")
+    assert (tmp_path / "tune.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_blocks_read_from_a_longer_forward_equal_each_blocks_own_nll():
+    """A 40-token window read from the 64-token forward: its 4 blocks are its tokens' NLLs summed, computed alone."""
+    torch.manual_seed(0)
+    model = make_tiny("llama")
+    doc = torch.randint(2, 97, (64,)).tolist()
+    plans = {n: build_windows([64], n, "truncate", bos=False).windows for n in (40, 64)}
+    scores = score_lengths(model, [doc], plans, accelerator=Accelerator(cpu=True), blocks=4)
+    assert scores[40].derived_from == 64
+    with torch.no_grad():
+        logits = model(torch.tensor([doc[:40]])).logits[0]
+    nll = F.cross_entropy(logits[:-1].double(), torch.tensor(doc[1:40]), reduction="none")  # 39 scored tokens
+    sizes = [n for _, n in scores[40].blocks]
+    assert sizes == [10, 10, 9, 10]  # round(39 k / 4)
+    bounds = [0, 10, 20, 29, 39]
+    for (value, _), start, end in zip(scores[40].blocks, bounds, bounds[1:], strict=False):
+        assert value == pytest.approx(nll[start:end].sum().item(), rel=1e-5)
+
+
+def test_a_rerun_with_more_families_computes_only_the_new_candidates(tiny_dir, tmp_path, monkeypatch):
+    first = _tune(tiny_dir, tmp_path, methods=["yarn"])
+    calls, original = [], eval_runner.score_lengths
+    monkeypatch.setattr(
+        eval_runner, "score_lengths", lambda *a, desc, **k: calls.append(desc) or original(*a, desc=desc, **k)
+    )
+    second = _tune(tiny_dir, tmp_path, methods=["yarn", "rerope"])
+    assert {desc.split(" @ ")[0] for desc in calls} == {"rerope", "rerope:window=16"}
+    kept = {row.method: row.ppl for row in first.rows}
+    assert {row.method: row.ppl for row in second.rows if row.method in kept} == kept
+
+
+def test_a_budget_keeps_the_best_of_the_screening(tiny_dir, tmp_path):
+    report = _tune(tiny_dir, tmp_path, methods=["yarn", "ntk", "rerope"], budget=2, max_regression=1.0)
+    assert report.screening_length == 96 and len(report.rows) == 2 and len(report.screened_out) == 4
+    screened = json.loads((tmp_path / "screening/results.json").read_text())
+    assert {r["windows"] for r in screened["results"] if r["length"] == 96} == {1}
+    at = {r["method"]: r["nll"] for r in screened["results"] if r["length"] == 96 and r["method"] != "none"}
+    assert {row.method for row in report.rows} == set(sorted(at, key=at.get)[:2])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--target-length", "32"], "The target length 32 is inside the trained context 64"),
+        (["--methods", "yarn,alibi"], "--methods 'alibi' is no training-free family a tune searches"),
+        (["--target-length", "1k"], "Length 1024 is longer than every document (the longest has 300 tokens)"),
+        (["--budget", "0"], "argument --budget: '0' is not a positive integer"),
+        (["--max-regression", "-0.1"], "--max-regression must be a finite number >= 0 (0.03: 3%)"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tiny_dir, tmp_path, capsys, extra, message):
+    output = tmp_path / "out"
+    argv = ["tune", "--model", str(tiny_dir / "model"), "--dataset", str(tiny_dir / "texts"), "--output", str(output)]
+    if extra[0] == "--budget":  # argparse's own check
+        with pytest.raises(SystemExit, match="2"):
+            main([*argv, *extra])
+    else:
+        assert main([*argv, *extra]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    err = [line for line in lines if line.strip() and not line.startswith("Generating train split")]  # datasets' bar
+    assert len(err) == 1 and message in err[0], err
+    assert not output.exists()

@@ -9,14 +9,14 @@ from typing import Any
 
 import torch
 from huggingface_hub import hf_hub_download
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 from transformers import utils as transformers_utils
 
 from ..hub.commit import TOKENIZER_SOURCES, holds_tokenizer
 from ..hub.errors import HubError, call_hub
 from ..hub.provenance import FULL_COMMIT
 from ..hub.reach import CONFIG_FILE, is_hub_id, require_reachable
-from ..hub.saved import SavedPatch, load_base_model, loading_errors, read_config, saved_patch
+from ..hub.saved import SavedPatch, base_config, load_base_model, loading_errors, read_config, saved_patch
 from ..offline import smollm2_gguf
 from ..patching.changes import NoCounterpart
 from ..patching.loading import base_attn_implementation
@@ -265,6 +265,15 @@ def load_tokenizer(source: ModelSource, saved: SavedPatch | None = None):
     kwargs = {key: value for key, value in source.loading_kwargs.items() if key in ("gguf_file", "revision")}
     with loading_errors(source.name, source.gguf_file):
         return AutoTokenizer.from_pretrained(source.name, **kwargs)
+
+
+def read_base_config(source: ModelSource) -> Any:
+    """The config of ``source``'s base model, read without its weights (a saved patch's changes put back; a GGUF
+    file's metadata)."""
+    if source.gguf_file:
+        with loading_errors(source.name, source.gguf_file):
+            return AutoConfig.from_pretrained(source.name, gguf_file=source.gguf_file)
+    return base_config(source.name, source.saved_patch(), revision=source.revision)
 
 
 def trained_context(config: Any) -> int:

@@ -23,20 +23,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformers import AutoConfig
+from accelerate import PartialState
 
 from ..eval.data import TextSource
 from ..eval.folder import PERPLEXITY, ResultsFolder
-from ..eval.models import ModelSource, trained_context
+from ..eval.models import ModelSource, read_base_config, trained_context
 from ..eval.runner import PerplexityConfig, run_perplexity
 from ..files import atomic_write_text, json_text
-from ..hub.saved import base_config, loading_errors
 from ..plots.tuning_figure import plot_tune
 from ..reports.runs import PerplexityReport, PerplexityRow
 from ..reports.tuning import TUNE_CSV, TUNE_JSON, TuneReport, TuneRow
 from ..spec import NONE_METHOD
 from .space import Candidate, check_families, search_space
 from .statistics import nll_estimate, paired_difference, tied
+from .winner import WINNER_FOLDER, save_winner
 
 logger = logging.getLogger("hf_posenc")
 
@@ -89,18 +89,6 @@ class TuneConfig:
             check_families(self.methods)
 
 
-def trained_context_of(model_source) -> int:
-    """The trained context ``L`` of ``model_source`` (:class:`~hf_posenc.eval.ModelSource`), read from its config
-    alone: a saved patch's base model's."""
-    saved = model_source.saved_patch()
-    if model_source.gguf_file:
-        with loading_errors(model_source.name, model_source.gguf_file):
-            config = AutoConfig.from_pretrained(model_source.name, gguf_file=model_source.gguf_file)
-    else:
-        config = base_config(model_source.name, saved, revision=model_source.revision)
-    return trained_context(config)
-
-
 @dataclass(frozen=True)
 class _Plan:
     """A tune's lengths and candidates, fixed before any model loads."""
@@ -132,7 +120,8 @@ def tune(model_source: ModelSource, text_source: TextSource, config: TuneConfig,
     candidates within noise of it (paired standard errors over blocks of tokens) are reported as tied.
 
     The model's config, the candidates, the output folder and the data are checked before the model is loaded.
-    Writes ``tune.json``, ``tune.csv`` and ``tune.png`` into ``output``, beside the perplexity run's folder.
+    Writes ``tune.json``, ``tune.csv`` and ``tune.png`` into ``output``, beside the perplexity run's folder, and
+    the winner as a config-only folder (``best/``, :func:`~hf_posenc.tune.winner.save_winner`).
 
     Args:
         model_source (`ModelSource`): the model, and how to load it.
@@ -146,7 +135,7 @@ def tune(model_source: ModelSource, text_source: TextSource, config: TuneConfig,
     """
     start = time.perf_counter()
     output = Path(output)
-    plan = _plan(trained_context_of(model_source), config)
+    plan = _plan(trained_context(read_base_config(model_source)), config)
     full = ResultsFolder(output / PERPLEXITY_FOLDER, PERPLEXITY)
     full.check()
     candidates, screened_out, screening = plan.candidates, [], None
@@ -173,7 +162,9 @@ def tune(model_source: ModelSource, text_source: TextSource, config: TuneConfig,
         screening_length=screening,
         seconds=round(time.perf_counter() - start, 2),
     )
-    _write(output, report, measured)
+    if PartialState().is_main_process:
+        _write(output, report, measured)
+        save_winner(model_source, report, output / WINNER_FOLDER)
     return report
 
 

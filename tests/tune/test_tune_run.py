@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from tiny_models import make_tiny
+from transformers import AutoModelForCausalLM
 
+import hf_posenc
 from hf_posenc.cli import main
 from hf_posenc.eval import ModelSource, TextSource
 from hf_posenc.eval import runner as eval_runner
@@ -62,6 +64,22 @@ def test_the_ranking_is_the_perplexity_runs_numbers(tiny_dir, tmp_path):
     assert read.to_json() == report.to_json() and read.best == report.best
     assert (tmp_path / "tune.csv").read_text().splitlines()[0].startswith("rank,method,family,ppl")
     assert (tmp_path / "tune.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_winner_is_a_config_only_folder_that_loads_as_the_base_patched(tiny_dir, tmp_path):
+    report = _tune(tiny_dir, tmp_path, methods=["yarn", "rerope"])
+    best = tmp_path / "best"
+    assert not list(best.glob("*.safetensors")) and (best / "tokenizer.json").is_file()
+    metadata = json.loads((best / "hf_posenc.json").read_text())
+    assert (metadata["weights"], metadata["base_model"]) == (False, str(tiny_dir / "model"))
+    card = (best / "README.md").read_text()
+    assert f"with `{report.best.text}`" in card and report.table() in card
+    loaded = hf_posenc.from_pretrained(str(best)).eval()
+    assert hf_posenc.get_patch(loaded).method == report.best.method
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir / "model").eval()
+    ids = torch.randint(2, 97, (1, 100))
+    with hf_posenc.patched(base, report.best), torch.no_grad():
+        assert torch.equal(loaded(ids).logits, base(ids).logits)
 
 
 def test_blocks_read_from_a_longer_forward_equal_each_blocks_own_nll():

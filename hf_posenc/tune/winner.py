@@ -1,0 +1,93 @@
+"""The winner of a tune saved as a config-only folder: the base model's config patched with the winning method, the
+tokenizer, ``hf_posenc.json`` naming the base whose weights it loads, and a card quoting the tune's table.
+
+:func:`hf_posenc.from_pretrained` loads it (the base's weights, the patched config); ``hf-posenc push --model`` on it
+shares it. No weights are read or written: the config is patched on a model built on the meta device.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from .._version import __version__
+from ..eval.models import ModelSource, load_tokenizer, read_base_config
+from ..files import atomic_write_text, json_text
+from ..hub.markdown import markdown_code, markdown_text
+from ..hub.metadata import METADATA_FILE, METADATA_FORMAT
+from ..patching import patch
+from ..reports.tuning import TuneReport
+from ..spec import MethodSpec
+
+WINNER_FOLDER = "best"
+
+
+def save_winner(model_source: ModelSource, report: TuneReport, folder: Path) -> MethodSpec | None:
+    """Write the config-only folder of ``report``'s winner into ``folder``; None (and nothing written) where no
+    candidate won.
+
+    Args:
+        model_source (`ModelSource`): the model tuned (a saved patch's base is what the winner patches).
+        report (`TuneReport`): the tune's report.
+        folder (`Path`): the folder to write (made; files in it replaced).
+    """
+    best = report.best
+    if best is None:
+        return None
+    config = read_base_config(model_source)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
+    patch(model, best)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(folder)
+    load_tokenizer(model_source, model_source.saved_patch()).save_pretrained(folder)
+    metadata = {
+        "format": METADATA_FORMAT,
+        "weights": False,
+        "base_model": model_source.name,
+        "base_revision": model_source.revision,
+        "base_gguf_file": model_source.gguf_file,
+        "hf_posenc_version": __version__,
+    }
+    atomic_write_text(folder / METADATA_FILE, json_text(metadata))
+    atomic_write_text(folder / "README.md", winner_card(model_source, report, best))
+    return best
+
+
+def winner_card(model_source: ModelSource, report: TuneReport, best: MethodSpec) -> str:
+    """The folder's model card: what the method is, where the weights come from, and the tune's table."""
+    tied = report.tied_with_best
+    within = f" (tied within noise: {', '.join(markdown_code(m) for m in tied)})" if tied else ""
+    return "\n".join(
+        [
+            "---",
+            "library_name: transformers",
+            "tags:",
+            "- hf_posenc",
+            "---",
+            "",
+            f"# {markdown_text(model_source.label)} with {markdown_code(best.text)}",
+            "",
+            f"The training-free extension that `hf-posenc tune` ranked first{within} for taking "
+            f"{markdown_code(model_source.label)} from its trained context of {report.trained_context} tokens to "
+            f"{report.target_length}, on {markdown_code(report.dataset)}, among the candidates whose perplexity inside "
+            f"the trained context stays within {report.max_regression:.0%} of the unpatched model's.",
+            "",
+            f"This folder holds no weights: they load from {markdown_code(model_source.name)}.",
+            "",
+            "```python",
+            "import hf_posenc",
+            "",
+            'model = hf_posenc.from_pretrained("PATH_OR_REPO")',
+            "```",
+            "",
+            "```text",
+            report.table(),
+            "```",
+            "",
+        ]
+    )

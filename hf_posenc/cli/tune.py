@@ -65,6 +65,16 @@ def add_parser(subparsers) -> None:
     )
     tune.add_argument("--short-lengths", type=_lengths, help="lengths inside L for the regression (default: L/4,L)")
     tune.add_argument("--no-logn", action="store_true", help="leave out the log-n combinations")
+    tune.add_argument(
+        "--passkey",
+        nargs="?",
+        const=2,
+        default=0,
+        type=_positive_int,
+        metavar="N",
+        help="passkey accuracy at the target of every candidate run in full, N keys at depths 0, 0.5 and 1 "
+        "(N default: 2)",
+    )
     tune.add_argument("--batch-size", type=_positive_int, default=1, help="windows per forward (default: 1)")
     data = tune.add_argument_group("data")
     data.add_argument("--dataset", help="Hub dataset id or local files (default: the bundled essays, joined)")
@@ -101,6 +111,7 @@ def tune_command(args: argparse.Namespace) -> int:
         short_lengths=args.short_lengths,
         logn=not args.no_logn,
         batch_size=args.batch_size,
+        passkey_trials=args.passkey,
     )
     model_source = model_source_of(args)
     offline = args.dataset is None

@@ -17,7 +17,7 @@ from .schema import known_fields, read_report
 
 TUNE_JSON = "tune.json"
 TUNE_CSV = "tune.csv"
-CSV_COLUMNS = ("rank", "method", "family", "ppl", "nll", "error", "worst_regression", "eligible", "tied")
+CSV_COLUMNS = ("rank", "method", "family", "ppl", "nll", "error", "worst_regression", "eligible", "tied", "passkey")
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class TuneRow:
         rank (`int`, *optional*): 1 for the best and every candidate tied with it (within
             :data:`~hf_posenc.tune.statistics.Z` paired standard errors), else its place; None where not eligible.
         tied (`bool`): within noise of the best: reported as tied, not ranked below it.
+        passkey (`float`, *optional*): the passkey accuracy at the target (a tune with passkey trials).
+        passkey_trials (`int`, *optional*): the prompts it is over.
     """
 
     method: str
@@ -51,6 +53,15 @@ class TuneRow:
     eligible: bool
     rank: int | None = None
     tied: bool = False
+    passkey: float | None = None
+    passkey_trials: int | None = None
+
+    @property
+    def passkey_error(self) -> float | None:
+        """The binomial standard error of ``passkey``, ``sqrt(p (1 - p) / n)``."""
+        if self.passkey is None or not self.passkey_trials:
+            return None
+        return math.sqrt(self.passkey * (1 - self.passkey) / self.passkey_trials)
 
     @property
     def worst_regression(self) -> float:
@@ -60,7 +71,7 @@ class TuneRow:
     @classmethod
     def from_json(cls, row: Mapping[str, Any]) -> TuneRow:
         values = {key: (math.nan if value is None else value) for key, value in known_fields(cls, row).items()}
-        return cls(**{**values, "rank": row.get("rank")})
+        return cls(**{**values, **{key: row.get(key) for key in ("rank", "passkey", "passkey_trials")}})
 
 
 @dataclass(frozen=True)
@@ -109,13 +120,16 @@ class TuneReport:
         standard error, the worst regression inside ``L``."""
         width = max([len(row.method) for row in self.rows] + [6])
         head = f"{'rank':>4}  {'method':<{width}}  {f'ppl@{self.target_length}':>12}  {'± se':>7}  {'regression':>10}"
-        lines = [head]
+        passkey = any(row.passkey is not None for row in self.rows)
+        lines = [head + ("     passkey" if passkey else "")]
         for row in self.rows:
             rank = "-" if row.rank is None else (f"={row.rank}" if row.tied else str(row.rank))
             spread = row.ppl * row.error  # d ppl = ppl d nll
             regression = f"{(row.worst_regression - 1) * 100:+.1f}%"
             note = "" if row.eligible else "  past --max-regression"
-            lines.append(f"{rank:>4}  {row.method:<{width}}  {row.ppl:>12.3f}  {spread:>7.3f}  {regression:>10}{note}")
+            keys = f"  {row.passkey:>5.0%} ± {row.passkey_error:.0%}" if passkey and row.passkey is not None else ""
+            line = f"{rank:>4}  {row.method:<{width}}  {row.ppl:>12.3f}  {spread:>7.3f}  {regression:>10}"
+            lines.append(line + keys + note)
         return "\n".join(lines)
 
     def csv_rows(self) -> list[list[Any]]:
@@ -123,7 +137,7 @@ class TuneReport:
         rows: list[list[Any]] = [list(CSV_COLUMNS)]
         for row in self.rows:
             values = [row.rank, row.method, row.family, row.ppl, row.nll, row.error, row.worst_regression]
-            rows.append([*values, row.eligible, row.tied])
+            rows.append([*values, row.eligible, row.tied, row.passkey])
         return rows
 
     def to_json(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ run. Screening costs one forward per candidate at that length; the full run one 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import logging
 import math
@@ -27,8 +28,9 @@ from accelerate import PartialState
 
 from ..eval.data import TextSource
 from ..eval.folder import PERPLEXITY, ResultsFolder
-from ..eval.models import ModelSource, read_base_config, trained_context
-from ..eval.runner import PerplexityConfig, run_perplexity
+from ..eval.models import ModelSource, load_tokenizer, read_base_config, resolve_bos, trained_context
+from ..eval.passkey import build_prompt, random_keys
+from ..eval.runner import PasskeyConfig, PerplexityConfig, run_passkey, run_perplexity
 from ..files import atomic_write_text, json_text
 from ..plots.tuning_figure import plot_tune
 from ..reports.runs import PerplexityReport, PerplexityRow
@@ -42,6 +44,8 @@ logger = logging.getLogger("hf_posenc")
 
 PERPLEXITY_FOLDER = "perplexity"
 SCREENING_FOLDER = "screening"
+PASSKEY_FOLDER = "passkey"
+PASSKEY_DEPTHS = [0.0, 0.5, 1.0]
 TUNE_PLOT = "tune.png"
 DEFAULT_MAX_REGRESSION = 0.03  # a winner's perplexity inside L is at most 3% above the unpatched model's
 
@@ -62,6 +66,8 @@ class TuneConfig:
         logn (`bool`, defaults to `True`): each candidate with log-n too, where it combines.
         blocks (`int`, defaults to 8): the blocks each window's tokens are cut into for the standard errors.
         batch_size (`int`, defaults to 1): windows per forward.
+        passkey_trials (`int`, defaults to 0): above 0, the passkey accuracy at ``T`` of every candidate fully run
+            too, with this many keys at each of the depths 0, 0.5 and 1 (``passkey/`` in the output).
     """
 
     target_length: int | None = None
@@ -72,6 +78,7 @@ class TuneConfig:
     logn: bool = True
     blocks: int = 8
     batch_size: int = 1
+    passkey_trials: int = 0
 
     def __post_init__(self) -> None:
         for name in ("target_length", "budget"):
@@ -87,6 +94,8 @@ class TuneConfig:
             raise ValueError(f"`short_lengths` must be whole numbers of tokens > 1, got {list(self.short_lengths)}.")
         if self.methods is not None:
             check_families(self.methods)
+        if self.passkey_trials:
+            PasskeyConfig(lengths=[1], trials=self.passkey_trials)  # its own bounds on the keys
 
 
 @dataclass(frozen=True)
@@ -138,6 +147,9 @@ def tune(model_source: ModelSource, text_source: TextSource, config: TuneConfig,
     plan = _plan(trained_context(read_base_config(model_source)), config)
     full = ResultsFolder(output / PERPLEXITY_FOLDER, PERPLEXITY)
     full.check()
+    if config.passkey_trials:  # a target too short for a prompt is refused before any forward
+        tokenizer = load_tokenizer(model_source, model_source.saved_patch())
+        build_prompt(tokenizer, plan.target, 0.5, random_keys(1, 0)[0], resolve_bos("auto", tokenizer))
     candidates, screened_out, screening = plan.candidates, [], None
     if config.budget is not None and config.budget < len(candidates):
         screening = plan.trained + (plan.target - plan.trained) // 2
@@ -149,6 +161,8 @@ def tune(model_source: ModelSource, text_source: TextSource, config: TuneConfig,
     logger.debug("tune: %d candidates at %d tokens", len(candidates), plan.target)
     measured = run_perplexity(model_source, text_source, run, output / PERPLEXITY_FOLDER)
     rows = rank(measured, candidates, plan.target, plan.short, config.max_regression)
+    if config.passkey_trials:
+        rows = _with_passkey(model_source, rows, plan.target, config.passkey_trials, output)
     report = TuneReport(
         model=measured.model,
         dataset=measured.dataset,
@@ -185,6 +199,22 @@ def _screen(
     order = [row.method for row in rank(measured, plan.candidates, length, plan.short, config.max_regression)]
     kept = set(order[: config.budget])
     return [c for c in plan.candidates if c.text in kept], [c.text for c in plan.candidates if c.text not in kept]
+
+
+def _with_passkey(model_source: ModelSource, rows: list[TuneRow], target: int, trials: int, output: Path):
+    """``rows`` with each candidate's passkey accuracy at ``target`` (a resumable passkey run, ``passkey/``) and its
+    binomial standard error."""
+    config = PasskeyConfig(lengths=[target], methods=[row.method for row in rows], depths=PASSKEY_DEPTHS, trials=trials)
+    measured = run_passkey(model_source, config, output / PASSKEY_FOLDER)
+    found = {}
+    for trial in measured.trials:
+        found.setdefault(trial.method, []).append(trial.correct)
+    return [
+        dataclasses.replace(
+            row, passkey=sum(found[row.method]) / len(found[row.method]), passkey_trials=len(found[row.method])
+        )
+        for row in rows
+    ]
 
 
 def _row(report: PerplexityReport, method: str, length: int) -> PerplexityRow:

@@ -112,6 +112,27 @@ def test_a_rerun_with_more_families_computes_only_the_new_candidates(tiny_dir, t
     assert {row.method: row.ppl for row in second.rows if row.method in kept} == kept
 
 
+def test_passkey_accuracy_is_the_passkey_runs_own(tiny_dir, tmp_path, capsys):
+    """A passkey prompt of the character tokenizer needs 339 tokens: a target of 400, on two longer texts."""
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    for i in range(2):
+        (texts / f"{i}.txt").write_text("the grass is green. " * 30)
+    output = tmp_path / "out"
+    argv = ["tune", "--model", str(tiny_dir / "model"), "--dataset", str(texts), "--no-logn", "--methods", "rerope"]
+    assert main([*argv, "--target-length", "200", "--passkey", "1", "--output", str(output)]) == 2
+    assert "Length 200 is too short for a passkey prompt" in capsys.readouterr().err and not output.exists()
+    assert main([*argv, "--target-length", "400", "--passkey", "1", "--output", str(output)]) == 0
+    report = TuneReport.read(output / "tune.json")
+    trials = json.loads((output / "passkey/passkey.json").read_text())["trials"]
+    for row in report.rows:
+        mine = [trial["correct"] for trial in trials if trial["method"] == row.method and trial["length"] == 400]
+        assert len(mine) == row.passkey_trials == 3  # one key at each of 3 depths
+        assert row.passkey == sum(mine) / 3
+        assert row.passkey_error == pytest.approx(math.sqrt(row.passkey * (1 - row.passkey) / 3))
+    assert "passkey" in capsys.readouterr().out.split("best first:\n")[1].splitlines()[0]  # the header
+
+
 def test_a_budget_keeps_the_best_of_the_screening(tiny_dir, tmp_path):
     report = _tune(tiny_dir, tmp_path, methods=["yarn", "ntk", "rerope"], budget=2, max_regression=1.0)
     assert report.screening_length == 96 and len(report.rows) == 2 and len(report.screened_out) == 4
@@ -128,6 +149,7 @@ def test_a_budget_keeps_the_best_of_the_screening(tiny_dir, tmp_path):
         (["--methods", "yarn,alibi"], "--methods 'alibi' is no training-free family a tune searches"),
         (["--target-length", "1k"], "Length 1024 is longer than every document (the longest has 300 tokens)"),
         (["--budget", "0"], "argument --budget: '0' is not a positive integer"),
+        (["--methods", "string"], "No candidate of string takes a model trained on 64 tokens to 128"),
         (["--max-regression", "-0.1"], "--max-regression must be a finite number >= 0 (0.03: 3%)"),
     ],
 )

@@ -64,13 +64,16 @@ def main() -> None:
     parser.add_argument("--target-length", type=int, default=16384)
     parser.add_argument("--methods", default="yarn,self-extend,dca", help="the families tuned")
     parser.add_argument("--out", type=Path, default=None, help="results JSON (printed only when omitted)")
+    parser.add_argument("--tune-folder", type=Path, default=None, help="keep the tune's folder here (a new one)")
     args = parser.parse_args()
+    if args.tune_folder is not None and args.tune_folder.exists():
+        parser.error(f"--tune-folder {args.tune_folder} exists: the tune must run in full to be timed")
     source = ModelSource.named(None)
     texts = TextSource(str(essays_dir()), join="\n\n")
     config = TuneConfig(target_length=args.target_length, methods=args.methods.split(","), logn=False)
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as scratch:
         start = time.perf_counter()
-        report = tune(source, texts, config, Path(folder))
+        report = tune(source, texts, config, args.tune_folder or Path(scratch))
         tune_seconds = time.perf_counter() - start
     print(report.table(), flush=True)
     methods = ["none", *(row.method for row in report.rows)]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from accelerate import PartialState
 
-from ..eval.data import TextSource
+from ..eval.data import TextSource, build_windows, load_texts, tokenize_texts
 from ..eval.folder import PERPLEXITY, ResultsFolder
 from ..eval.models import ModelSource, load_tokenizer, read_base_config, resolve_bos, trained_context
 from ..eval.passkey import build_prompt, random_keys
@@ -147,11 +147,10 @@ def tune(model_source: ModelSource, text_source: TextSource, config: TuneConfig,
     plan = _plan(trained_context(read_base_config(model_source)), config)
     full = ResultsFolder(output / PERPLEXITY_FOLDER, PERPLEXITY)
     full.check()
-    if config.passkey_trials:  # a target too short for a prompt is refused before any forward
-        tokenizer = load_tokenizer(model_source, model_source.saved_patch())
-        build_prompt(tokenizer, plan.target, 0.5, random_keys(1, 0)[0], resolve_bos("auto", tokenizer))
+    screens = config.budget is not None and config.budget < len(plan.candidates)
+    _check_before_forwards(model_source, text_source, plan.target, screens, config.passkey_trials > 0)
     candidates, screened_out, screening = plan.candidates, [], None
-    if config.budget is not None and config.budget < len(candidates):
+    if screens:
         screening = plan.trained + (plan.target - plan.trained) // 2
         candidates, screened_out = _screen(model_source, text_source, config, plan, screening, output)
     methods = [NONE_METHOD, *(candidate.text for candidate in candidates)]
@@ -180,6 +179,22 @@ def tune(model_source: ModelSource, text_source: TextSource, config: TuneConfig,
         _write(output, report, measured)
         save_winner(model_source, report, output / WINNER_FOLDER)
     return report
+
+
+def _check_before_forwards(
+    model_source: ModelSource, text_source: TextSource, target: int, screens: bool, passkey: bool
+) -> None:
+    """What only the tokenizer can refuse, before any forward: a target no document reaches (the full run checks it
+    itself, after a screening's forwards) and one too short for a passkey prompt."""
+    if not screens and not passkey:
+        return
+    tokenizer = load_tokenizer(model_source, model_source.saved_patch())
+    bos_id = resolve_bos("auto", tokenizer)
+    if screens:
+        docs = tokenize_texts(tokenizer, load_texts(text_source))
+        build_windows([len(doc) for doc in docs], target, "truncate", bos=bos_id is not None)
+    if passkey:
+        build_prompt(tokenizer, target, 0.5, random_keys(1, 0)[0], bos_id)
 
 
 def _screen(

@@ -148,6 +148,7 @@ def test_a_budget_keeps_the_best_of_the_screening(tiny_dir, tmp_path):
         (["--target-length", "32"], "The target length 32 is inside the trained context 64"),
         (["--methods", "yarn,alibi"], "--methods 'alibi' is no training-free family a tune searches"),
         (["--target-length", "1k"], "Length 1024 is longer than every document (the longest has 300 tokens)"),
+        (["--target-length", "1k", "--budget", "2"], "Length 1024 is longer than every document"),  # no screening
         (["--budget", "0"], "argument --budget: '0' is not a positive integer"),
         (["--methods", "string"], "No candidate of string takes a model trained on 64 tokens to 128"),
         (["--max-regression", "-0.1"], "--max-regression must be a finite number >= 0 (0.03: 3%)"),
@@ -156,7 +157,7 @@ def test_a_budget_keeps_the_best_of_the_screening(tiny_dir, tmp_path):
 def test_bad_input_is_one_line_and_writes_nothing(tiny_dir, tmp_path, capsys, extra, message):
     output = tmp_path / "out"
     argv = ["tune", "--model", str(tiny_dir / "model"), "--dataset", str(tiny_dir / "texts"), "--output", str(output)]
-    if extra[0] == "--budget":  # argparse's own check
+    if extra == ["--budget", "0"]:  # argparse's own check
         with pytest.raises(SystemExit, match="2"):
             main([*argv, *extra])
     else:

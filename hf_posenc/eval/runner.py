@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
+from tqdm.auto import tqdm
 
 from ..hub.fingerprint import model_fingerprint
 from ..hub.saved import SavedPatch
@@ -209,10 +210,17 @@ def run_perplexity(
     run = _Run(model, accelerator, folder, report, resolved, bos_id)
     if not any(todo.values()):
         run.save()
-    for spec in specs:
-        if todo[spec.text]:
-            _score_method(run, spec, todo[spec.text], docs, plans, config, order)
+    for spec in _pending(specs, todo, accelerator):
+        _score_method(run, spec, todo[spec.text], docs, plans, config, order)
     return PerplexityReport.from_json(run.report)
+
+
+def _pending(specs: list[MethodSpec], todo: dict[str, list[int]], accelerator: Accelerator) -> Iterator[MethodSpec]:
+    """The methods with lengths left to score, in order, counted by a bar of their own (with the time left) where
+    there are several."""
+    pending = [spec for spec in specs if todo[spec.text]]
+    shown = accelerator.is_local_main_process and len(pending) > 1
+    yield from tqdm(pending, desc="methods", unit="method", disable=not shown)
 
 
 def _perplexity_arguments(
@@ -423,9 +431,8 @@ def run_passkey(model_source: ModelSource, config: PasskeyConfig, output: Path) 
     if not any(todo.values()):
         run.report = previous
         run.save()
-    for spec in specs:
-        if todo[spec.text]:
-            _passkey_trials(run, spec, {n: prompts[n] for n in todo[spec.text]}, tokenizer, done_trials)
+    for spec in _pending(specs, todo, accelerator):
+        _passkey_trials(run, spec, {n: prompts[n] for n in todo[spec.text]}, tokenizer, done_trials)
     return PasskeyReport.from_json(run.report)
 
 

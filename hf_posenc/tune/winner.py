@@ -19,8 +19,9 @@ from ..files import atomic_write_text, json_text
 from ..hub.markdown import markdown_code, markdown_text
 from ..hub.metadata import METADATA_FILE, METADATA_FORMAT
 from ..patching import patch
+from ..registry import get_method
 from ..reports.tuning import TuneReport
-from ..spec import MethodSpec
+from ..spec import MethodSpec, format_method_spec
 
 WINNER_FOLDER = "best"
 
@@ -34,9 +35,9 @@ def save_winner(model_source: ModelSource, report: TuneReport, folder: Path) -> 
         report (`TuneReport`): the tune's report.
         folder (`Path`): the folder to write (made; files in it replaced).
     """
-    best = report.best
-    if best is None:
+    if report.best is None:
         return None
+    best = serving_spec(report.best, report.target_length)
     config = read_base_config(model_source)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
@@ -56,6 +57,15 @@ def save_winner(model_source: ModelSource, report: TuneReport, folder: Path) -> 
     atomic_write_text(folder / METADATA_FILE, json_text(metadata))
     atomic_write_text(folder / "README.md", winner_card(model_source, report, best))
     return best
+
+
+def serving_spec(spec: MethodSpec, target: int) -> MethodSpec:
+    """``spec`` with ``max_position_embeddings`` the target where the method takes one and ``spec`` leaves it to the
+    default (DCA and ReRoPE keep the config's ``L``): what vLLM and lm-evaluation-harness read as the model's
+    length. The numbers do not change."""
+    if "max_position_embeddings" not in get_method(spec.method).param_names or "max_position_embeddings" in spec.params:
+        return spec
+    return MethodSpec.parse(format_method_spec(spec.name, {**spec.params, "max_position_embeddings": target}))
 
 
 def winner_card(model_source: ModelSource, report: TuneReport, best: MethodSpec) -> str:

@@ -81,9 +81,10 @@ def test_the_winner_is_a_config_only_folder_that_loads_as_the_base_patched(tiny_
     metadata = json.loads((best / "hf_posenc.json").read_text())
     assert (metadata["weights"], metadata["base_model"]) == (False, str(tiny_dir / "model"))
     card = (best / "README.md").read_text()
-    assert f"with `{report.best.text}`" in card and report.table() in card
+    assert f"`{report.best.text}" in card and report.table() in card
     loaded = hf_posenc.from_pretrained(str(best)).eval()
     assert hf_posenc.get_patch(loaded).method == report.best.method
+    assert loaded.config.max_position_embeddings >= 128  # the target, what serving engines read
     base = AutoModelForCausalLM.from_pretrained(tiny_dir / "model").eval()
     ids = torch.randint(2, 97, (1, 100))
     with hf_posenc.patched(base, report.best), torch.no_grad():

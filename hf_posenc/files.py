@@ -179,14 +179,15 @@ def json_text(value: Any) -> str:
     """``value`` as standard JSON text (indented, newline-terminated). ``NaN`` and ``Infinity`` are not JSON (RFC
     8259: strict parsers such as JavaScript's ``JSON.parse``, jq and Go refuse the file), so a non-finite float is
     written as ``null``: a writer that needs to say which one marks it beside (a row's ``status``)."""
-    return json.dumps(_finite(value), indent=2, allow_nan=False) + "\n"
+    return json.dumps(json_safe(value), indent=2, allow_nan=False) + "\n"
 
 
-def _finite(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float, at any depth, as None (what :func:`json_text` writes)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
+        return {key: json_safe(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
+        return [json_safe(item) for item in value]
     return value

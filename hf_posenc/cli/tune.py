@@ -27,7 +27,8 @@ full: one shorter forward per candidate, then one per kept candidate and documen
 
 The folder holds tune.json, tune.csv and tune.png, the winner as a config-only folder (best/: the
 patched config, the tokenizer and a card; hf_posenc.from_pretrained loads it with the base's weights,
-hf-posenc push --model shares it), and the perplexity run (perplexity/, screening/):
+hf-posenc push --model shares it; not for a GGUF model, whose weights a folder cannot name), and the
+perplexity run (perplexity/, screening/):
 rerun the same command to resume a killed tune, or widen --methods to add candidates (only the new
 ones are computed).
 
@@ -135,6 +136,6 @@ def tune_command(args: argparse.Namespace) -> int:
         print(f"\nBest: {best.text if best else 'none within --max-regression'}", end="")
         print(f" (tied within noise: {', '.join(tied)})" if tied else "")
         print(f"Results: {output / 'tune.json'} and tune.csv\nPlot:    {output / 'tune.png'}")
-        if best is not None:
+        if (output / "best").is_dir():
             print(f"Winner:  {output / 'best'} (config only: hf_posenc.from_pretrained, hf-posenc push --model)")
     return 0

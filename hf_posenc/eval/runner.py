@@ -215,6 +215,19 @@ def run_perplexity(
     return PerplexityReport.from_json(run.report)
 
 
+def check_perplexity_output(
+    model_source: ModelSource, text_source: TextSource, config: PerplexityConfig, output: Path
+) -> None:
+    """What :func:`run_perplexity` refuses of ``output`` before it reads anything but configs: a folder it cannot
+    write, one inside the data, and one holding results of other arguments. For a caller that runs other work
+    first (a tune's screening)."""
+    folder = ResultsFolder(output, PERPLEXITY)
+    folder.check()
+    check_output_outside(output, text_source)
+    device = Accelerator(cpu=not torch.cuda.is_available()).device
+    folder.previous(_perplexity_arguments(model_source, text_source, config, device))
+
+
 def _pending(specs: list[MethodSpec], todo: dict[str, list[int]], accelerator: Accelerator) -> Iterator[MethodSpec]:
     """The methods with lengths left to score, in order, counted by a bar of their own (with the time left) where
     there are several."""
@@ -332,14 +345,9 @@ def _result(method: str, params: dict, length: int, score: LengthScore, plan: Wi
         forwards=score.forwards,
         derived_from=score.derived_from,
         seconds=round(score.seconds, 2),
-        blocks=None if score.blocks is None else [[_finite(value), count] for value, count in score.blocks],
+        blocks=None if score.blocks is None else [[value, count] for value, count in score.blocks],
     )
     return row.to_json()
-
-
-def _finite(value: float) -> float | None:
-    """``value``, or None where it is not finite (JSON has no NaN: the row's own ``status`` says why)."""
-    return value if math.isfinite(value) else None
 
 
 @dataclass(frozen=True)

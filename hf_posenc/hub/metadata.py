@@ -72,8 +72,6 @@ def read_metadata(
             raise ValueError(f"{pretrained_model_name_or_path!r} holds no weights and names no base model to load.")
         if not isinstance(metadata.get("base_revision"), str | None):
             raise ValueError(f"{where} is malformed: 'base_revision' is {metadata['base_revision']!r}, not a commit.")
-        if not isinstance(metadata.get("base_gguf_file"), str | None):
-            raise ValueError(f"{where} is malformed: 'base_gguf_file' is {metadata['base_gguf_file']!r}, not a name.")
     return metadata
 
 

@@ -362,10 +362,9 @@ def from_pretrained(pretrained_model_name_or_path: str, **kwargs: Any) -> PreTra
         if metadata is None or metadata["weights"]:
             return load_patched_model(name, **kwargs)
         config = AutoConfig.from_pretrained(name, **hub_kwargs)
-        base = {"revision": metadata["base_revision"], "config": config}
-        if metadata.get("base_gguf_file"):  # a tune's winner of a GGUF model: the weights are that file's
-            base["gguf_file"] = metadata["base_gguf_file"]
-        return load_patched_model(metadata["base_model"], **{**kwargs, **base})
+        return load_patched_model(
+            metadata["base_model"], **{**kwargs, "revision": metadata["base_revision"], "config": config}
+        )
 
     return call_hub(load, HubError, f"Loading {name!r}", kwargs.get("token"))
 

@@ -37,7 +37,7 @@ class PerplexityRow:
         derived_from (`int`, *optional*): see ``forwards``.
         seconds (`float`, *optional*): the time the length took.
         blocks (`list`, *optional*): ``[summed NLL, tokens]`` of contiguous blocks of each window's tokens, window
-            after window (a run's ``blocks`` option; None where not finite).
+            after window (a run's ``blocks`` option; a file holds null for a sum that is not finite).
     """
 
     method: str
@@ -53,12 +53,12 @@ class PerplexityRow:
     forwards: int | None = None
     derived_from: int | None = None
     seconds: float | None = None
-    blocks: list[list[Any]] | None = None
+    blocks: list[list[float | int | None]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The row as ``results.json`` holds it (its values; a file marks a non-finite one, ``status``)."""
         row = dataclasses.asdict(self)
-        if row["blocks"] is None:  # a run without blocks writes its rows as before
+        if row["blocks"] is None:  # a run without blocks: no such field
             del row["blocks"]
         return {"method": row.pop("method"), "params": row.pop("params"), **row}
 

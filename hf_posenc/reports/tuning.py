@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..files import json_safe
 from ..spec import MethodSpec
 from .schema import known_fields, read_report
 
@@ -34,7 +35,8 @@ class TuneRow:
         difference_error (`float`): the paired standard error of ``difference``.
         regression (`dict[str, float]`): at each length inside the trained context, the perplexity against the
             unpatched model's on the same windows (1.02: 2% worse).
-        eligible (`bool`): every regression within the tune's ``max_regression``.
+        regression_error (`dict[str, float]`): the standard error of each regression (paired, over blocks).
+        eligible (`bool`): every regression within the tune's ``max_regression``, and a finite loss at the target.
         rank (`int`, *optional*): 1 for the best and every candidate tied with it (within
             :data:`~hf_posenc.tune.statistics.Z` paired standard errors), else its place; None where not eligible.
         tied (`bool`): within noise of the best: reported as tied, not ranked below it.
@@ -50,6 +52,7 @@ class TuneRow:
     difference: float
     difference_error: float
     regression: dict[str, float]
+    regression_error: dict[str, float]
     eligible: bool
     rank: int | None = None
     tied: bool = False
@@ -64,13 +67,21 @@ class TuneRow:
         return math.sqrt(self.passkey * (1 - self.passkey) / self.passkey_trials)
 
     @property
+    def worst(self) -> str | None:
+        """The length (as a key of ``regression``) of the largest regression; None without one."""
+        values = self.regression
+        return max(values, key=lambda key: math.inf if math.isnan(values[key]) else values[key], default=None)
+
+    @property
     def worst_regression(self) -> float:
-        """The largest perplexity ratio against the unpatched model inside the trained context."""
-        return max(self.regression.values(), default=1.0)
+        """The largest perplexity ratio against the unpatched model inside the trained context (NaN: not finite)."""
+        return 1.0 if self.worst is None else self.regression[self.worst]
 
     @classmethod
     def from_json(cls, row: Mapping[str, Any]) -> TuneRow:
         values = {key: (math.nan if value is None else value) for key, value in known_fields(cls, row).items()}
+        for key in ("regression", "regression_error"):  # a file holds null for a ratio that is not finite
+            values[key] = {n: (math.nan if v is None else v) for n, v in (row.get(key) or {}).items()}
         return cls(**{**values, **{key: row.get(key) for key in ("rank", "passkey", "passkey_trials")}})
 
 
@@ -119,16 +130,17 @@ class TuneReport:
         """The ranked candidates as aligned text: rank (``=1``: tied with the best), perplexity at ``T`` and its
         standard error, the worst regression inside ``L``."""
         width = max([len(row.method) for row in self.rows] + [6])
-        head = f"{'rank':>4}  {'method':<{width}}  {f'ppl@{self.target_length}':>12}  {'± se':>7}  {'regression':>10}"
+        head = f"{'rank':>4}  {'method':<{width}}  {f'ppl@{self.target_length}':>12}  {'± se':>7}  {'regression':>16}"
         passkey = any(row.passkey is not None for row in self.rows)
         lines = [head + ("     passkey" if passkey else "")]
         for row in self.rows:
             rank = "-" if row.rank is None else (f"={row.rank}" if row.tied else str(row.rank))
             spread = row.ppl * row.error  # d ppl = ppl d nll
-            regression = f"{(row.worst_regression - 1) * 100:+.1f}%"
+            error = row.regression_error.get(row.worst, math.nan) if row.worst else math.nan
+            regression = f"{(row.worst_regression - 1) * 100:+.1f}% ± {error * 100:.1f}"
             note = "" if row.eligible else "  past --max-regression"
             keys = f"  {row.passkey:>5.0%} ± {row.passkey_error:.0%}" if passkey and row.passkey is not None else ""
-            line = f"{rank:>4}  {row.method:<{width}}  {row.ppl:>12.3f}  {spread:>7.3f}  {regression:>10}"
+            line = f"{rank:>4}  {row.method:<{width}}  {row.ppl:>12.3f}  {spread:>7.3f}  {regression:>16}"
             lines.append(line + keys + note)
         return "\n".join(lines)
 
@@ -142,7 +154,7 @@ class TuneReport:
 
     def to_json(self) -> dict[str, Any]:
         report = {item.name: getattr(self, item.name) for item in dataclasses.fields(self)}
-        rows = [{key: _finite(value) for key, value in dataclasses.asdict(row).items()} for row in self.rows]
+        rows = [json_safe(dataclasses.asdict(row)) for row in self.rows]
         return {**report, "best": None if self.best is None else self.best.text, "rows": rows}
 
     @classmethod
@@ -154,8 +166,3 @@ class TuneReport:
     def read(cls, path: str | Path) -> TuneReport:
         """The report in ``path`` (a ``tune.json``)."""
         return cls.from_json(read_report(Path(path), kind="tune", advice="it is no tune.json of tune"))
-
-
-def _finite(value: Any) -> Any:
-    """``value``, or None for a float that is not finite (JSON has none)."""
-    return None if isinstance(value, float) and not math.isfinite(value) else value

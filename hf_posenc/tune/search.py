@@ -23,21 +23,25 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from accelerate import PartialState
 
 from ..eval.data import TextSource, build_windows, load_texts, tokenize_texts
-from ..eval.folder import PERPLEXITY, ResultsFolder
+from ..eval.folder import PASSKEY_JSON, RESULTS_JSON
 from ..eval.models import ModelSource, load_tokenizer, read_base_config, resolve_bos, trained_context
 from ..eval.passkey import build_prompt, random_keys
-from ..eval.runner import PasskeyConfig, PerplexityConfig, run_passkey, run_perplexity
+from ..eval.runner import PasskeyConfig, PerplexityConfig, check_perplexity_output, run_passkey, run_perplexity
 from ..files import atomic_write_text, json_text
+from ..patching.dispatch import planner_for_config
 from ..plots.tuning_figure import plot_tune
-from ..reports.runs import PerplexityReport, PerplexityRow
+from ..registry import get_method
+from ..reports.runs import PerplexityReport
+from ..reports.tasks import LM_EVAL_JSON
 from ..reports.tuning import TUNE_CSV, TUNE_JSON, TuneReport, TuneRow
 from ..spec import NONE_METHOD
+from .ranking import rank
 from .space import Candidate, check_families, search_space
-from .statistics import nll_estimate, paired_difference, tied
 from .winner import WINNER_FOLDER, save_winner
 
 logger = logging.getLogger("hf_posenc")
@@ -108,17 +112,26 @@ class _Plan:
     candidates: list[Candidate]
 
 
-def _plan(trained: int, config: TuneConfig) -> _Plan:
-    """The lengths and candidates of a tune of a model trained on ``trained`` tokens; ``ValueError`` for a target
-    inside it, short lengths outside it, or no candidate reaching the target."""
+def _plan(model_config: Any, config: TuneConfig) -> _Plan:
+    """The lengths and candidates of a tune of the model ``model_config`` describes; ``ValueError`` for a target
+    inside its trained context, short lengths outside it, or no candidate that reaches the target and patches such a
+    model."""
+    trained = trained_context(model_config)
     target = config.target_length or 2 * trained
     short = sorted(set(config.short_lengths or [trained // 4, trained]))
     outside = [n for n in short if n > trained]
     if outside:
         raise ValueError(f"`short_lengths` {outside} are past the trained context {trained}: give lengths inside it.")
-    candidates = search_space(trained, target, config.methods, config.logn)
+    reaching = search_space(trained, target, config.methods, config.logn)
+    candidates = [c for c in reaching if planner_for_config(model_config, get_method(c.spec.method)) is not None]
     if not candidates:
-        families = ", ".join(config.methods) if config.methods else "no family"
+        families = ", ".join(config.methods) if config.methods else "any family"
+        if reaching:
+            kind = getattr(model_config, "model_type", type(model_config).__name__)
+            raise ValueError(
+                f"No candidate of {families} applies to a {kind} model: a tune searches RoPE scalings and remaps, "
+                "for models whose positions are RoPE's."
+            )
         raise ValueError(f"No candidate of {families} takes a model trained on {trained} tokens to {target}.")
     return _Plan(trained, target, short, candidates)
 
@@ -144,19 +157,18 @@ def tune(model_source: ModelSource, text_source: TextSource, config: TuneConfig,
     """
     start = time.perf_counter()
     output = Path(output)
-    plan = _plan(trained_context(read_base_config(model_source)), config)
-    full = ResultsFolder(output / PERPLEXITY_FOLDER, PERPLEXITY)
-    full.check()
+    plan = _plan(read_base_config(model_source), config)
+    _check_output(output)
     screens = config.budget is not None and config.budget < len(plan.candidates)
+    check_perplexity_output(
+        model_source, text_source, _full_run(plan, plan.candidates, config), output / PERPLEXITY_FOLDER
+    )
     _check_before_forwards(model_source, text_source, plan.target, screens, config.passkey_trials > 0)
     candidates, screened_out, screening = plan.candidates, [], None
     if screens:
         screening = plan.trained + (plan.target - plan.trained) // 2
         candidates, screened_out = _screen(model_source, text_source, config, plan, screening, output)
-    methods = [NONE_METHOD, *(candidate.text for candidate in candidates)]
-    run = PerplexityConfig(
-        lengths=[*plan.short, plan.target], methods=methods, blocks=config.blocks, batch_size=config.batch_size
-    )
+    run = _full_run(plan, candidates, config)
     logger.debug("tune: %d candidates at %d tokens", len(candidates), plan.target)
     measured = run_perplexity(model_source, text_source, run, output / PERPLEXITY_FOLDER)
     rows = rank(measured, candidates, plan.target, plan.short, config.max_regression)
@@ -169,7 +181,7 @@ def tune(model_source: ModelSource, text_source: TextSource, config: TuneConfig,
         target_length=plan.target,
         short_lengths=plan.short,
         max_regression=config.max_regression,
-        reference={str(n): _row(measured, NONE_METHOD, n).ppl for n in [*plan.short, plan.target]},
+        reference={str(r.length): r.ppl for r in measured.results if r.method == NONE_METHOD},
         rows=tuple(rows),
         screened_out=screened_out,
         screening_length=screening,
@@ -177,8 +189,27 @@ def tune(model_source: ModelSource, text_source: TextSource, config: TuneConfig,
     )
     if PartialState().is_main_process:
         _write(output, report, measured)
-        save_winner(model_source, report, output / WINNER_FOLDER)
+        save_winner(model_source, report, output / WINNER_FOLDER, commit=measured.model_details.get("commit"))
     return report
+
+
+def _full_run(plan: _Plan, candidates: list[Candidate], config: TuneConfig) -> PerplexityConfig:
+    """The perplexity run that scores ``candidates`` and the unpatched model at ``T`` and inside ``L``."""
+    methods = [NONE_METHOD, *(candidate.text for candidate in candidates)]
+    return PerplexityConfig(
+        lengths=[*plan.short, plan.target], methods=methods, blocks=config.blocks, batch_size=config.batch_size
+    )
+
+
+def _check_output(output: Path) -> None:
+    """``ValueError`` where ``output`` holds another command's results: a tune writes its runs into folders of
+    their own, and its report beside them."""
+    foreign = [name for name in (RESULTS_JSON, PASSKEY_JSON, LM_EVAL_JSON) if (output / name).exists()]
+    if foreign:
+        raise ValueError(
+            f"`output` {output} holds the {foreign[0]} of another run; a tune writes its own runs into folders "
+            "inside it: choose another folder."
+        )
 
 
 def _check_before_forwards(
@@ -230,54 +261,6 @@ def _with_passkey(model_source: ModelSource, rows: list[TuneRow], target: int, t
         )
         for row in rows
     ]
-
-
-def _row(report: PerplexityReport, method: str, length: int) -> PerplexityRow:
-    return next(row for row in report.results if (row.method, row.length) == (method, length))
-
-
-def rank(
-    report: PerplexityReport, candidates: list[Candidate], target: int, short: list[int], max_regression: float
-) -> list[TuneRow]:
-    """The candidates' rows of ``report`` as ranked :class:`~hf_posenc.reports.tuning.TuneRow` s: the eligible
-    (every regression within ``max_regression``) by NLL at ``target``, rank 1 shared by those tied with the best,
-    then the others by NLL."""
-    scored = []
-    for candidate in candidates:
-        row = _row(report, candidate.text, target)
-        regression = {
-            str(n): math.exp(_row(report, candidate.text, n).nll - _row(report, NONE_METHOD, n).nll) for n in short
-        }
-        eligible = all(ratio <= 1 + max_regression for ratio in regression.values())
-        scored.append((candidate, row, regression, eligible))
-    scored.sort(key=lambda item: (not item[3], _sort_key(item[1].nll)))
-    best = scored[0][1] if scored and scored[0][3] else None
-    rows = []
-    for place, (candidate, row, regression, eligible) in enumerate(scored, start=1):
-        spread = nll_estimate(row.blocks or [[row.nll * row.tokens, row.tokens]])
-        difference = paired_difference(row.blocks, best.blocks) if best is not None and row.blocks else None
-        within = bool(eligible and best is not None and row is not best and difference and tied(difference))
-        rows.append(
-            TuneRow(
-                method=candidate.text,
-                family=candidate.family,
-                ppl=row.ppl,
-                nll=row.nll,
-                error=spread.error,
-                difference=math.nan if difference is None else difference.mean,
-                difference_error=math.nan if difference is None else difference.error,
-                regression=regression,
-                eligible=eligible,
-                rank=(1 if within or row is best else place) if eligible else None,
-                tied=within,
-            )
-        )
-    return rows
-
-
-def _sort_key(nll: float) -> float:
-    """NaN (a numerical failure) ranks last."""
-    return math.inf if math.isnan(nll) else nll
 
 
 def _write(output: Path, report: TuneReport, measured: PerplexityReport) -> None:

@@ -51,7 +51,7 @@ def _self_extend(trained: int, target: int) -> list[dict]:
     README's rule), and the next one."""
     smallest = (target - trained // 4) / (trained - trained // 4)
     group = 2 ** max(1, math.ceil(math.log2(smallest)))
-    return [{"group_size": g, "window": trained // 4 // g * g} for g in (group, 2 * group)]
+    return [{"group_size": g, "window": max(g, trained // 4 // g * g)} for g in (group, 2 * group)]
 
 
 def _dca(trained: int, target: int) -> list[dict]:

@@ -2,12 +2,15 @@
 tokenizer, ``hf_posenc.json`` naming the base whose weights it loads, and a card quoting the tune's table.
 
 :func:`hf_posenc.from_pretrained` loads it (the base's weights, the patched config); ``hf-posenc push --model`` on it
-shares it. No weights are read or written: the config is patched on a model built on the meta device.
+shares it. No weights are read or written: the config is patched on a model built on the meta device. A GGUF
+model's winner gets no folder: ``hf_posenc.json`` names the weights by repo and commit, and a GGUF file is neither.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
+import shutil
 from pathlib import Path
 
 import torch
@@ -23,35 +26,49 @@ from ..registry import get_method
 from ..reports.tuning import TuneReport
 from ..spec import MethodSpec, format_method_spec
 
+logger = logging.getLogger("hf_posenc")
+
 WINNER_FOLDER = "best"
 
 
-def save_winner(model_source: ModelSource, report: TuneReport, folder: Path) -> MethodSpec | None:
-    """Write the config-only folder of ``report``'s winner into ``folder``; None (and nothing written) where no
-    candidate won.
+def save_winner(
+    model_source: ModelSource, report: TuneReport, folder: Path, *, commit: str | None = None
+) -> MethodSpec | None:
+    """Write the config-only folder of ``report``'s winner into ``folder``, and return the method written; None,
+    and no folder (one of an earlier tune removed), where no candidate won or the base model's weights cannot be
+    named alone (a GGUF file: patch a loaded model with ``report.best`` and ``save_pretrained`` it).
 
     Args:
         model_source (`ModelSource`): the model tuned (a saved patch's base is what the winner patches).
         report (`TuneReport`): the tune's report.
         folder (`Path`): the folder to write (made; files in it replaced).
+        commit (`str`, *optional*): the commit of the base model the tune loaded, recorded as the weights'.
     """
-    if report.best is None:
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    if report.best is None or model_source.gguf_file:
+        if report.best is not None:
+            logger.warning(
+                "The winner is not saved as a config-only folder: its base is a GGUF file, whose weights a folder "
+                "cannot name. Patch a loaded model with %r and save it (save_pretrained).",
+                report.best.text,
+            )
         return None
     best = serving_spec(report.best, report.target_length)
-    config = read_base_config(model_source)
+    saved = model_source.saved_patch()
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(read_base_config(model_source)))
     patch(model, best)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True)
     model.config.architectures = [type(model).__name__]
     model.config.save_pretrained(folder)
-    load_tokenizer(model_source, model_source.saved_patch()).save_pretrained(folder)
+    load_tokenizer(model_source, saved).save_pretrained(folder)
+    base, revision = (saved.weights_from, saved.weights_revision) if saved and saved.weights_from else (None, None)
     metadata = {
         "format": METADATA_FORMAT,
         "weights": False,
-        "base_model": model_source.name,
-        "base_revision": model_source.revision,
-        "base_gguf_file": model_source.gguf_file,
+        "base_model": base or model_source.name,
+        "base_revision": revision or commit or model_source.revision,
         "hf_posenc_version": __version__,
     }
     atomic_write_text(folder / METADATA_FILE, json_text(metadata))

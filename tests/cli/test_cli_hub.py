@@ -26,7 +26,8 @@ def run_cli(*argv: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_cli_push_and_card(fake_hub, tmp_path):
+def test_cli_push_and_card(fake_hub, tmp_path, capsys):
+    """The push in a fresh interpreter, as a user runs it; the card and the refused push in this one."""
     upload_base()
     results = write_results(tmp_path, {"yarn:factor=4": YARN_PPL, "none": BASE_PPL})
     method = ["--model", BASE_REPO, "--method", "yarn:factor=4,original_max_position_embeddings=64"]
@@ -42,17 +43,18 @@ def test_cli_push_and_card(fake_hub, tmp_path):
     assert not any(r.path.endswith(".safetensors") for r in fake_hub.requests)  # config-only: no weights read
 
     card = tmp_path / "card.md"
-    done = run_cli(
-        "card", *method, "--repo", "me/cli-yarn", "--revision", "exp", "--results", str(results), "--output", str(card)
-    )
-    assert done.returncode == 0, done.stderr
+    code, _, err = _in_process(
+        capsys, "card", *method, "--repo", "me/cli-yarn", "--revision", "exp", "--results", str(results),
+        "--output", str(card),
+    )  # fmt: skip
+    assert code == 0, err
     assert card.read_bytes() == pushed["README.md"]  # the card renders exactly what push pushes
     assert b'hf_posenc.from_pretrained("me/cli-yarn", revision="exp")' in pushed["README.md"]  # the branch's card
 
     wrong = "hf_WrongCliTokenThatMustNeverBePrinted7"
-    failed = run_cli("push", *push, "--token", wrong)
-    assert failed.returncode != 0 and "Traceback" not in failed.stderr
-    assert "hf-posenc push" in failed.stderr and wrong not in failed.stderr + failed.stdout
+    code, out, err = _in_process(capsys, "push", *push, "--token", wrong)
+    assert code != 0 and "Traceback" not in err
+    assert "hf-posenc push" in err and wrong not in err + out
 
 
 def _in_process(capsys, *argv: str) -> tuple[int, str, str]:

@@ -175,3 +175,14 @@ def test_bad_input_is_one_line_and_writes_nothing(tiny_dir, tmp_path, capsys, ex
     err = [line for line in lines if line.strip() and not line.startswith("Generating train split")]  # datasets' bar
     assert len(err) == 1 and message in err[0], err
     assert not output.exists()
+
+
+def test_a_model_no_candidate_patches_and_an_eval_folder_are_refused_before_loading(tiny_dir, tmp_path, capsys):
+    texts = ["--dataset", str(tiny_dir / "texts")]
+    assert main(["tune", "--model", str(tiny_dir / "gpt2"), *texts, "--output", str(tmp_path / "out")]) == 2
+    assert "No candidate of any family applies to a gpt2 model" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "results.json").write_text("{}")
+    assert main(["tune", "--model", str(tiny_dir / "model"), *texts, "--output", str(tmp_path)]) == 2
+    assert "holds the results.json of another run" in capsys.readouterr().err
+    assert [path.name for path in tmp_path.iterdir()] == ["results.json"]

@@ -396,9 +396,7 @@ def run_passkey(model_source: ModelSource, config: PasskeyConfig, output: Path) 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     check_placement(model_source, accelerator.num_processes)
     dtype = model_source.resolved_dtype(accelerator.device)
-    arguments = {"model": model_source.name, "gguf_file": model_source.gguf_file, "dtype": dtype}
-    arguments |= {**model_source.identity, "depths": config.depths, "trials": config.trials}
-    arguments |= {"seed": config.seed, "bos": config.bos}
+    arguments = _passkey_arguments(model_source, config, dtype)
     previous = folder.previous(arguments)
     done_trials = previous["trials"] if previous else []
     refuse_duplicates(specs, list(dict.fromkeys(t["method"] for t in done_trials)), folder.report_path)
@@ -442,6 +440,22 @@ def run_passkey(model_source: ModelSource, config: PasskeyConfig, output: Path) 
     for spec in _pending(specs, todo, accelerator):
         _passkey_trials(run, spec, {n: prompts[n] for n in todo[spec.text]}, tokenizer, done_trials)
     return PasskeyReport.from_json(run.report)
+
+
+def _passkey_arguments(model_source: ModelSource, config: PasskeyConfig, dtype: str) -> dict[str, Any]:
+    """What a passkey.json's ``arguments`` hold: the inputs that decide its numbers, which a resume compares."""
+    arguments = {"model": model_source.name, "gguf_file": model_source.gguf_file, "dtype": dtype}
+    arguments |= {**model_source.identity, "depths": config.depths, "trials": config.trials}
+    return arguments | {"seed": config.seed, "bos": config.bos}
+
+
+def check_passkey_output(model_source: ModelSource, config: PasskeyConfig, output: Path) -> None:
+    """What :func:`run_passkey` refuses of ``output`` before it reads anything but configs: a folder it cannot
+    write, and one holding results of other arguments. For a caller that runs other work first (a tune)."""
+    folder = ResultsFolder(output, PASSKEY)
+    folder.check()
+    device = Accelerator(cpu=not torch.cuda.is_available()).device
+    folder.previous(_passkey_arguments(model_source, config, model_source.resolved_dtype(device)))
 
 
 def _passkey_trials(

@@ -31,7 +31,14 @@ from ..eval.data import TextSource, build_windows, load_texts, tokenize_texts
 from ..eval.folder import PASSKEY_JSON, RESULTS_JSON
 from ..eval.models import ModelSource, load_tokenizer, read_base_config, resolve_bos, trained_context
 from ..eval.passkey import build_prompt, random_keys
-from ..eval.runner import PasskeyConfig, PerplexityConfig, check_perplexity_output, run_passkey, run_perplexity
+from ..eval.runner import (
+    PasskeyConfig,
+    PerplexityConfig,
+    check_passkey_output,
+    check_perplexity_output,
+    run_passkey,
+    run_perplexity,
+)
 from ..files import atomic_write_text, json_text
 from ..patching.dispatch import planner_for_config
 from ..plots.tuning_figure import plot_tune
@@ -164,6 +171,8 @@ def tune(model_source: ModelSource, text_source: TextSource, config: TuneConfig,
         model_source, text_source, _full_run(plan, plan.candidates, config), output / PERPLEXITY_FOLDER
     )
     _check_before_forwards(model_source, text_source, plan.target, screens, config.passkey_trials > 0)
+    if config.passkey_trials:
+        check_passkey_output(model_source, _passkey_run(plan.candidates, plan.target, config), output / PASSKEY_FOLDER)
     candidates, screened_out, screening = plan.candidates, [], None
     if screens:
         screening = plan.trained + (plan.target - plan.trained) // 2
@@ -173,7 +182,7 @@ def tune(model_source: ModelSource, text_source: TextSource, config: TuneConfig,
     measured = run_perplexity(model_source, text_source, run, output / PERPLEXITY_FOLDER)
     rows = rank(measured, candidates, plan.target, plan.short, config.max_regression)
     if config.passkey_trials:
-        rows = _with_passkey(model_source, rows, plan.target, config.passkey_trials, output)
+        rows = _with_passkey(model_source, rows, candidates, plan.target, config, output)
     report = TuneReport(
         model=measured.model,
         dataset=measured.dataset,
@@ -247,11 +256,23 @@ def _screen(
     return [c for c in plan.candidates if c.text in kept], [c.text for c in plan.candidates if c.text not in kept]
 
 
-def _with_passkey(model_source: ModelSource, rows: list[TuneRow], target: int, trials: int, output: Path):
-    """``rows`` with each candidate's passkey accuracy at ``target`` (a resumable passkey run, ``passkey/``) and its
-    binomial standard error."""
-    config = PasskeyConfig(lengths=[target], methods=[row.method for row in rows], depths=PASSKEY_DEPTHS, trials=trials)
-    measured = run_passkey(model_source, config, output / PASSKEY_FOLDER)
+def _passkey_run(candidates: list[Candidate], target: int, config: TuneConfig) -> PasskeyConfig:
+    """The passkey run of ``candidates`` at ``target``."""
+    methods = [candidate.text for candidate in candidates]
+    return PasskeyConfig(lengths=[target], methods=methods, depths=PASSKEY_DEPTHS, trials=config.passkey_trials)
+
+
+def _with_passkey(
+    model_source: ModelSource,
+    rows: list[TuneRow],
+    candidates: list[Candidate],
+    target: int,
+    config: TuneConfig,
+    output: Path,
+) -> list[TuneRow]:
+    """``rows`` with each candidate's passkey accuracy at ``target`` (a resumable passkey run, ``passkey/``), over
+    its prompts."""
+    measured = run_passkey(model_source, _passkey_run(candidates, target, config), output / PASSKEY_FOLDER)
     found = {}
     for trial in measured.trials:
         found.setdefault(trial.method, []).append(trial.correct)

@@ -121,7 +121,7 @@ def test_a_rerun_with_more_families_computes_only_the_new_candidates(tiny_dir, t
     assert {row.method: row.ppl for row in second.rows if row.method in kept} == kept
 
 
-def test_passkey_accuracy_is_the_passkey_runs_own(tiny_dir, tmp_path, capsys):
+def test_passkey_accuracy_is_the_passkey_runs_own(tiny_dir, tmp_path, capsys, monkeypatch):
     """A passkey prompt of the character tokenizer needs 339 tokens: a target of 400, on two longer texts."""
     texts = tmp_path / "texts"
     texts.mkdir()
@@ -140,6 +140,10 @@ def test_passkey_accuracy_is_the_passkey_runs_own(tiny_dir, tmp_path, capsys):
         assert row.passkey == sum(mine) / 3
         assert row.passkey_error == pytest.approx(math.sqrt(row.passkey * (1 - row.passkey) / 3))
     assert "passkey" in capsys.readouterr().out.split("best first:\n")[1].splitlines()[0]  # the header
+    calls = []
+    monkeypatch.setattr(eval_runner, "score_lengths", lambda *a, **k: calls.append(a))
+    assert main([*argv, "--target-length", "400", "--passkey", "2", "--output", str(output)]) == 2  # other keys
+    assert "holds results of different arguments (trials: 1 then, 2 now)" in capsys.readouterr().err and not calls
 
 
 def test_a_budget_keeps_the_best_of_the_screening(tiny_dir, tmp_path):

@@ -94,18 +94,7 @@ def add_parser(subparsers) -> None:
         "eval", help="perplexity against context length", epilog=EVAL_EPILOG, formatter_class=formatter
     )
     _add_model_arguments(evaluate, OFFLINE_LENGTHS, DEFAULT_METHODS)
-    data = evaluate.add_argument_group("data")
-    data.add_argument(
-        "--dataset",
-        help="Hub dataset id, or a local .txt/.jsonl/.parquet file or folder (default: the bundled Paul Graham "
-        "essays joined into one document, with or without --model)",
-    )
-    data.add_argument("--dataset-config", help="Hub dataset configuration (e.g. wikitext-103-raw-v1)")
-    data.add_argument("--split", help="split of a Hub dataset (default: test)")
-    data.add_argument("--text-column", default="text", help="column holding the documents (default: text)")
-    data.add_argument("--streaming", action="store_true", help="stream the dataset (big ones)")
-    data.add_argument("--max-documents", type=_positive_int, help="read only the first N documents")
-    data.add_argument("--join", help="join all documents with this separator into one stream")
+    add_data_arguments(evaluate)
     protocol = evaluate.add_argument_group("protocol")
     protocol.add_argument("--protocol", choices=PROTOCOLS, default="truncate", help="(default: truncate)")
     protocol.add_argument(
@@ -148,6 +137,37 @@ def add_parser(subparsers) -> None:
         parameter_flags=PARAMETER_FLAGS,
         interrupted="interrupted: any finished (method, length) results are kept in {output}; rerun the same "
         "command to resume.",
+    )
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``data`` options: a Hub dataset or local files, and how to read them."""
+    data = parser.add_argument_group("data")
+    data.add_argument(
+        "--dataset",
+        help="Hub dataset id, or a local .txt/.jsonl/.parquet file or folder (default: the bundled Paul Graham "
+        "essays joined into one document, with or without --model)",
+    )
+    data.add_argument("--dataset-config", help="Hub dataset configuration (e.g. wikitext-103-raw-v1)")
+    data.add_argument("--split", help="split of a Hub dataset (default: test)")
+    data.add_argument("--text-column", default="text", help="column holding the documents (default: text)")
+    data.add_argument("--streaming", action="store_true", help="stream the dataset (big ones)")
+    data.add_argument("--max-documents", type=_positive_int, help="read only the first N documents")
+    data.add_argument("--join", help="join all documents with this separator into one stream")
+
+
+def text_source_of(args: argparse.Namespace) -> TextSource:
+    """The documents the ``data`` options name; without ``--dataset`` the bundled essays (a local folder, every data
+    option applying as to one), joined with blank lines unless ``--join`` says otherwise."""
+    offline = args.dataset is None
+    return TextSource(
+        str(essays_dir()) if offline else args.dataset,
+        args.dataset_config,
+        args.split,
+        args.text_column,
+        args.streaming,
+        args.max_documents,
+        OFFLINE_JOIN if offline and args.join is None else args.join,
     )
 
 
@@ -197,16 +217,8 @@ def eval_command(args: argparse.Namespace) -> int:
     from ..eval.runner import PerplexityConfig, run_perplexity
 
     model_source = model_source_of(args)
-    offline = args.dataset is None  # the bundled essays: a local folder, with every data option as for one
-    text_source = TextSource(
-        str(essays_dir()) if offline else args.dataset,
-        args.dataset_config,
-        args.split,
-        args.text_column,
-        args.streaming,
-        args.max_documents,
-        OFFLINE_JOIN if offline and args.join is None else args.join,
-    )
+    offline = args.dataset is None
+    text_source = text_source_of(args)
     if args.model is None and args.dataset is None and _is_main_process():
         _offline_banner(args, model_source)
     output = args.output = args.output or _default_output(  # named by the Ctrl-C line too

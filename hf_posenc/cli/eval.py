@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..eval.data import PROTOCOL_HELP, PROTOCOLS, TextSource, parse_length, parse_lengths
-from ..eval.defaults import DEFAULT_METHODS, MAX_TRIALS
+from ..eval.defaults import DEFAULT_METHODS, DEFAULT_SEQUENCE_SLICE, MAX_TRIALS, MIN_SEQUENCE_SLICE
 from ..offline import essays_dir
 from .model_options import add_dtype_argument, add_loading_arguments, model_source_of, reads_cache_if_unreachable
 
@@ -114,6 +114,7 @@ def add_parser(subparsers) -> None:
         default=2048,
         help="positions per output-head call; bounds the memory of the logits (default: %(default)s)",
     )
+    _add_sequence_slice_argument(evaluate)
     evaluate.set_defaults(
         func=eval_command,
         parameter_flags=PARAMETER_FLAGS,
@@ -132,6 +133,7 @@ def add_parser(subparsers) -> None:
     passkey.add_argument("--trials", type=_trials, default=1, help="keys per length and depth (default: 1)")
     passkey.add_argument("--seed", type=int, default=0, help="seed of the keys (default: 0)")
     passkey.add_argument("--bos", choices=("auto", "prepend", "none"), default="auto", help="(default: auto)")
+    _add_sequence_slice_argument(passkey)
     passkey.set_defaults(
         func=passkey_command,
         parameter_flags=PARAMETER_FLAGS,
@@ -198,6 +200,17 @@ def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, 
     parser.add_argument("--output", type=Path, help="results folder (default: hf-posenc-results/<run>)")
 
 
+def _add_sequence_slice_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sequence-slice",
+        type=_sequence_slice,
+        default=DEFAULT_SEQUENCE_SLICE,
+        metavar="N",
+        help="positions per slice of the MLPs and norms of a longer window: the same numbers, a lower memory peak; "
+        f"at least {MIN_SEQUENCE_SLICE}, or 0: one call (default: %(default)s)",
+    )
+
+
 def _dtype_shown(model_source: ModelSource) -> str:
     """The dtype the model will run in (``auto`` resolved for the device it will run on)."""
     import torch
@@ -238,6 +251,7 @@ def eval_command(args: argparse.Namespace) -> int:
         max_windows=args.max_windows,
         batch_size=args.batch_size,
         chunk_size=args.chunk_size,
+        sequence_slice=args.sequence_slice,
         derive_lengths=not args.one_forward_per_length,
         note=_offline_note(args) if offline else None,
     )
@@ -302,6 +316,7 @@ def passkey_command(args: argparse.Namespace) -> int:
         trials=args.trials,
         seed=args.seed,
         bos=args.bos,
+        sequence_slice=args.sequence_slice,
     )
     report = run_passkey(model_source, config, output)
     _end_processes()
@@ -343,6 +358,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def _sequence_slice(text: str) -> int:
+    value = int(text)
+    if value != 0 and value < MIN_SEQUENCE_SLICE:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither 0 nor a whole number >= {MIN_SEQUENCE_SLICE}")
     return value
 
 

@@ -4,6 +4,9 @@ command line's help reads them without torch."""
 from __future__ import annotations
 
 DEFAULT_METHODS = ("none", "yarn:factor=4")
+# positions per slice of the MLPs and norms of a long window (:mod:`hf_posenc.eval.position_wise`); 0: one call
+DEFAULT_SEQUENCE_SLICE = 4096
+MIN_SEQUENCE_SLICE = 256  # slices of fewer rows than ~34 take other matrix kernels on CPU: not bitwise
 MAX_TRIALS = 10_000  # passkey keys per (length, depth); each is a forward per method
 # transformers' attention implementations a base model can be loaded with
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")

@@ -33,7 +33,7 @@ from .data import (
     load_texts,
     tokenize_texts,
 )
-from .defaults import MAX_TRIALS
+from .defaults import DEFAULT_SEQUENCE_SLICE, MAX_TRIALS
 from .folder import PASSKEY, PERPLEXITY, ResultsFolder
 from .models import (
     ModelSource,
@@ -48,6 +48,7 @@ from .models import (
 )
 from .passkey import accuracy_grid, build_prompt, random_keys
 from .perplexity import check_head_decomposition, perplexity
+from .position_wise import check_sequence_slice, sequence_slices
 from .results import device_description, sort_results, versions
 from .resume import (
     check_same_bos,
@@ -114,6 +115,8 @@ class PerplexityConfig:
         note (`str`, *optional*): what the data is, for the report's ``protocol_details``.
         blocks (`int`, defaults to 1): above 1, each row also holds each window's NLL by that many contiguous
             blocks of its tokens (``blocks``), from which :mod:`hf_posenc.tune` reads the spread of a mean.
+        sequence_slice (`int`, defaults to 4096): positions per slice of the MLPs and norms of a longer window, which
+            bounds their memory and gives the same numbers (:mod:`~hf_posenc.eval.position_wise`); 0: one call.
     """
 
     lengths: list[int]
@@ -127,10 +130,12 @@ class PerplexityConfig:
     derive_lengths: bool = True
     note: str | None = None
     blocks: int = 1
+    sequence_slice: int = DEFAULT_SEQUENCE_SLICE
 
     def __post_init__(self) -> None:
         if isinstance(self.blocks, bool) or not isinstance(self.blocks, int) or self.blocks < 1:
             raise ValueError(f"`blocks` must be a whole number >= 1, got {self.blocks!r}.")
+        check_sequence_slice(self.sequence_slice)
 
 
 @dataclass
@@ -306,7 +311,7 @@ def _score_method(
     where the method serves them all (``truncate``), else one length at a time."""
     shared = config.derive_lengths and config.protocol == "truncate" and serves_every_length(run.model, spec.method)
     params = run.resolved[spec.text]
-    with method_applied(run.model, spec, params):
+    with method_applied(run.model, spec, params), sequence_slices(run.model, config.sequence_slice):
         for group in [lengths] if shared else [[n] for n in lengths]:
             scores = score_lengths(
                 run.model,
@@ -361,6 +366,8 @@ class PasskeyConfig:
         trials (`int`, defaults to 1): keys per length and depth, at most ``MAX_TRIALS``.
         seed (`int`, defaults to 0): the seed of the keys.
         bos (`str`, defaults to ``"auto"``): ``auto``, ``prepend`` or ``none``.
+        sequence_slice (`int`, defaults to 4096): positions per slice of the MLPs and norms of a longer prompt (as
+            :class:`PerplexityConfig`'s); 0: one call.
     """
 
     lengths: list[int]
@@ -369,11 +376,13 @@ class PasskeyConfig:
     trials: int = 1
     seed: int = 0
     bos: str = "auto"
+    sequence_slice: int = DEFAULT_SEQUENCE_SLICE
 
     def __post_init__(self) -> None:
         trials = self.trials
         if isinstance(trials, bool) or not isinstance(trials, int) or not 0 < trials <= MAX_TRIALS:
             raise ValueError(f"`trials` must be a whole number of keys from 1 to {MAX_TRIALS}, got {trials!r}.")
+        check_sequence_slice(self.sequence_slice)
 
 
 def run_passkey(model_source: ModelSource, config: PasskeyConfig, output: Path) -> PasskeyReport:
@@ -438,7 +447,7 @@ def run_passkey(model_source: ModelSource, config: PasskeyConfig, output: Path) 
         run.report = previous
         run.save()
     for spec in _pending(specs, todo, accelerator):
-        _passkey_trials(run, spec, {n: prompts[n] for n in todo[spec.text]}, tokenizer, done_trials)
+        _passkey_trials(run, spec, {n: prompts[n] for n in todo[spec.text]}, tokenizer, done_trials, config)
     return PasskeyReport.from_json(run.report)
 
 
@@ -459,10 +468,15 @@ def check_passkey_output(model_source: ModelSource, config: PasskeyConfig, outpu
 
 
 def _passkey_trials(
-    run: _Run, spec: MethodSpec, prompts: dict[int, list], tokenizer: Any, done_trials: list[dict[str, Any]]
+    run: _Run,
+    spec: MethodSpec,
+    prompts: dict[int, list],
+    tokenizer: Any,
+    done_trials: list[dict[str, Any]],
+    config: PasskeyConfig,
 ) -> None:
     """Every trial of ``spec`` at the lengths of ``prompts``, the report written after each length."""
-    with method_applied(run.model, spec, run.resolved[spec.text]):
+    with method_applied(run.model, spec, run.resolved[spec.text]), sequence_slices(run.model, config.sequence_slice):
         for n, trials in prompts.items():
             desc = f"passkey {spec.text} @ {n}"
             flags = passkey_flags(run.model, tokenizer, [p for _, p in trials], run.accelerator, desc)

@@ -34,6 +34,7 @@ EVAL = [
     (["--lengths", "99999999999"], "--lengths"),
     (["--lengths", "32", "--batch-size", "0"], "--batch-size"),
     (["--lengths", "32", "--chunk-size", "0"], "--chunk-size"),
+    (["--lengths", "32", "--sequence-slice", "255"], "--sequence-slice"),
     (["--lengths", "32", "--max-windows", "0"], "--max-windows"),
     (["--lengths", "32", "--max-documents", "0"], "--max-documents"),
     (["--lengths", "32", "--protocol", "sliding", "--stride", "0"], "--stride"),
@@ -53,6 +54,7 @@ PASSKEY = [
     (["--lengths", "400", "--depths", "-0.1"], "--depths"),
     (["--lengths", "400", "--depths", "nan"], "--depths"),
     (["--lengths", "400", "--trials", "0"], "--trials"),
+    (["--lengths", "400", "--sequence-slice", "x"], "--sequence-slice"),
     (["--lengths", "400", "--method", "self-extend:group_size=0"], "group_size"),
 ]
 TRAIN = [

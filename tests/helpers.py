@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import shutil
@@ -114,24 +115,45 @@ def assert_same(before: dict, after: dict) -> None:
     assert before["instance_attrs"] == after["instance_attrs"]
 
 
-PLAIN_LOAD = textwrap.dedent(
+_PLAIN_LOADER = textwrap.dedent(
     """
     import json, sys, torch
     from transformers import AutoModelForCausalLM
-    ids = torch.load(sys.argv[1])
-    out = {}
-    for folder in sys.argv[2:]:
-        try:
-            model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
-            with torch.no_grad():
-                torch.save(model(ids).logits, folder + "/plain_logits.pt")
-            out[folder] = "loaded"
-        except Exception as error:
-            out[folder] = f"{type(error).__name__}: {error}"
-    assert "hf_posenc" not in sys.modules
-    print(json.dumps(out))
+    torch.set_num_threads(1)
+    for line in sys.stdin:
+        request, out = json.loads(line), {}
+        ids = torch.load(request["ids"])
+        for folder in request["folders"]:
+            try:
+                model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+                with torch.no_grad():
+                    torch.save(model(ids).logits, folder + "/plain_logits.pt")
+                out[folder] = "loaded"
+            except Exception as error:
+                out[folder] = f"{type(error).__name__}: {error}"
+        assert "hf_posenc" not in sys.modules
+        print("PLAIN " + json.dumps(out), flush=True)
     """
 )
+_plain_loader: list[subprocess.Popen] = []  # one interpreter per test process, started at the first call
+
+
+def plain_load(ids_file: Path, *folders: Path | str) -> dict[str, str]:
+    """Each folder loaded by plain transformers, in an interpreter that never imports hf_posenc (kept for the test
+    process: one import of torch and transformers for every call): folder -> ``"loaded"`` (its logits of the ids
+    saved in ``ids_file`` written to ``plain_logits.pt`` in the folder) or the error it raised."""
+    if not _plain_loader or _plain_loader[0].poll() is not None:
+        command = [sys.executable, "-c", _PLAIN_LOADER]
+        process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        atexit.register(process.kill)
+        _plain_loader[:] = [process]
+    process = _plain_loader[0]
+    process.stdin.write(json.dumps({"ids": str(ids_file), "folders": [str(f) for f in folders]}) + "\n")
+    process.stdin.flush()
+    for line in process.stdout:
+        if line.startswith("PLAIN "):
+            return json.loads(line.removeprefix("PLAIN "))
+    raise RuntimeError("The plain transformers interpreter exited (its error is in the test's output).")
 
 
 YARN_PPL = {512: 25.81, 1024: 27.72, 4096: 26.63}

@@ -113,7 +113,7 @@ def test_a_401_echoing_the_token_when_reading_the_base_is_shown_without_it(fake_
     assert "me/p" not in fake_hub.repos
 
 
-def test_cli_push_with_weights_pushes_the_tokenizer_and_a_model_that_loads_patched(fake_hub, tiny_dir):
+def test_cli_push_with_weights_pushes_the_tokenizer_and_a_model_that_loads_patched(fake_hub, tiny_dir, capsys):
     """``--with-weights`` from a local folder: weights, tokenizer, and the config every reader reads (transformers
     5's ``rope_parameters``, 4.x's ``rope_scaling`` and ``rope_theta``); loaded back from the Hub it is the patched
     model, logit for logit, and its tokenizer encodes as the base's."""
@@ -121,8 +121,10 @@ def test_cli_push_with_weights_pushes_the_tokenizer_and_a_model_that_loads_patch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = str(tiny_dir / "model")
-    done = run_cli("push", "--model", folder, "--method", "yarn:factor=4", "--repo", "me/full", "--with-weights")
-    assert done.returncode == 0, done.stderr
+    code, _, err = _in_process(
+        capsys, "push", "--model", folder, "--method", "yarn:factor=4", "--repo", "me/full", "--with-weights"
+    )
+    assert code == 0, err
     pushed = fake_hub.files("me/full")
     assert {"model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json", "README.md"} <= set(pushed)
     config = json.loads(pushed["config.json"])
@@ -141,7 +143,7 @@ def test_cli_push_with_weights_pushes_the_tokenizer_and_a_model_that_loads_patch
     assert hf_posenc.get_patch(loaded) == hf_posenc.get_patch(local)
 
 
-def test_cli_push_of_a_saved_trained_t5_model_pushes_its_trained_table(fake_hub, tiny_dir, tmp_path):
+def test_cli_push_of_a_saved_trained_t5_model_pushes_its_trained_table(fake_hub, tiny_dir, tmp_path, capsys):
     """`push --model SAVED --method t5-bias --with-weights` (its own saved method asked again): the trained table
     goes up, not the patch's start (as eval and train take it)."""
     import torch
@@ -154,14 +156,14 @@ def test_cli_push_of_a_saved_trained_t5_model_pushes_its_trained_table(fake_hub,
     model.save_pretrained(tmp_path / "trained")
     AutoTokenizer.from_pretrained(tiny_dir / "model").save_pretrained(tmp_path / "trained")
     argv = ["push", "--model", str(tmp_path / "trained"), "--method", "t5-bias", "--repo", "me/t5", "--with-weights"]
-    done = run_cli(*argv)
-    assert done.returncode == 0, done.stderr
+    code, _, err = _in_process(capsys, *argv)
+    assert code == 0, err
     ids = torch.randint(0, 97, (1, 96), generator=torch.Generator().manual_seed(1))  # past the 64 positions
     with torch.no_grad():
         assert torch.equal(hf_posenc.from_pretrained("me/t5").eval()(ids).logits, model(ids).logits)
 
 
-def test_a_config_only_push_of_a_repo_holding_a_trained_t5_table_loads_that_table(fake_hub, tiny_dir, tmp_path):
+def test_a_config_only_push_of_a_repo_holding_a_trained_t5_table_loads_that_table(fake_hub, tiny_dir, capsys):
     """`push --model REPO --method t5-bias` without the weights, REPO holding a trained table: the new repo's
     weights come from REPO at its commit, table included, so it loads the trained table, not the patch's start."""
     import torch
@@ -178,8 +180,10 @@ def test_a_config_only_push_of_a_repo_holding_a_trained_t5_table_loads_that_tabl
         b"| llama.cpp | refused | its converter has no GGUF name"
         in fake_hub.files("me/t5-trained", "main")["README.md"]
     )
-    done = run_cli("push", "--model", "me/t5-trained", "--method", "t5-bias", "--repo", "me/t5-config-only")
-    assert done.returncode == 0, done.stderr
+    code, _, err = _in_process(
+        capsys, "push", "--model", "me/t5-trained", "--method", "t5-bias", "--repo", "me/t5-config-only"
+    )
+    assert code == 0, err
     assert not any(name.endswith(".safetensors") for name in fake_hub.files("me/t5-config-only", "main"))
     ids = torch.randint(0, 97, (1, 96), generator=torch.Generator().manual_seed(1))  # past the 64 positions
     with torch.no_grad():

@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 from helpers import (
-    PLAIN_LOAD,
     assert_left_padded_batch_generates_as_each_alone,
     assert_same,
     generate,
     gpu,
     paper_slopes,
+    plain_load,
     snapshot,
 )
 from tiny_models import make_tiny
@@ -204,14 +202,7 @@ def test_save_and_load_round_trip_and_plain_transformers_refuses(tmp_path):
     assert loaded.config._attn_implementation == "sdpa"
     assert loaded.config.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
     torch.save(ids, tmp_path / "ids.pt")
-    result = subprocess.run(
-        [sys.executable, "-c", PLAIN_LOAD, str(tmp_path / "ids.pt"), str(tmp_path / "alibi")],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=tmp_path,
-    )
-    plain = json.loads(result.stdout.strip().splitlines()[-1])[str(tmp_path / "alibi")]
+    plain = plain_load(str(tmp_path / "ids.pt"), str(tmp_path / "alibi"))[str(tmp_path / "alibi")]
     assert plain.startswith("KeyError") and "hf_posenc_alibi" in plain
 
 

@@ -4,13 +4,10 @@ unpatch, save -> load, plain transformers refusing the saved config, and bad inp
 from __future__ import annotations
 
 import copy
-import json
-import subprocess
-import sys
 
 import pytest
 import torch
-from helpers import PLAIN_LOAD, assert_refused
+from helpers import assert_refused, plain_load
 from tiny_models import make_tiny
 
 import hf_posenc
@@ -104,14 +101,7 @@ def test_saved_model_loads_through_hf_posenc_and_plain_transformers_refuses_it(t
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, base_logits)
     torch.save(ids, tmp_path / "ids.pt")
-    result = subprocess.run(
-        [sys.executable, "-c", PLAIN_LOAD, str(tmp_path / "ids.pt"), str(folder)],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=tmp_path,
-    )
-    plain = json.loads(result.stdout.strip().splitlines()[-1])[str(folder)]
+    plain = plain_load(str(tmp_path / "ids.pt"), str(folder))[str(folder)]
     marker = "hf_posenc_" + method
     assert plain.startswith("KeyError") and marker in plain
 

@@ -9,12 +9,10 @@ import logging
 import math
 import pickle
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
-from helpers import PLAIN_LOAD, assert_refused, assert_same, snapshot
+from helpers import assert_refused, assert_same, plain_load, snapshot
 from tiny_models import make_tiny
 from transformers import AutoModelForCausalLM
 
@@ -116,14 +114,7 @@ def test_plain_transformers_refuses_every_saved_method(tmp_path):
         patched(case).save_pretrained(tmp_path / case)
         folders.append(str(tmp_path / case))
     torch.save(IDS, tmp_path / "ids.pt")
-    result = subprocess.run(
-        [sys.executable, "-c", PLAIN_LOAD, str(tmp_path / "ids.pt"), *folders],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=tmp_path,
-    )
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    outcome = plain_load(str(tmp_path / "ids.pt"), *folders)
     for folder in folders:
         assert outcome[folder].startswith("KeyError") and "hf_posenc_extension" in outcome[folder], folder
         with pytest.raises(KeyError, match="hf_posenc_extension"):  # with hf_posenc imported too

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
 from helpers import (
-    PLAIN_LOAD,
     assert_left_padded_batch_generates_as_each_alone,
     assert_refused,
     assert_same,
     generate,
     paper_slopes,
+    plain_load,
     snapshot,
 )
 from tiny_models import make_tiny
@@ -162,14 +159,7 @@ def test_saved_configs_round_trip_alibi_refused_and_pi_native_without_hf_posenc(
     )
     pi = hf_posenc.from_pretrained(str(tmp_path / "pi"))
     assert hf_posenc.get_patch(pi) is None and pi.config.n_positions == 4 * N  # baked: a plain longer GPT-2
-    result = subprocess.run(
-        [sys.executable, "-c", PLAIN_LOAD, str(tmp_path / "ids.pt"), str(tmp_path / "alibi"), str(tmp_path / "pi")],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=tmp_path,
-    )
-    plain = json.loads(result.stdout.strip().splitlines()[-1])
+    plain = plain_load(str(tmp_path / "ids.pt"), str(tmp_path / "alibi"), str(tmp_path / "pi"))
     assert plain[str(tmp_path / "alibi")].startswith("KeyError") and "hf_posenc_alibi" in plain[str(tmp_path / "alibi")]
     assert plain[str(tmp_path / "pi")] == "loaded"
     assert torch.equal(torch.load(tmp_path / "pi" / "plain_logits.pt"), logits["pi"])

@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 import transformers
-from helpers import PLAIN_LOAD
+from helpers import plain_load
 from tiny_models import make_tiny
 from transformers import AutoConfig
 
@@ -59,14 +57,7 @@ def saved(tmp_path_factory):
             logits = model(ids).logits
         model.save_pretrained(root / case)
         cases[case] = {"dir": root / case, "logits": logits, "base": base, "info": hf_posenc.get_patch(model)}
-    result = subprocess.run(
-        [sys.executable, "-c", PLAIN_LOAD, str(root / "ids.pt"), *(str(c["dir"]) for c in cases.values())],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=root,
-    )
-    plain = json.loads(result.stdout.strip().splitlines()[-1])
+    plain = plain_load(str(root / "ids.pt"), *(str(c["dir"]) for c in cases.values()))
     for case in cases.values():
         case["plain"] = plain[str(case["dir"])]
     return ids, cases

@@ -4,14 +4,11 @@ saved and loaded, plain transformers refusing, bad input."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import PLAIN_LOAD, assert_left_padded_batch_generates_as_each_alone, assert_refused, generate, gpu
+from helpers import assert_left_padded_batch_generates_as_each_alone, assert_refused, generate, gpu, plain_load
 from tiny_models import make_tiny
 from torch import nn
 from transformers.models.t5.modeling_t5 import T5Attention
@@ -166,14 +163,7 @@ def test_the_trained_table_is_saved_and_loaded_and_plain_transformers_refuses(tm
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, model(ids).logits)
     torch.save(ids, tmp_path / "ids.pt")
-    result = subprocess.run(
-        [sys.executable, "-c", PLAIN_LOAD, str(tmp_path / "ids.pt"), str(tmp_path / "t5")],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=tmp_path,
-    )
-    plain = json.loads(result.stdout.strip().splitlines()[-1])[str(tmp_path / "t5")]
+    plain = plain_load(str(tmp_path / "ids.pt"), str(tmp_path / "t5"))[str(tmp_path / "t5")]
     assert plain.startswith("KeyError") and "hf_posenc_t5_bias" in plain
 
 

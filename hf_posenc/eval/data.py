@@ -144,9 +144,10 @@ def check_output_outside(output: Path, source: TextSource) -> None:
         )
 
 
-def check_protocol(protocol: str, stride: int | None, lengths: Sequence[int] = ()) -> None:
+def check_protocol(protocol: str, stride: int | None, lengths: Sequence[int] = (), bos: bool = False) -> None:
     """Raise ``ValueError`` for an unknown protocol, a stride given to a protocol that has none, or a stride longer
-    than the shortest of ``lengths`` (a sliding window would skip tokens)."""
+    than the text tokens of the shortest of ``lengths`` (one fewer with ``bos``: a sliding window would skip
+    tokens)."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"Unknown protocol {protocol!r}; choose one of {PROTOCOLS}.")
     if stride is not None and protocol != "sliding":
@@ -154,10 +155,12 @@ def check_protocol(protocol: str, stride: int | None, lengths: Sequence[int] = (
             f"`stride` applies to `protocol` sliding; `protocol` {protocol} does not use it. "
             "Leave `stride` out, or use `protocol` sliding."
         )
-    if stride is not None and lengths and stride > min(lengths):
+    if stride is not None and lengths and stride > min(lengths) - bos:
+        text = min(lengths) - bos
+        what = f"the {text} text tokens after BOS of the shortest length" if bos else f"the shortest length, {text}"
         raise ValueError(
-            f"`stride` {stride} must be at most the shortest length, {min(lengths)}: a window sliding further than its "
-            "own length skips the tokens between."
+            f"`stride` {stride} must be at most {what}: a window sliding further than its own text skips the tokens "
+            "between."
         )
 
 

@@ -172,7 +172,7 @@ def run_perplexity(
         config (`PerplexityConfig`): lengths, methods and protocol.
         output (`Path`): the results folder (``results.json``, ``results.csv``, ``ppl_vs_length.png``).
     """
-    check_protocol(config.protocol, config.stride, config.lengths)
+    check_protocol(config.protocol, config.stride, config.lengths, bos=config.bos == "prepend")
     saved = model_source.saved_patch()
     specs = parse_methods(config.methods, saved)
     folder = ResultsFolder(output, PERPLEXITY)
@@ -186,6 +186,7 @@ def run_perplexity(
     refuse_duplicates(specs, [r["method"] for r in results], folder.report_path)
     tokenizer = load_tokenizer(model_source, saved)
     bos_id = resolve_bos(config.bos, tokenizer)
+    check_protocol(config.protocol, config.stride, config.lengths, bos=bos_id is not None)  # bos auto: its tokenizer's
     docs, data_details = _documents(tokenizer, text_source, accelerator)
     if previous:  # same arguments: the same data, and BOS as before?
         check_same_data(previous["dataset_details"], data_details, folder.report_path)

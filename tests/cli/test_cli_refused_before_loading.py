@@ -4,9 +4,12 @@ status 2, and neither a model, a tokenizer nor a dataset loaded, nothing written
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import transformers
 from tiny_runs import folder_files
+from tokenizers import processors
 
 from hf_posenc.cli import main
 from hf_posenc.cli import train as train_command
@@ -41,6 +44,10 @@ EVAL = [
     (
         ["--lengths", "32,64", "--protocol", "sliding", "--stride", "48"],
         "--stride 48 must be at most the shortest length, 32",
+    ),
+    (
+        ["--lengths", "32,64", "--protocol", "sliding", "--stride", "32", "--bos", "prepend"],
+        "--stride 32 must be at most the 31 text tokens after BOS of the shortest length",
     ),
     (["--lengths", "32", "--method", "dynamic-ntk+self-extend:factor=2"], "changes the frequencies with the length"),
     (["--lengths", "32", "--method", "string:shifted_offset=0"], "shifted_offset must be a positive integer"),
@@ -125,3 +132,30 @@ def test_an_output_that_is_a_file_is_refused_before_loading(tiny_dir, tmp_path, 
     }[command]
     _refused(argv, str(output), capsys, output)
     assert output.read_text() == "mine"
+
+
+def test_a_stride_past_the_text_after_the_bos_its_tokenizer_adds_is_refused_before_the_data(
+    tiny_dir, tmp_path, capsys, monkeypatch
+):
+    """``--bos auto`` with a tokenizer that adds BOS: known once the tokenizer is read, before the texts or the
+    model are."""
+    folder = tmp_path / "models" / "bos"
+    shutil.copytree(tiny_dir / "model", folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tokenizer.bos_token_id)]
+    )
+    tokenizer.save_pretrained(folder)
+    assert transformers.AutoTokenizer.from_pretrained(folder)("ab").input_ids[0] == tokenizer.bos_token_id
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("read before the stride was checked")
+
+    monkeypatch.setattr(runner, "load_texts", refuse)
+    monkeypatch.setattr(runner, "load_model_at_commit", refuse)
+    (tmp_path / "run").mkdir()
+    output = tmp_path / "run" / "out"
+    argv = ["eval", "--model", str(folder), "--dataset", str(tiny_dir / "texts"), "--output", str(output)]
+    _refused(
+        [*argv, "--lengths", "32", "--protocol", "sliding", "--stride", "32"], "the 31 text tokens", capsys, output
+    )

@@ -19,11 +19,12 @@ if TYPE_CHECKING:
     from ..reports.tasks import LmEvalReport
     from .data import TextSource
     from .harness import LmEvalConfig, run_lm_eval
-    from .models import ModelSource
+    from .models import LoadedModel, ModelSource
     from .runner import PasskeyConfig, PerplexityConfig, run_passkey, run_perplexity
 
 __all__ = [
     "LmEvalConfig",
+    "LoadedModel",
     "LmEvalReport",
     "ModelSource",
     "PasskeyConfig",
@@ -43,6 +44,7 @@ __getattr__, __dir__ = lazy_exports(
         "LmEvalReport": "..reports.tasks",
         "TextSource": ".data",
         "run_lm_eval": ".harness",
+        "LoadedModel": ".models",
         "ModelSource": ".models",
         "PasskeyConfig": ".runner",
         "PasskeyReport": "..reports.runs",

@@ -18,6 +18,7 @@ from ..hub.provenance import FULL_COMMIT
 from ..hub.reach import CONFIG_FILE, is_hub_id, require_reachable
 from ..hub.saved import SavedPatch, base_config, load_base_model, loading_errors, read_config, saved_patch
 from ..offline import smollm2_gguf
+from ..patching.apply import get_patch
 from ..patching.changes import NoCounterpart
 from ..patching.loading import base_attn_implementation
 from .defaults import ATTN_IMPLEMENTATIONS
@@ -155,6 +156,57 @@ class ModelSource:
             raise ValueError(f"`attn_implementation` {self.attn_implementation!r} cannot be used here: {problem}.")
 
 
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model already in memory and its tokenizer, scored where it is (neither loaded, moved nor cast; put in eval
+    mode): what :func:`~hf_posenc.eval.run_perplexity`, :func:`~hf_posenc.eval.run_passkey` and
+    :func:`~hf_posenc.tune.tune` take in place of a :class:`ModelSource`. It must be unpatched: every method evaluated
+    is applied to it, and taken off again.
+
+    Attributes:
+        model (`PreTrainedModel`): a causal LM.
+        tokenizer (`PreTrainedTokenizerBase`): its tokenizer.
+
+    Raises:
+        `ValueError`: the model is patched, or no tokenizer is given.
+    """
+
+    model: Any
+    tokenizer: Any
+    gguf_file: None = dataclasses.field(default=None, init=False)
+    revision: None = dataclasses.field(default=None, init=False)
+    device_map: None = dataclasses.field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        info = get_patch(self.model)
+        if info is not None:
+            raise ValueError(
+                f"The model is patched with {info.method!r}: give it unpatched (`hf_posenc.unpatch(model)`); every "
+                "method evaluated is applied to the base, and `none` scores the base itself."
+            )
+        if self.tokenizer is None:
+            raise ValueError("A loaded model needs its `tokenizer`, which reads the texts.")
+
+    @property
+    def name(self) -> str:
+        """The name the model was loaded by (``name_or_path``; empty for a model built from a config)."""
+        return getattr(self.model, "name_or_path", "") or ""
+
+    @property
+    def label(self) -> str:
+        return self.name or type(self.model).__name__
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        return {}
+
+    def resolved_dtype(self, device: torch.device) -> str:
+        return str(self.model.dtype).removeprefix("torch.")
+
+    def saved_patch(self) -> None:
+        return None
+
+
 def _no_counterpart(source: ModelSource, error: NoCounterpart) -> ValueError:
     """The error for an ``attn_implementation`` the saved patch cannot run: it names only the transformers names this
     option takes (the patch's own backend names it does not)."""
@@ -186,7 +238,7 @@ def reachable_saved_patch(
     return saved
 
 
-def check_placement(source: ModelSource, num_processes: int) -> None:
+def check_placement(source: ModelSource | LoadedModel, num_processes: int) -> None:
     """Refuse a ``device_map`` under several processes: each would split the whole model over the same GPUs.
     ``accelerate launch`` (data parallel, a model per GPU) and ``device_map`` (one model over many GPUs) are two
     ways to use them; several machines each splitting one model are not supported."""
@@ -231,9 +283,12 @@ def loaded_commit(source: ModelSource, saved: SavedPatch | None = None) -> str |
     return commit.lower() if commit and FULL_COMMIT.fullmatch(commit) else None
 
 
-def load_model_at_commit(source: ModelSource, device: torch.device, saved: SavedPatch | None = None):
+def load_model_at_commit(source: ModelSource | LoadedModel, device: torch.device, saved: SavedPatch | None = None):
     """:func:`load_model` at the commit :func:`loaded_commit` reads (a branch that moves meanwhile does not change
-    what is loaded), and that commit: what a results file records as ``model_details.commit``."""
+    what is loaded), and that commit: what a results file records as ``model_details.commit``. A
+    :class:`LoadedModel`: its model, in eval mode where it is, and no commit."""
+    if isinstance(source, LoadedModel):
+        return source.model.eval(), None
     commit = loaded_commit(source, saved)
     own_weights = commit is not None and (saved is None or saved.weights_from is None)
     pinned = dataclasses.replace(source, revision=commit) if own_weights else source
@@ -245,9 +300,11 @@ def input_device(model) -> torch.device:
     return model.get_input_embeddings().weight.device
 
 
-def load_tokenizer(source: ModelSource, saved: SavedPatch | None = None):
+def load_tokenizer(source: ModelSource | LoadedModel, saved: SavedPatch | None = None):
     """The tokenizer of ``source`` (cheap next to the model: loaded first, to check the data); a config-only
-    push's from the repo and commit its weights come from."""
+    push's from the repo and commit its weights come from; a :class:`LoadedModel`'s own."""
+    if isinstance(source, LoadedModel):
+        return source.tokenizer
     if saved is not None and saved.weights_from is not None:
         repo, revision = saved.weights_from, saved.weights_revision
         action = f"Reading the tokenizer of {repo!r}"
@@ -267,9 +324,11 @@ def load_tokenizer(source: ModelSource, saved: SavedPatch | None = None):
         return AutoTokenizer.from_pretrained(source.name, **kwargs)
 
 
-def read_base_config(source: ModelSource) -> Any:
+def read_base_config(source: ModelSource | LoadedModel) -> Any:
     """The config of ``source``'s base model, read without its weights (a saved patch's changes put back; a GGUF
-    file's metadata)."""
+    file's metadata; a loaded model's own)."""
+    if isinstance(source, LoadedModel):
+        return source.model.config
     if source.gguf_file:
         with loading_errors(source.name, source.gguf_file):
             return AutoConfig.from_pretrained(source.name, gguf_file=source.gguf_file)
@@ -312,7 +371,7 @@ def check_position_table(model, rows: int | None, method: str, longest: int, sho
         )
 
 
-def model_details(model_source: ModelSource, saved: SavedPatch | None, dtype: str) -> dict[str, Any]:
+def model_details(model_source: ModelSource | LoadedModel, saved: SavedPatch | None, dtype: str) -> dict[str, Any]:
     """What the results say of the model: its name, and for a saved patched model the method it was saved
     with and the repo its weights came from (``none`` rows are that base)."""
     local = Path(model_source.name)

@@ -29,7 +29,7 @@ from accelerate import PartialState
 
 from ..eval.data import TextSource, build_windows, load_texts, tokenize_texts
 from ..eval.folder import PASSKEY_JSON, RESULTS_JSON
-from ..eval.models import ModelSource, load_tokenizer, read_base_config, resolve_bos, trained_context
+from ..eval.models import LoadedModel, ModelSource, load_tokenizer, read_base_config, resolve_bos, trained_context
 from ..eval.passkey import build_prompt, random_keys
 from ..eval.runner import (
     PasskeyConfig,
@@ -143,7 +143,9 @@ def _plan(model_config: Any, config: TuneConfig) -> _Plan:
     return _Plan(trained, target, short, candidates)
 
 
-def tune(model_source: ModelSource, text_source: TextSource, config: TuneConfig, output: Path) -> TuneReport:
+def tune(
+    model_source: ModelSource | LoadedModel, text_source: TextSource, config: TuneConfig, output: Path
+) -> TuneReport:
     """Score every candidate that takes the model to the target length, and rank them: the winner is the lowest
     perplexity at ``T`` among the candidates whose regression inside ``L`` stays within ``max_regression``;
     candidates within noise of it (paired standard errors over blocks of tokens) are reported as tied.
@@ -153,7 +155,7 @@ def tune(model_source: ModelSource, text_source: TextSource, config: TuneConfig,
     the winner as a config-only folder (``best/``, :func:`~hf_posenc.tune.winner.save_winner`).
 
     Args:
-        model_source (`ModelSource`): the model, and how to load it.
+        model_source (`ModelSource` or `LoadedModel`): the model, and how to load it (or the model in memory).
         text_source (`TextSource`): the documents (each scored on its first ``T`` tokens).
         config (`TuneConfig`): the target, the families and the budget.
         output (`Path`): the tune's folder.
@@ -222,7 +224,7 @@ def _check_output(output: Path) -> None:
 
 
 def _check_before_forwards(
-    model_source: ModelSource, text_source: TextSource, target: int, screens: bool, passkey: bool
+    model_source: ModelSource | LoadedModel, text_source: TextSource, target: int, screens: bool, passkey: bool
 ) -> None:
     """What only the tokenizer can refuse, before any forward: a target no document reaches (the full run checks it
     itself, after a screening's forwards) and one too short for a passkey prompt."""
@@ -238,7 +240,7 @@ def _check_before_forwards(
 
 
 def _screen(
-    model_source: ModelSource,
+    model_source: ModelSource | LoadedModel,
     text_source: TextSource,
     config: TuneConfig,
     plan: _Plan,
@@ -263,7 +265,7 @@ def _passkey_run(candidates: list[Candidate], target: int, config: TuneConfig) -
 
 
 def _with_passkey(
-    model_source: ModelSource,
+    model_source: ModelSource | LoadedModel,
     rows: list[TuneRow],
     candidates: list[Candidate],
     target: int,

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from .._version import __version__
-from ..eval.models import ModelSource, load_tokenizer, read_base_config
+from ..eval.models import LoadedModel, ModelSource, load_tokenizer, read_base_config
 from ..files import atomic_write_text, json_text
 from ..hub.markdown import markdown_code, markdown_text
 from ..hub.metadata import METADATA_FILE, METADATA_FORMAT
@@ -32,25 +32,29 @@ WINNER_FOLDER = "best"
 
 
 def save_winner(
-    model_source: ModelSource, report: TuneReport, folder: Path, *, commit: str | None = None
+    model_source: ModelSource | LoadedModel, report: TuneReport, folder: Path, *, commit: str | None = None
 ) -> MethodSpec | None:
     """Write the config-only folder of ``report``'s winner into ``folder``, and return the method written; None,
     and no folder (one of an earlier tune removed), where no candidate won or the base model's weights cannot be
-    named alone (a GGUF file: patch a loaded model with ``report.best`` and ``save_pretrained`` it).
+    named alone (a GGUF file, or a model in memory without a name: patch a loaded model with ``report.best`` and
+    ``save_pretrained`` it).
 
     Args:
-        model_source (`ModelSource`): the model tuned (a saved patch's base is what the winner patches).
+        model_source (`ModelSource` or `LoadedModel`): the model tuned (a saved patch's base is what the winner
+            patches).
         report (`TuneReport`): the tune's report.
         folder (`Path`): the folder to write (made; files in it replaced).
         commit (`str`, *optional*): the commit of the base model the tune loaded, recorded as the weights'.
     """
     if folder.is_dir():
         shutil.rmtree(folder)
-    if report.best is None or model_source.gguf_file:
+    unnamed = _unnamed_weights(model_source)
+    if report.best is None or unnamed:
         if report.best is not None:
             logger.warning(
-                "The winner is not saved as a config-only folder: its base is a GGUF file, whose weights a folder "
-                "cannot name. Patch a loaded model with %r and save it (save_pretrained).",
+                "The winner is not saved as a config-only folder: %s. Patch a loaded model with %r and save it "
+                "(save_pretrained).",
+                unnamed,
                 report.best.text,
             )
         return None
@@ -76,6 +80,15 @@ def save_winner(
     return best
 
 
+def _unnamed_weights(model_source: ModelSource | LoadedModel) -> str | None:
+    """Why a config-only folder cannot name the weights of ``model_source``, or None where it can."""
+    if model_source.gguf_file:
+        return "its base is a GGUF file, whose weights a folder cannot name"
+    if not model_source.name:
+        return "its model was built in memory, and no name loads its weights"
+    return None
+
+
 def serving_spec(spec: MethodSpec, target: int) -> MethodSpec:
     """``spec`` with ``max_position_embeddings`` the target where the method takes one and ``spec`` leaves it to the
     default (DCA and ReRoPE keep the config's ``L``): what vLLM and lm-evaluation-harness read as the model's
@@ -85,7 +98,7 @@ def serving_spec(spec: MethodSpec, target: int) -> MethodSpec:
     return MethodSpec.parse(format_method_spec(spec.name, {**spec.params, "max_position_embeddings": target}))
 
 
-def winner_card(model_source: ModelSource, report: TuneReport, best: MethodSpec) -> str:
+def winner_card(model_source: ModelSource | LoadedModel, report: TuneReport, best: MethodSpec) -> str:
     """The folder's model card: what the method is, where the weights come from, and the tune's table."""
     tied = report.tied_with_best
     within = f" (tied within noise: {', '.join(markdown_code(m) for m in tied)})" if tied else ""

@@ -1,5 +1,5 @@
 """Peak memory and speed of a long window's scoring forward, the MLPs and norms over slices of the sequence against
-one call (issue 47, item 3), in the same process: the eval's own path (``cumulative_nll``), random weights.
+one call, in the same process: the eval's own path (``cumulative_nll``), random weights.
 
     python scripts/bench_position_wise.py --device cpu --shape mlp-heavy --length 16384 \
         --output benchmarks/results/position_wise_cpu.json

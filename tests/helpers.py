@@ -138,7 +138,7 @@ _PLAIN_LOADER = textwrap.dedent(
 _plain_loader: list[subprocess.Popen] = []  # one interpreter per test process, started at the first call
 
 
-def plain_load(ids_file: Path, *folders: Path | str) -> dict[str, str]:
+def plain_load(ids_file: Path | str, *folders: Path | str) -> dict[str, str]:
     """Each folder loaded by plain transformers, in an interpreter that never imports hf_posenc (kept for the test
     process: one import of torch and transformers for every call): folder -> ``"loaded"`` (its logits of the ids
     saved in ``ids_file`` written to ``plain_logits.pt`` in the folder) or the error it raised."""

@@ -175,7 +175,6 @@ class LoadedModel:
     tokenizer: Any
     gguf_file: None = dataclasses.field(default=None, init=False)
     revision: None = dataclasses.field(default=None, init=False)
-    device_map: None = dataclasses.field(default=None, init=False)
 
     def __post_init__(self) -> None:
         info = get_patch(self.model)
@@ -194,16 +193,31 @@ class LoadedModel:
 
     @property
     def label(self) -> str:
+        """Short name for tables and plots: the model's name, or its class."""
         return self.name or type(self.model).__name__
 
     @property
+    def device_map(self) -> str | None:
+        """``"as loaded"`` where accelerate split the model over devices (``hf_device_map``), else None."""
+        return "as loaded" if getattr(self.model, "hf_device_map", None) else None
+
+    @property
     def identity(self) -> dict[str, Any]:
-        return {}
+        """The attention implementation the model runs, which a results file's ``arguments`` record."""
+        return {"attn_implementation": self.model.config._attn_implementation}
+
+    @property
+    def commit(self) -> str | None:
+        """The Hub commit transformers loaded the model from (``config._commit_hash``), where it names one."""
+        commit = getattr(self.model.config, "_commit_hash", None)
+        return commit.lower() if isinstance(commit, str) and FULL_COMMIT.fullmatch(commit) else None
 
     def resolved_dtype(self, device: torch.device) -> str:
+        """The dtype of the model's weights, whatever the device."""
         return str(self.model.dtype).removeprefix("torch.")
 
     def saved_patch(self) -> None:
+        """A loaded model is unpatched: it holds no saved patch."""
         return None
 
 
@@ -286,9 +300,9 @@ def loaded_commit(source: ModelSource, saved: SavedPatch | None = None) -> str |
 def load_model_at_commit(source: ModelSource | LoadedModel, device: torch.device, saved: SavedPatch | None = None):
     """:func:`load_model` at the commit :func:`loaded_commit` reads (a branch that moves meanwhile does not change
     what is loaded), and that commit: what a results file records as ``model_details.commit``. A
-    :class:`LoadedModel`: its model, in eval mode where it is, and no commit."""
+    :class:`LoadedModel`: its model, in eval mode where it is, and the commit it names."""
     if isinstance(source, LoadedModel):
-        return source.model.eval(), None
+        return source.model.eval(), source.commit
     commit = loaded_commit(source, saved)
     own_weights = commit is not None and (saved is None or saved.weights_from is None)
     pinned = dataclasses.replace(source, revision=commit) if own_weights else source
@@ -374,9 +388,9 @@ def check_position_table(model, rows: int | None, method: str, longest: int, sho
 def model_details(model_source: ModelSource | LoadedModel, saved: SavedPatch | None, dtype: str) -> dict[str, Any]:
     """What the results say of the model: its name, and for a saved patched model the method it was saved
     with and the repo its weights came from (``none`` rows are that base)."""
-    local = Path(model_source.name)
+    local = Path(model_source.name) if model_source.name else None
     return {
-        "name": str(local.resolve()) if local.exists() else model_source.name,  # a folder: which one, from anywhere
+        "name": str(local.resolve()) if local and local.exists() else model_source.name,  # a folder, from anywhere
         "gguf_file": model_source.gguf_file,
         "dtype": dtype,
         **model_source.identity,

@@ -86,6 +86,9 @@ def _unnamed_weights(model_source: ModelSource | LoadedModel) -> str | None:
         return "its base is a GGUF file, whose weights a folder cannot name"
     if not model_source.name:
         return "its model was built in memory, and no name loads its weights"
+    folder = Path(model_source.name)
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        return f"the folder {model_source.name} holds no config.json that loads its weights (a GGUF file?)"
     return None
 
 

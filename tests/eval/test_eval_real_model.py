@@ -34,7 +34,7 @@ def test_unpatched_ppl_equals_labels_loss_on_two_256_token_windows(smollm2, essa
             for k in range(2)
         ]
     assert math.isclose(ours, math.exp(sum(loss.item() for loss in losses) / 2), rel_tol=1e-4)
-    assert 15 < ours < 40, ours  # the offline notes measure PPL 23.9 on the first 512 tokens
+    assert 15 < ours < 40, ours  # a plausible range; the offline notes measure PPL 23.9 on the first 512 tokens
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from hf_posenc.eval import (
     run_perplexity,
 )
 from hf_posenc.tune import TuneConfig, tune
+from hf_posenc.tune.winner import save_winner
 
 METHODS = ["none", "yarn:factor=4", "self-extend"]
 
@@ -64,10 +65,14 @@ def test_a_tune_of_a_loaded_model_names_its_folder_or_saves_no_winner(tiny_dir, 
     metadata = json.loads((tmp_path / "named" / "best" / "hf_posenc.json").read_text())
     assert metadata["base_model"] == str(tiny_dir / "model")
     built = make_tiny("llama", max_position_embeddings=64)  # the same shape, from a config: no name to load by
+    tokenizer = _loaded(tiny_dir).tokenizer
     with caplog.at_level(logging.WARNING, logger="hf_posenc"):
-        unnamed = tune(LoadedModel(built, _loaded(tiny_dir).tokenizer), texts, config, tmp_path / "built")
-    assert unnamed.best is not None and not (tmp_path / "built" / "best").exists()
+        assert save_winner(LoadedModel(built, tokenizer), report, tmp_path / "built") is None
+        built.name_or_path = str(tmp_path)  # a folder that holds no config.json (a GGUF file's, say)
+        assert save_winner(LoadedModel(built, tokenizer), report, tmp_path / "gguf") is None
+    assert not (tmp_path / "built").exists() and not (tmp_path / "gguf").exists()
     assert "its model was built in memory, and no name loads its weights" in caplog.text
+    assert f"the folder {tmp_path} holds no config.json" in caplog.text
 
 
 def test_a_patched_model_or_no_tokenizer_is_refused(tiny_dir):

@@ -3,6 +3,8 @@ bfloat16, every family), from slices of equal size (at least 256 positions), eac
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
@@ -29,7 +31,7 @@ def test_sliced_hidden_states_equal_one_call_bitwise(family, dtype):
     model = model.to(dtype)
     ids = torch.randint(0, 97, (2, 1001), generator=torch.Generator().manual_seed(3))
     whole = _hidden(model, ids)
-    with sequence_slices(model, 300):  # 4 slices of 251 and 248 positions
+    with sequence_slices(model, 300):  # 4 slices of 250 and 251 positions
         sliced = _hidden(model, ids)
     assert torch.equal(sliced, whole)
 
@@ -70,15 +72,56 @@ class PairMLP(nn.Module):
         return hidden * 2, hidden.sum()
 
 
-def test_a_module_whose_output_is_not_one_tensor_per_position_runs_as_one_call():
-    module, hidden = PairMLP(), torch.randn(1, 600, 3)
+def _holding(module: nn.Module) -> nn.Module:
+    """A model whose decoder holds ``module`` as a child."""
     model = nn.Module()
     model.get_decoder = lambda: model
     model._no_split_modules = []
     model.mlp = module
+    return model
+
+
+def test_a_module_whose_output_is_not_one_tensor_per_position_runs_whole_and_is_said_once(caplog):
+    module, hidden = PairMLP(), torch.randn(1, 600, 3)
+    with caplog.at_level(logging.INFO, logger="hf_posenc"), sequence_slices(_holding(module), 256):
+        for _ in range(2):
+            doubled, total = module(hidden)
+            assert torch.equal(doubled, hidden * 2) and torch.equal(total, hidden.sum())
+    assert caplog.text.count("PairMLP does not return one tensor per position") == 1
+
+
+class KeywordMLP(nn.Module):
+    """Position-wise, called with its input by keyword."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[int] = []
+
+    def forward(self, hidden_states: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        self.rows.append(hidden_states.shape[1])
+        return hidden_states * scale
+
+
+def test_an_input_given_by_keyword_is_sliced_with_the_other_tensors_of_its_shape():
+    module, hidden = KeywordMLP(), torch.randn(2, 600, 3)
+    scale = torch.randn(2, 600, 1)
+    with sequence_slices(_holding(module), 256):
+        out = module(hidden_states=hidden, scale=scale)
+    assert torch.equal(out, hidden * scale) and module.rows == [200, 200, 200]
+
+
+def test_a_module_listed_twice_is_sliced_once_and_one_with_an_offload_hook_below_is_left_whole():
+    model = make_tiny("llama")
+    model._no_split_modules = [*model._no_split_modules, type(model.model).__name__]  # the decoder as a layer too
+    modules = position_wise_modules(model)
+    assert len(modules) == len({id(m) for m in modules}) == 7
+    add_hook_to_module(model.model.layers[0].mlp.down_proj, ModelHook())  # what an offload puts on the weights
+    assert model.model.layers[0].mlp not in position_wise_modules(model)
+    ids = torch.randint(0, 97, (1, 600), generator=torch.Generator().manual_seed(2))
+    whole = _hidden(model, ids)
     with sequence_slices(model, 256):
-        doubled, total = module(hidden)
-    assert torch.equal(doubled, hidden * 2) and torch.equal(total, hidden.sum())
+        assert torch.equal(_hidden(model, ids), whole)
+    assert not any("forward" in module.__dict__ for module in modules)
 
 
 def test_under_an_accelerate_hook_the_inner_forward_is_sliced_and_the_hook_runs_once():
@@ -99,7 +142,7 @@ def test_under_an_accelerate_hook_the_inner_forward_is_sliced_and_the_hook_runs_
     whole = _hidden(model, ids)
     with sequence_slices(model, 256):
         sliced = _hidden(model, ids)
-    assert torch.equal(sliced, whole) and rows == [700, 234, 234, 232] and Count.calls == 2
+    assert torch.equal(sliced, whole) and rows == [700, 233, 233, 234] and Count.calls == 2
     assert mlp._old_forward.__func__ is type(mlp).forward  # the hook's inner forward, restored
     remove_hook_from_module(mlp)
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import re
 import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..eval.data import PROTOCOL_HELP, PROTOCOLS, TextSource, parse_length, parse_lengths
+from ..eval.data import PROTOCOL_HELP, PROTOCOLS, TextSource
 from ..eval.defaults import DEFAULT_METHODS, DEFAULT_SEQUENCE_SLICE, MAX_TRIALS, MIN_SEQUENCE_SLICE
 from ..offline import essays_dir
+from .arguments import default_output, end_processes, is_main_process, positive_int, token_length, token_lengths
 from .model_options import add_dtype_argument, add_loading_arguments, model_source_of, reads_cache_if_unreachable
 
 if TYPE_CHECKING:
@@ -98,19 +98,19 @@ def add_parser(subparsers) -> None:
     protocol = evaluate.add_argument_group("protocol")
     protocol.add_argument("--protocol", choices=PROTOCOLS, default="truncate", help="(default: truncate)")
     protocol.add_argument(
-        "--stride", type=_length, help="step of --protocol sliding in tokens (default: half the length)"
+        "--stride", type=token_length, help="step of --protocol sliding in tokens (default: half the length)"
     )
     protocol.add_argument("--bos", choices=("auto", "prepend", "none"), default="auto", help="(default: auto)")
-    protocol.add_argument("--max-windows", type=_positive_int, help="score only the first N windows per length")
+    protocol.add_argument("--max-windows", type=positive_int, help="score only the first N windows per length")
     protocol.add_argument(
         "--one-forward-per-length",
         action="store_true",
         help="truncate: a forward for every length, not shorter lengths read from the longest (to check or time)",
     )
-    evaluate.add_argument("--batch-size", type=_positive_int, default=1, help="windows per forward (default: 1)")
+    evaluate.add_argument("--batch-size", type=positive_int, default=1, help="windows per forward (default: 1)")
     evaluate.add_argument(
         "--chunk-size",
-        type=_positive_int,
+        type=positive_int,
         default=2048,
         help="positions per output-head call; bounds the memory of the logits (default: %(default)s)",
     )
@@ -154,7 +154,7 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--split", help="split of a Hub dataset (default: test)")
     data.add_argument("--text-column", default="text", help="column holding the documents (default: text)")
     data.add_argument("--streaming", action="store_true", help="stream the dataset (big ones)")
-    data.add_argument("--max-documents", type=_positive_int, help="read only the first N documents")
+    data.add_argument("--max-documents", type=positive_int, help="read only the first N documents")
     data.add_argument("--join", help="join all documents with this separator into one stream")
 
 
@@ -195,7 +195,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser, default_lengths: str, 
         "for a model saved or pushed patched: none = its base, and its saved method)",
     )
     parser.add_argument(
-        "--lengths", type=_lengths, default=default_lengths, help=f"k = 1024 (default: {default_lengths})"
+        "--lengths", type=token_lengths, default=default_lengths, help=f"k = 1024 (default: {default_lengths})"
     )
     parser.add_argument("--output", type=Path, help="results folder (default: hf-posenc-results/<run>)")
 
@@ -218,11 +218,6 @@ def _dtype_shown(model_source: ModelSource) -> str:
     return model_source.resolved_dtype(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def _default_output(kind: str, *names: str | None) -> Path:
-    slug = "-".join(re.sub(r"[^A-Za-z0-9._]+", "_", Path(n).name) for n in names if n)
-    return Path("hf-posenc-results") / f"{kind}-{slug}"
-
-
 def _offline_note(args: argparse.Namespace) -> str:
     """What the offline default scores, for the report: the bundled essays (the first N), joined."""
     essays = f"the first {args.max_documents} of the bundled" if args.max_documents else "bundled"
@@ -237,9 +232,9 @@ def eval_command(args: argparse.Namespace) -> int:
     model_source = model_source_of(args)
     offline = args.dataset is None
     text_source = text_source_of(args)
-    if args.model is None and args.dataset is None and _is_main_process():
+    if args.model is None and args.dataset is None and is_main_process():
         _offline_banner(args, model_source)
-    output = args.output = args.output or _default_output(  # named by the Ctrl-C line too
+    output = args.output = args.output or default_output(  # named by the Ctrl-C line too
         "eval", model_source.gguf_file or model_source.name, args.dataset or "essays", args.protocol
     )
     config = PerplexityConfig(
@@ -256,8 +251,8 @@ def eval_command(args: argparse.Namespace) -> int:
         note=_offline_note(args) if offline else None,
     )
     report = run_perplexity(model_source, text_source, config, output)
-    _end_processes()
-    if _is_main_process():
+    end_processes()
+    if is_main_process():
         _print_perplexity(report, output)
     return 0
 
@@ -308,7 +303,7 @@ def passkey_command(args: argparse.Namespace) -> int:
     from ..eval.runner import PasskeyConfig, run_passkey
 
     model_source = model_source_of(args)
-    output = args.output = args.output or _default_output("passkey", model_source.gguf_file or model_source.name)
+    output = args.output = args.output or default_output("passkey", model_source.gguf_file or model_source.name)
     config = PasskeyConfig(
         lengths=args.lengths,
         methods=args.methods,
@@ -319,8 +314,8 @@ def passkey_command(args: argparse.Namespace) -> int:
         sequence_slice=args.sequence_slice,
     )
     report = run_passkey(model_source, config, output)
-    _end_processes()
-    if _is_main_process():
+    end_processes()
+    if is_main_process():
         _print_passkey(report, output)
     return 0
 
@@ -338,29 +333,6 @@ def _print_passkey(report: PasskeyReport, output: Path) -> None:
     print(f"\nResults: {output / PASSKEY_JSON} and {PASSKEY_CSV}\nHeatmap: {output / PASSKEY_PLOT}")
 
 
-def _end_processes() -> None:
-    """Under ``accelerate launch``: every process finishes together and closes the process group, or one
-    can abort at exit ("terminate called without an active exception") while another still uses it."""
-    from accelerate import PartialState
-
-    state = PartialState()
-    state.wait_for_everyone()
-    state.destroy_process_group()
-
-
-def _is_main_process() -> bool:
-    from accelerate import PartialState
-
-    return PartialState().is_main_process
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
-
-
 def _sequence_slice(text: str) -> int:
     value = int(text)
     if value != 0 and value < MIN_SEQUENCE_SLICE:
@@ -369,24 +341,10 @@ def _sequence_slice(text: str) -> int:
 
 
 def _trials(text: str) -> int:
-    value = _positive_int(text)
+    value = positive_int(text)
     if value > MAX_TRIALS:
         raise argparse.ArgumentTypeError(f"{text!r} is more than {MAX_TRIALS} keys per length and depth")
     return value
-
-
-def _lengths(text: str) -> list[int]:
-    try:
-        return parse_lengths(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from error
-
-
-def _length(text: str) -> int:
-    try:
-        return parse_length(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from error
 
 
 def _depths(text: str) -> list[float]:

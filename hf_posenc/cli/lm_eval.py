@@ -11,7 +11,7 @@ from typing import Any
 from ..eval.defaults import DEFAULT_METHODS
 from ..hub.reach import cache_only_if_unreachable
 from ..reports.tasks import LM_EVAL_JSON
-from .eval import _default_output
+from .arguments import default_output
 from .model_options import add_dtype_argument, add_loading_arguments, model_source_of
 
 # Library parameters, and the options that set them here.
@@ -169,7 +169,7 @@ def lm_eval_command(args: argparse.Namespace) -> int:
         metadata=config.metadata,
         evaluate=evaluate_arguments(config),
     )
-    output = args.output = parsed.output or _default_output("lm-eval", parsed.gguf_file or parsed.model or "smollm2")
+    output = args.output = parsed.output or default_output("lm-eval", parsed.gguf_file or parsed.model or "smollm2")
     with cache_only_if_unreachable(parsed.model, parsed.revision):  # a cached model, at once offline
         report = run_lm_eval(model_source_of(parsed), settings, output, tokenizer=tokenizer, device=parsed.device)
     print(f"\nlm-eval {report.lm_eval_version}, max_length {report.max_length}:")

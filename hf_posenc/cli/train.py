@@ -12,7 +12,7 @@ from ..fields import field_help
 from ..offline import essays_dir
 from ..spec import MethodSpec
 from ..training.settings import TRAINABLE, TrainSettings
-from .eval import _is_main_process, _length, _positive_int
+from .arguments import is_main_process, positive_int, token_length
 from .model_options import model_source_of, reads_cache_if_unreachable
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def add_parser(subparsers) -> None:
     data.add_argument("--split", default=LOCAL_SPLIT, help="split of a Hub dataset (default: train)")
     data.add_argument("--text-column", default="text", help="column holding the documents (default: text)")
     data.add_argument("--streaming", action="store_true", help="stream the dataset (big ones, with --max-documents)")
-    data.add_argument("--max-documents", type=_positive_int, help="read only the first N documents")
+    data.add_argument("--max-documents", type=positive_int, help="read only the first N documents")
     _add_training_arguments(command.add_argument_group("training"))
     command.set_defaults(
         func=train_command,
@@ -95,17 +95,17 @@ def add_parser(subparsers) -> None:
 def _training_options() -> dict[str, dict]:
     """argparse's settings of each :class:`TrainSettings` field but ``resume``; the help is the field's own."""
     return {
-        "length": {"type": _length, "required": True},
-        "steps": {"type": _positive_int, "required": True},
+        "length": {"type": token_length, "required": True},
+        "steps": {"type": positive_int, "required": True},
         "learning_rate": {"type": float},
         "position_learning_rate": {"type": float},
-        "batch_size": {"type": _positive_int},
-        "gradient_accumulation_steps": {"type": _positive_int},
+        "batch_size": {"type": positive_int},
+        "gradient_accumulation_steps": {"type": positive_int},
         "warmup_steps": {"type": int},
         "trainable": {"choices": TRAINABLE},
-        "lora_rank": {"type": _positive_int},
+        "lora_rank": {"type": positive_int},
         "lora_alpha": {"type": float},
-        "save_steps": {"type": _positive_int},
+        "save_steps": {"type": positive_int},
         "seed": {"type": int},
         "gradient_checkpointing": {"action": "store_true"},
         "bf16": {"action": argparse.BooleanOptionalAction},
@@ -148,7 +148,7 @@ def train_command(args: argparse.Namespace) -> int:
         "dataset": text_source.describe(),
     }
     result = train(model, tokenizer, data, args.output, settings, spec, sources=sources)
-    if _is_main_process():
+    if is_main_process():
         _print_result(args, spec, settings, data, result)
     return 0
 

@@ -5,17 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .eval import (
-    _default_output,
-    _end_processes,
-    _is_main_process,
-    _length,
-    _lengths,
-    _positive_int,
-    add_data_arguments,
-    add_model_source_arguments,
-    text_source_of,
-)
+from .arguments import default_output, end_processes, is_main_process, positive_int, token_length, token_lengths
+from .eval import add_data_arguments, add_model_source_arguments, text_source_of
 from .model_options import model_source_of, reads_cache_if_unreachable
 
 TUNE_EPILOG = """\
@@ -57,28 +48,30 @@ def add_parser(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_source_arguments(tune)
-    tune.add_argument("--target-length", type=_length, help="k = 1024 (default: twice the trained context)")
+    tune.add_argument("--target-length", type=token_length, help="k = 1024 (default: twice the trained context)")
     tune.add_argument("--methods", type=_families, help="comma-separated families to search (default: all)")
-    tune.add_argument("--budget", type=_positive_int, help="run at most N candidates in full, after a screening")
+    tune.add_argument("--budget", type=positive_int, help="run at most N candidates in full, after a screening")
     tune.add_argument(
         "--max-regression",
         type=float,
         default=0.03,
         help="largest perplexity increase inside the trained context a winner may have (default: 0.03, 3%%)",
     )
-    tune.add_argument("--short-lengths", type=_lengths, help="lengths inside L for the regression (default: L/4,L)")
+    tune.add_argument(
+        "--short-lengths", type=token_lengths, help="lengths inside L for the regression (default: L/4,L)"
+    )
     tune.add_argument("--no-logn", action="store_true", help="leave out the log-n combinations")
     tune.add_argument(
         "--passkey",
         nargs="?",
         const=2,
         default=0,
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="passkey accuracy at the target of every candidate run in full, N keys at depths 0, 0.5 and 1 "
         "(N default: 2)",
     )
-    tune.add_argument("--batch-size", type=_positive_int, default=1, help="windows per forward (default: 1)")
+    tune.add_argument("--batch-size", type=positive_int, default=1, help="windows per forward (default: 1)")
     add_data_arguments(tune)
     tune.add_argument("--output", type=Path, help="the tune's folder (default: hf-posenc-results/tune-<model>)")
     tune.set_defaults(
@@ -111,10 +104,10 @@ def tune_command(args: argparse.Namespace) -> int:
     )
     model_source = model_source_of(args)
     text_source = text_source_of(args)
-    output = args.output = args.output or _default_output("tune", model_source.gguf_file or model_source.name)
+    output = args.output = args.output or default_output("tune", model_source.gguf_file or model_source.name)
     report = tune(model_source, text_source, config, output)
-    _end_processes()
-    if _is_main_process():
+    end_processes()
+    if is_main_process():
         print(f"\nCandidates at {report.target_length} tokens (trained context {report.trained_context}), best first:")
         print(report.table())
         best = report.best

@@ -4,7 +4,7 @@ where both sides know them, the same weights.
 A results file records the model it loaded (``model``; ``model_details``: ``name``, or ``weights_from`` for a
 config- only repo), the revision asked for (``model_details.revision``: a branch, tag or commit; none recorded: the
 default branch, ``main``), the commit of a Hub model as loaded (``model_details.commit``; null: not a Hub model, or
-a model object passed in Python, whose origin is not known) and, for ``hf-posenc eval``, a fingerprint of the
+a model object passed in Python whose config names no commit) and, for ``hf-posenc eval``, a fingerprint of the
 weights as loaded (:func:`hf_posenc.hub.fingerprint.model_fingerprint`) in the dtype it records. A config-only push
 knows the commit its base resolves to now, which its repo loads; a push of weights the commit they were loaded at,
 where that can be told (:func:`weights_commit`), else none: results are then let through with a warning. A recorded

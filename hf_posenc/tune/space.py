@@ -12,11 +12,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..methods.string_rope import LOCAL_VALUE  # the STRING authors' W
 from ..registry import get_method
 from ..spec import MethodSpec, format_method_spec
 
 LOGN = "logn"
-STRING_LOCAL_VALUE = 128  # the STRING authors' W
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def _dca(trained: int, target: int) -> list[dict]:
 
 def _string(trained: int, target: int) -> list[dict]:
     """An et al. 2025 §4: ``S = 0.33 L`` (or the smallest that reaches ``T``), ``W = 128``."""
-    offset = max(int(0.33 * trained), target - trained + STRING_LOCAL_VALUE)
+    offset = max(int(0.33 * trained), target - trained + LOCAL_VALUE)
     return [{"shifted_offset": offset}] if offset < trained else []
 
 

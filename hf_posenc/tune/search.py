@@ -292,11 +292,10 @@ def _write(output: Path, report: TuneReport, measured: PerplexityReport) -> None
     buffer = io.StringIO()
     csv.writer(buffer, lineterminator="\n").writerows(report.csv_rows())
     atomic_write_text(output / TUNE_CSV, buffer.getvalue())
-    ranked = [(row.method, row.worst_regression, row.eligible) for row in report.rows]
     plot_tune(
         output / TUNE_PLOT,
-        [row.to_json() for row in measured.results],
-        ranked,
+        measured.results,
+        report.rows,
         trained_context=report.trained_context,
         max_regression=report.max_regression,
         title=f"tune: {report.model} to {report.target_length} tokens on {report.dataset}",

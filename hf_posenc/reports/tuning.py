@@ -33,9 +33,9 @@ class TuneRow:
         error (`float`): the standard error of ``nll`` over blocks of tokens (NaN with one block).
         difference (`float`): ``nll`` less the best candidate's, on the same tokens.
         difference_error (`float`): the paired standard error of ``difference``.
-        regression (`dict[str, float]`): at each length inside the trained context, the perplexity against the
+        regression (`dict[int, float]`): at each length inside the trained context, the perplexity against the
             unpatched model's on the same windows (1.02: 2% worse).
-        regression_error (`dict[str, float]`): the standard error of each regression (paired, over blocks).
+        regression_error (`dict[int, float]`): the standard error of each regression (paired, over blocks).
         eligible (`bool`): every regression within the tune's ``max_regression``, and a finite loss at the target.
         rank (`int`, *optional*): 1 for the best and every candidate tied with it (within
             :data:`~hf_posenc.tune.statistics.Z` paired standard errors), else its place; None where not eligible.
@@ -51,8 +51,8 @@ class TuneRow:
     error: float
     difference: float
     difference_error: float
-    regression: dict[str, float]
-    regression_error: dict[str, float]
+    regression: dict[int, float]
+    regression_error: dict[int, float]
     eligible: bool
     rank: int | None = None
     tied: bool = False
@@ -67,8 +67,8 @@ class TuneRow:
         return math.sqrt(self.passkey * (1 - self.passkey) / self.passkey_trials)
 
     @property
-    def worst(self) -> str | None:
-        """The length (as a key of ``regression``) of the largest regression; None without one."""
+    def worst(self) -> int | None:
+        """The length of the largest regression; None without one."""
         values = self.regression
         return max(values, key=lambda key: math.inf if math.isnan(values[key]) else values[key], default=None)
 
@@ -81,7 +81,7 @@ class TuneRow:
     def from_json(cls, row: Mapping[str, Any]) -> TuneRow:
         values = {key: (math.nan if value is None else value) for key, value in known_fields(cls, row).items()}
         for key in ("regression", "regression_error"):  # a file holds null for a ratio that is not finite
-            values[key] = {n: (math.nan if v is None else v) for n, v in (row.get(key) or {}).items()}
+            values[key] = {int(n): (math.nan if v is None else v) for n, v in (row.get(key) or {}).items()}
         return cls(**{**values, **{key: row.get(key) for key in ("rank", "passkey", "passkey_trials")}})
 
 
@@ -96,7 +96,7 @@ class TuneReport:
         target_length (`int`): the length ``T`` the candidates were chosen for and scored at.
         short_lengths (`list[int]`): the lengths inside ``L`` the regression was measured at.
         max_regression (`float`): the largest regression a winner may have (0.03: 3%).
-        reference (`dict[str, float]`): the unpatched model's perplexity at each length.
+        reference (`dict[int, float]`): the unpatched model's perplexity at each length.
         rows (`tuple[TuneRow]`): the candidates measured: eligible ones by rank, then the others.
         screened_out (`list[str]`): candidates a budget left out after screening.
         screening_length (`int`, *optional*): the length screening scored at.
@@ -109,7 +109,7 @@ class TuneReport:
     target_length: int
     short_lengths: list[int]
     max_regression: float
-    reference: dict[str, float]
+    reference: dict[int, float]
     rows: tuple[TuneRow, ...]
     screened_out: list[str] = field(default_factory=list)
     screening_length: int | None = None
@@ -136,7 +136,7 @@ class TuneReport:
         for row in self.rows:
             rank = "-" if row.rank is None else (f"={row.rank}" if row.tied else str(row.rank))
             spread = row.ppl * row.error  # d ppl = ppl d nll
-            error = row.regression_error.get(row.worst, math.nan) if row.worst else math.nan
+            error = row.regression_error.get(row.worst, math.nan) if row.worst is not None else math.nan
             regression = f"{(row.worst_regression - 1) * 100:+.1f}% ± {error * 100:.1f}"
             note = "" if row.eligible else "  past --max-regression"
             keys = f"  {row.passkey:>5.0%} ± {row.passkey_error:.0%}" if passkey and row.passkey is not None else ""
@@ -154,15 +154,24 @@ class TuneReport:
 
     def to_json(self) -> dict[str, Any]:
         report = {item.name: getattr(self, item.name) for item in dataclasses.fields(self)}
-        rows = [json_safe(dataclasses.asdict(row)) for row in self.rows]
-        return {**report, "best": None if self.best is None else self.best.text, "rows": rows}
+        report["reference"] = _keyed_by_text(self.reference)
+        rows = [dataclasses.asdict(row) for row in self.rows]
+        for row in rows:  # JSON names its keys in text
+            for key in ("regression", "regression_error"):
+                row[key] = _keyed_by_text(row[key])
+        return {**report, "best": None if self.best is None else self.best.text, "rows": json_safe(rows)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TuneReport:
         rows = tuple(TuneRow.from_json(row) for row in data["rows"])
-        return cls(**{**known_fields(cls, data), "rows": rows})
+        reference = {int(n): ppl for n, ppl in data["reference"].items()}
+        return cls(**{**known_fields(cls, data), "rows": rows, "reference": reference})
 
     @classmethod
     def read(cls, path: str | Path) -> TuneReport:
         """The report in ``path`` (a ``tune.json``)."""
         return cls.from_json(read_report(Path(path), kind="tune", advice="it is no tune.json of tune"))
+
+
+def _keyed_by_text(values: Mapping[int, float]) -> dict[str, float]:
+    return {str(length): value for length, value in values.items()}

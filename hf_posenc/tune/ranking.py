@@ -60,7 +60,7 @@ def _score(
         mine, unpatched = _row(report, candidate.text, n), _row(report, NONE_METHOD, n)
         ratio = math.exp(mine.nll - unpatched.nll) if math.isfinite(mine.nll - unpatched.nll) else math.nan
         pair = _paired(mine, unpatched)
-        regression[str(n)], errors[str(n)] = ratio, math.nan if pair is None else ratio * pair.error
+        regression[n], errors[n] = ratio, math.nan if pair is None else ratio * pair.error
     row = _row(report, candidate.text, target)
     eligible = math.isfinite(row.nll) and all(ratio <= 1 + max_regression for ratio in regression.values())
     return _Scored(candidate, row, regression, errors, eligible)

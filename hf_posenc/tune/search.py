@@ -192,7 +192,7 @@ def tune(
         target_length=plan.target,
         short_lengths=plan.short,
         max_regression=config.max_regression,
-        reference={str(r.length): r.ppl for r in measured.results if r.method == NONE_METHOD},
+        reference={r.length: r.ppl for r in measured.results if r.method == NONE_METHOD},
         rows=tuple(rows),
         screened_out=screened_out,
         screening_length=screening,

@@ -70,6 +70,6 @@ def test_each_regression_is_a_ratio_with_its_paired_error():
     rows = [_row("none", 16, SHORT), _row("ntk:factor=2", 16, worse), _row("ntk:factor=2", 128, [2.5] * 4)]
     (row,) = rank(_report(rows), _candidates("ntk:factor=2"), 128, [16], 0.03)
     difference = paired_difference([[m * TOKENS, TOKENS] for m in worse], [[m * TOKENS, TOKENS] for m in SHORT])
-    assert row.regression["16"] == pytest.approx(math.exp(0.03))
-    assert row.regression_error["16"] == pytest.approx(math.exp(0.03) * difference.error)
+    assert row.regression[16] == pytest.approx(math.exp(0.03))
+    assert row.regression_error[16] == pytest.approx(math.exp(0.03) * difference.error)
     assert row.eligible is False and row.rank is None  # 3.05% > 3%

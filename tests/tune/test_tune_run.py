@@ -51,7 +51,7 @@ def test_the_ranking_is_the_perplexity_runs_numbers(tuned):
         assert sum(n for _, n in blocks) == measured["tokens"] and len(blocks) == 8 * measured["windows"]
         for n in (16, 64):
             ratio = math.exp(rows[(row.method, n)]["nll"] - rows[("none", n)]["nll"])
-            assert row.regression[str(n)] == pytest.approx(ratio, rel=1e-12)
+            assert row.regression[n] == pytest.approx(ratio, rel=1e-12)
         assert row.eligible == (max(row.regression.values()) <= 1.001)
     eligible = [row for row in report.rows if row.eligible]
     best = min(eligible, key=lambda row: row.nll)

@@ -8,7 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..eval.data import PROTOCOL_HELP, PROTOCOLS, TextSource
-from ..eval.defaults import DEFAULT_METHODS, DEFAULT_SEQUENCE_SLICE, MAX_TRIALS, MIN_SEQUENCE_SLICE
+from ..eval.defaults import (
+    DEFAULT_METHODS,
+    DEFAULT_SEQUENCE_SLICE,
+    MAX_TRIALS,
+    MIN_SEQUENCE_SLICE,
+    check_sequence_slice,
+)
 from ..offline import essays_dir
 from .arguments import default_output, end_processes, is_main_process, positive_int, token_length, token_lengths
 from .model_options import add_dtype_argument, add_loading_arguments, model_source_of, reads_cache_if_unreachable
@@ -335,8 +341,10 @@ def _print_passkey(report: PasskeyReport, output: Path) -> None:
 
 def _sequence_slice(text: str) -> int:
     value = int(text)
-    if value != 0 and value < MIN_SEQUENCE_SLICE:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither 0 nor a whole number >= {MIN_SEQUENCE_SLICE}")
+    try:
+        check_sequence_slice(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     return value
 
 

@@ -10,3 +10,12 @@ MIN_SEQUENCE_SLICE = 256  # slices of fewer rows than ~34 take other matrix kern
 MAX_TRIALS = 10_000  # passkey keys per (length, depth); each is a forward per method
 # transformers' attention implementations a base model can be loaded with
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
+
+
+def check_sequence_slice(size: object) -> None:
+    """Raises `ValueError` unless ``size`` is 0 (one call) or a whole number of positions >= ``MIN_SEQUENCE_SLICE``."""
+    if isinstance(size, bool) or not isinstance(size, int) or (size != 0 and size < MIN_SEQUENCE_SLICE):
+        raise ValueError(
+            f"The sequence slice must be 0 (one call) or a whole number of positions >= {MIN_SEQUENCE_SLICE}, "
+            f"got {size!r}."
+        )

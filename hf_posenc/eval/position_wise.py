@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .defaults import MIN_SEQUENCE_SLICE
+from .defaults import check_sequence_slice
 
 logger = logging.getLogger("hf_posenc")
 _SUFFIXES = ("mlp", "rmsnorm", "layernorm")  # class names of a layer's children that act on each position alone
@@ -44,15 +44,6 @@ def _acts_on_positions(module: nn.Module) -> bool:
 
 def _hooked_below(module: nn.Module) -> bool:
     return any(hasattr(child, "_hf_hook") for child in module.modules() if child is not module)
-
-
-def check_sequence_slice(size: object) -> None:
-    """Raises `ValueError` unless ``size`` is 0 (one call) or a whole number of positions >= ``MIN_SEQUENCE_SLICE``."""
-    if isinstance(size, bool) or not isinstance(size, int) or (size != 0 and size < MIN_SEQUENCE_SLICE):
-        raise ValueError(
-            f"The sequence slice must be 0 (one call) or a whole number of positions >= {MIN_SEQUENCE_SLICE}, "
-            f"got {size!r}."
-        )
 
 
 @contextlib.contextmanager

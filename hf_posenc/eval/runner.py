@@ -33,7 +33,7 @@ from .data import (
     load_texts,
     tokenize_texts,
 )
-from .defaults import DEFAULT_SEQUENCE_SLICE, MAX_TRIALS
+from .defaults import DEFAULT_SEQUENCE_SLICE, MAX_TRIALS, check_sequence_slice
 from .folder import PASSKEY, PERPLEXITY, ResultsFolder
 from .models import (
     LoadedModel,
@@ -49,7 +49,7 @@ from .models import (
 )
 from .passkey import accuracy_grid, build_prompt, random_keys
 from .perplexity import check_head_decomposition, perplexity
-from .position_wise import check_sequence_slice, sequence_slices
+from .position_wise import sequence_slices
 from .results import device_description, sort_results, versions
 from .resume import (
     check_same_bos,

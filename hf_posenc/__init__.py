@@ -4,6 +4,7 @@
 >>> hf_posenc.patch(model, "yarn", factor=4)
 >>> hf_posenc.unpatch(model)      # the original, bit for bit
 >>> hf_posenc.patch(model, "alibi")  # RoPE (or GPT-2's wpe) replaced by ALiBi biases; also "nope", "t5-bias"
+>>> report = hf_posenc.tune(model, tokenizer, texts, target_length=32768)  # the best method to 32k, measured
 
 Importing hf_posenc imports torch and transformers and registers its methods, rope types and attention backends
 with transformers, so that a plain ``AutoModelForCausalLM.from_pretrained`` loads a saved patched config. The
@@ -37,6 +38,8 @@ _EXPORTS = {
     "from_pretrained": ".hub.push",
     "push_to_hub": ".hub.push",
 }
+# exported, imported on first use only: evaluation brings accelerate and datasets
+_ON_USE = {"tune": ".tuning.search"}
 
 __all__ = [
     "HubError",
@@ -54,6 +57,7 @@ __all__ = [
     "rope_frequencies",
     "sinusoidal_table",
     "t5_buckets",
+    "tune",
     "unpatch",
 ]
 
@@ -64,9 +68,10 @@ if TYPE_CHECKING:
     from .patching import PatchInfo, get_patch, patch, patched, unpatch
     from .registry import available_methods
     from .spec import MethodSpec
+    from .tuning.search import tune
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, {**_EXPORTS, **_ON_USE})
 
 
 def _import_all() -> None:

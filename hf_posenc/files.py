@@ -21,6 +21,12 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 
+def default_output(kind: str, *names: str | None) -> Path:
+    """``hf-posenc-results/<kind>-<names>``: a command's results folder when ``--output`` is not given."""
+    slug = "-".join(re.sub(r"[^A-Za-z0-9._]+", "_", Path(n).name) for n in names if n)
+    return Path("hf-posenc-results") / f"{kind}-{slug}"
+
+
 def refuse_dangling_link(folder: Path, name: str = "output") -> None:
     """Raise ``ValueError`` if the output folder ``folder`` is a link to nothing (making it would fail with "File
     exists"); ``name`` names it in the message."""

@@ -32,7 +32,7 @@ from hf_posenc.eval.models import load_model, load_tokenizer, resolve_bos  # noq
 from hf_posenc.eval.scoring import score_lengths  # noqa: E402
 from hf_posenc.offline import essays_dir  # noqa: E402
 from hf_posenc.spec import MethodSpec  # noqa: E402
-from hf_posenc.tune import TuneConfig, tune  # noqa: E402
+from hf_posenc.tuning import TuneConfig, run_tune  # noqa: E402
 
 TARGET_RATIO = 1.1
 
@@ -73,7 +73,7 @@ def main() -> None:
     config = TuneConfig(target_length=args.target_length, methods=args.methods.split(","), logn=False)
     with tempfile.TemporaryDirectory() as scratch:
         start = time.perf_counter()
-        report = tune(source, texts, config, args.tune_folder or Path(scratch))
+        report = run_tune(source, texts, config, args.tune_folder or Path(scratch))
         tune_seconds = time.perf_counter() - start
     print(report.table(), flush=True)
     methods = ["none", *(row.method for row in report.rows)]

@@ -58,7 +58,7 @@ def test_planners_never_import_each_other():
 
 def test_only_the_cli_tune_and_eval_itself_import_eval():
     for name in MODULES:
-        if name.startswith(("hf_posenc.cli", "hf_posenc.eval", "hf_posenc.tune")):
+        if name.startswith(("hf_posenc.cli", "hf_posenc.eval", "hf_posenc.tuning")):
             continue
         assert not {m for m in _imports(name) if m.startswith("hf_posenc.eval")}, name
 
@@ -85,7 +85,7 @@ LAYERS = (
     {"plots", "serving"},
     {"hub"},
     {"eval", "training"},
-    {"tune"},
+    {"tuning"},
     {"cli", "__init__"},
     {"__main__"},
 )
@@ -183,6 +183,6 @@ def test_a_saved_config_of_hf_posencs_own_rope_types_loads_without_a_warning(met
 
 def test_the_public_names_are_listed_once_each_with_the_module_that_defines_them():
     """``hf_posenc.__all__`` (what ``from hf_posenc import *`` and the docs read) names what the package exports."""
-    assert set(hf_posenc.__all__) == {"__version__", *hf_posenc._EXPORTS}
+    assert set(hf_posenc.__all__) == {"__version__", *hf_posenc._EXPORTS, *hf_posenc._ON_USE}
     for name in hf_posenc.__all__:
         assert getattr(hf_posenc, name) is not None, name

@@ -3,16 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import re
-from pathlib import Path
 
 from ..eval.data import parse_length, parse_lengths
-
-
-def default_output(kind: str, *names: str | None) -> Path:
-    """``hf-posenc-results/<kind>-<names>``: a command's results folder when ``--output`` is not given."""
-    slug = "-".join(re.sub(r"[^A-Za-z0-9._]+", "_", Path(n).name) for n in names if n)
-    return Path("hf-posenc-results") / f"{kind}-{slug}"
 
 
 def end_processes() -> None:

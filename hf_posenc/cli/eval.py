@@ -15,8 +15,9 @@ from ..eval.defaults import (
     MIN_SEQUENCE_SLICE,
     check_sequence_slice,
 )
+from ..files import default_output
 from ..offline import essays_dir
-from .arguments import default_output, end_processes, is_main_process, positive_int, token_length, token_lengths
+from .arguments import end_processes, is_main_process, positive_int, token_length, token_lengths
 from .model_options import add_dtype_argument, add_loading_arguments, model_source_of, reads_cache_if_unreachable
 
 if TYPE_CHECKING:

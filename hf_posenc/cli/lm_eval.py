@@ -9,9 +9,9 @@ import math
 from typing import Any
 
 from ..eval.defaults import DEFAULT_METHODS
+from ..files import default_output
 from ..hub.reach import cache_only_if_unreachable
 from ..reports.tasks import LM_EVAL_JSON
-from .arguments import default_output
 from .model_options import add_dtype_argument, add_loading_arguments, model_source_of
 
 # Library parameters, and the options that set them here.

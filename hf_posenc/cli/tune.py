@@ -1,11 +1,12 @@
-"""``hf-posenc tune``: parse, call :func:`hf_posenc.tune.tune`, print the ranked table."""
+"""``hf-posenc tune``: parse, call :func:`hf_posenc.tuning.tune`, print the ranked table."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from .arguments import default_output, end_processes, is_main_process, positive_int, token_length, token_lengths
+from ..files import default_output
+from .arguments import end_processes, is_main_process, positive_int, token_length, token_lengths
 from .eval import add_data_arguments, add_model_source_arguments, text_source_of
 from .model_options import model_source_of, reads_cache_if_unreachable
 
@@ -90,7 +91,7 @@ def _families(text: str) -> list[str]:
 
 @reads_cache_if_unreachable
 def tune_command(args: argparse.Namespace) -> int:
-    from ..tune.search import TuneConfig, tune
+    from ..tuning.search import TuneConfig, run_tune
 
     config = TuneConfig(
         target_length=args.target_length,
@@ -105,7 +106,7 @@ def tune_command(args: argparse.Namespace) -> int:
     model_source = model_source_of(args)
     text_source = text_source_of(args)
     output = args.output = args.output or default_output("tune", model_source.gguf_file or model_source.name)
-    report = tune(model_source, text_source, config, output)
+    report = run_tune(model_source, text_source, config, output)
     end_processes()
     if is_main_process():
         print(f"\nCandidates at {report.target_length} tokens (trained context {report.trained_context}), best first:")

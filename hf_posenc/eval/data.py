@@ -7,9 +7,10 @@ properties (every token scored at most once, only earlier tokens of the same spa
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..hub.errors import refuse_missing_folder
@@ -26,6 +27,7 @@ PROTOCOL_HELP = {
     "truncate": "one window per document: its first LENGTH tokens (YaRN's evaluation)",
 }
 DEFAULT_SPLIT = "test"
+IN_MEMORY_NAME = "texts"
 _LENGTH_RE = re.compile(r"^\s*(\d+)\s*([kK]?)\s*$")
 
 
@@ -61,10 +63,11 @@ class WindowPlan:
 
 @dataclass(frozen=True)
 class TextSource:
-    """Where the texts come from: a Hub dataset name, or a local file or folder (.txt, .jsonl, .parquet).
+    """Where the texts come from: a Hub dataset name, a local file or folder (.txt, .jsonl, .parquet), or texts in
+    memory (:meth:`from_texts`).
 
     Args:
-        path (`str`): Hub dataset id (``emozilla/pg19-test``) or a local path.
+        path (`str`): Hub dataset id (``emozilla/pg19-test``) or a local path; for texts in memory, their name.
         config (`str`, *optional*): dataset configuration (``wikitext-103-raw-v1``).
         split (`str`, *optional*): split of a Hub dataset, ``"test"`` if not given. Local files are read
             whole, as the split ``"train"``; another split or a config for them is an error.
@@ -72,6 +75,7 @@ class TextSource:
         streaming (`bool`, defaults to `False`): stream instead of downloading the whole split.
         max_documents (`int`, *optional*): read only the first documents.
         join (`str`, *optional*): join all documents with this separator into one stream.
+        texts (`tuple[str, ...]`, *optional*): the documents themselves; ``path`` only names them.
     """
 
     path: str
@@ -81,10 +85,31 @@ class TextSource:
     streaming: bool = False
     max_documents: int | None = None
     join: str | None = None
+    texts: tuple[str, ...] | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_texts(
+        cls,
+        texts: Sequence[str],
+        name: str = IN_MEMORY_NAME,
+        *,
+        max_documents: int | None = None,
+        join: str | None = None,
+    ) -> TextSource:
+        """Documents given as strings (``["first document", "second"]``), named ``name`` in reports. Raises
+        ``ValueError`` for no documents or one that is not a string."""
+        documents = () if isinstance(texts, str) else tuple(texts)
+        if isinstance(texts, str) or not all(isinstance(text, str) for text in documents):
+            raise ValueError("`texts` must be a list of strings, one per document.")
+        if not documents:
+            raise ValueError("`texts` holds no documents.")
+        return cls(name, max_documents=max_documents, join=join, texts=documents)
 
     @property
     def local(self) -> Path | None:
-        """The local file or folder, or None for a Hub dataset."""
+        """The local file or folder, or None for a Hub dataset or texts in memory."""
+        if self.texts is not None:
+            return None
         path = Path(self.path).expanduser()
         return path if path.exists() else None
 
@@ -94,19 +119,28 @@ class TextSource:
         return "/".join(self.local.parts[-2:]) if self.local else self.path
 
     @property
-    def read_split(self) -> str:
-        """The split actually read: ``train`` for local files (how `datasets` names them), else ``split``."""
+    def read_split(self) -> str | None:
+        """The split actually read: ``train`` for local files (how `datasets` names them), none for texts in
+        memory, else ``split``."""
+        if self.texts is not None:
+            return None
         return LOCAL_SPLIT if self.local else self.split or DEFAULT_SPLIT
 
     def describe(self) -> dict:
+        """The source as recorded in results (a resume compares it): texts in memory by count and SHA-256."""
+        if self.texts is not None:
+            digest = hashlib.sha256("\0".join(self.texts).encode()).hexdigest()
+            return {"name": self.path, "texts": len(self.texts), "sha256": digest, **self._selection()}
         return {
             "name": self.path,
             "config": self.config,
             "split": self.read_split,
             "text_column": self.text_column,
-            "max_documents": self.max_documents,
-            "join": self.join,
+            **self._selection(),
         }
+
+    def _selection(self) -> dict:
+        return {"max_documents": self.max_documents, "join": self.join}
 
 
 MAX_TOKENS = 2**24  # 16384k: longer than any context evaluated; a longer window is a typo, not a run
@@ -165,7 +199,17 @@ def check_protocol(protocol: str, stride: int | None, lengths: Sequence[int] = (
 
 
 def load_texts(source: TextSource) -> list[str]:
-    """Read the documents of ``source`` with `datasets`; errors name the bad dataset, local file or column."""
+    """The documents of ``source``: texts in memory as given, else read with `datasets`; errors name the bad
+    dataset, local file or column."""
+    texts = list(source.texts) if source.texts is not None else _column_texts(source, _open_dataset(source))
+    texts = texts[: source.max_documents]
+    if not texts:
+        raise ValueError(f"Dataset {source.path!r} has no documents.")
+    return [source.join.join(texts)] if source.join is not None else texts
+
+
+def _open_dataset(source: TextSource):
+    """The rows of a local file or folder, or of a Hub dataset's split (a cached one at once offline)."""
     from datasets import load_dataset
 
     local = source.local
@@ -175,27 +219,31 @@ def load_texts(source: TextSource) -> list[str]:
                 f"{local} is local: its files are read whole, so `config` and `split` (Hub datasets "
                 "only) do not apply. Leave them out."
             )
-        dataset = local_rows(local, source.streaming)
-    else:
+        return local_rows(local, source.streaming)
+    try:
+        refuse_missing_folder(source.path)
+    except FileNotFoundError as error:
+        raise ValueError(f"Cannot load dataset {error}.") from None
+    with cache_only_if_unreachable(source.path, dataset=True) as unreachable:
         try:
-            refuse_missing_folder(source.path)
-        except FileNotFoundError as error:
-            raise ValueError(f"Cannot load dataset {error}.") from None
-        with cache_only_if_unreachable(source.path, dataset=True) as unreachable:  # a cached one at once offline
-            try:
-                dataset = load_dataset(source.path, source.config, split=source.read_split, streaming=source.streaming)
-            except Exception as error:  # datasets raises many types (not found, offline, bad config)
-                advice = (
-                    f"The Hub cannot be reached ({unreachable}): only the datasets cache was read."
-                    if unreachable
-                    else "Give a Hub dataset id or an existing local file or folder."
-                )
-                raise ValueError(
-                    f"Cannot load dataset {source.path!r} (config {source.config!r}, split {source.read_split!r}): "
-                    f"{str(error).rstrip('.')}. {advice}"
-                ) from error
-    texts = []
-    for row in dataset:  # a streamed dataset may not know its columns before the first row
+            return load_dataset(source.path, source.config, split=source.read_split, streaming=source.streaming)
+        except Exception as error:  # datasets raises many types (not found, offline, bad config)
+            advice = (
+                f"The Hub cannot be reached ({unreachable}): only the datasets cache was read."
+                if unreachable
+                else "Give a Hub dataset id or an existing local file or folder."
+            )
+            raise ValueError(
+                f"Cannot load dataset {source.path!r} (config {source.config!r}, split {source.read_split!r}): "
+                f"{str(error).rstrip('.')}. {advice}"
+            ) from error
+
+
+def _column_texts(source: TextSource, dataset) -> list[str]:
+    """The ``text_column`` of the first ``max_documents`` rows (a streamed dataset may not know its columns before
+    the first row)."""
+    texts: list[str] = []
+    for row in dataset:
         if source.text_column not in row:
             raise ValueError(
                 f"Dataset {source.path!r} has no column {source.text_column!r}; its columns are {list(row)}. "
@@ -210,9 +258,7 @@ def load_texts(source: TextSource) -> list[str]:
                 f"text; its columns are {list(row)}. Choose the text column with `text_column`."
             )
         texts.append(text)
-    if not texts:
-        raise ValueError(f"Dataset {source.path!r} has no documents.")
-    return [source.join.join(texts)] if source.join is not None else texts
+    return texts
 
 
 def tokenize_texts(tokenizer, texts: list[str]) -> list[list[int]]:

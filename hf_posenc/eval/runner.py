@@ -115,7 +115,7 @@ class PerplexityConfig:
             method that does not depend on the input's length; False: one forward per length.
         note (`str`, *optional*): what the data is, for the report's ``protocol_details``.
         blocks (`int`, defaults to 1): above 1, each row also holds each window's NLL by that many contiguous
-            blocks of its tokens (``blocks``), from which :mod:`hf_posenc.tune` reads the spread of a mean.
+            blocks of its tokens (``blocks``), from which :mod:`hf_posenc.tuning` reads the spread of a mean.
         sequence_slice (`int`, defaults to 4096): positions per slice of the MLPs and norms of a longer window, which
             bounds their memory and gives the same numbers (:mod:`~hf_posenc.eval.position_wise`); 0: one call.
     """

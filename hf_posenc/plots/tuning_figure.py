@@ -12,7 +12,7 @@ from .figures import legend_labels, line_style
 
 if TYPE_CHECKING:
     from ..reports.runs import PerplexityRow
-    from ..reports.tuning import TuneRow
+    from ..reports.tune_report import TuneRow
 
 TOP = 3  # candidates drawn against length
 

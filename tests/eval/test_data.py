@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import re
@@ -267,3 +268,31 @@ def test_reading_local_files_does_not_say_downloading(tmp_path, capfd):
     texts = load_texts(TextSource(str(tmp_path)))
     assert texts == [f"document {i}" for i in range(20)]
     assert "Downloading" not in capfd.readouterr().err
+
+
+def test_texts_in_memory_read_as_the_same_texts_from_a_file(tmp_path):
+    documents = ["first essay", "second, longer essay", "third"]
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in documents))
+    for options in ({}, {"max_documents": 2}, {"join": "\n\n"}, {"max_documents": 2, "join": " | "}):
+        from_file = load_texts(TextSource(str(tmp_path / "docs.jsonl"), **options))
+        assert load_texts(TextSource.from_texts(documents, **options)) == from_file
+
+
+def test_texts_in_memory_are_recorded_by_count_and_digest_never_as_a_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "texts").mkdir()  # a folder named as the texts are: not read
+    source = TextSource.from_texts(["a", "b"])
+    assert source.local is None and source.label == "texts" and source.read_split is None
+    described = source.describe()
+    assert described["texts"] == 2 and described["sha256"] == hashlib.sha256(b"a\0b").hexdigest()
+    assert TextSource.from_texts(["a", "c"]).describe()["sha256"] != described["sha256"]  # a resume sees the change
+    assert load_texts(source) == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("texts", "message"),
+    [([], "holds no documents"), ("one string", "a list of strings"), (["ok", 3], "a list of strings")],
+)
+def test_texts_in_memory_that_are_not_documents_are_refused(texts, message):
+    with pytest.raises(ValueError, match=message):
+        TextSource.from_texts(texts)

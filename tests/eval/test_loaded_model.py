@@ -21,8 +21,8 @@ from hf_posenc.eval import (
     run_passkey,
     run_perplexity,
 )
-from hf_posenc.tune import TuneConfig, tune
-from hf_posenc.tune.winner import save_winner
+from hf_posenc.tuning import TuneConfig, run_tune
+from hf_posenc.tuning.winner import save_winner
 
 METHODS = ["none", "yarn:factor=4", "self-extend"]
 
@@ -60,7 +60,7 @@ def test_a_loaded_model_passes_the_passkey_as_its_folder(tiny_dir, tmp_path):
 
 def test_a_tune_of_a_loaded_model_names_its_folder_or_saves_no_winner(tiny_dir, tmp_path, caplog):
     texts, config = TextSource(str(tiny_dir / "texts")), TuneConfig(methods=["yarn"], logn=False, max_regression=1.0)
-    report = tune(_loaded(tiny_dir), texts, config, tmp_path / "named")
+    report = run_tune(_loaded(tiny_dir), texts, config, tmp_path / "named")
     assert report.best is not None
     metadata = json.loads((tmp_path / "named" / "best" / "hf_posenc.json").read_text())
     assert metadata["base_model"] == str(tiny_dir / "model")
@@ -73,6 +73,24 @@ def test_a_tune_of_a_loaded_model_names_its_folder_or_saves_no_winner(tiny_dir, 
     assert not (tmp_path / "built").exists() and not (tmp_path / "gguf").exists()
     assert "its model was built in memory, and no name loads its weights" in caplog.text
     assert f"the folder {tmp_path} holds no config.json" in caplog.text
+
+
+def test_the_two_line_tune_of_a_model_and_texts_in_memory_ranks_as_the_named_tune(tiny_dir, tmp_path, monkeypatch):
+    texts = [path.read_text() for path in sorted((tiny_dir / "texts").glob("*.txt"))]
+    options = {"methods": ["yarn", "self-extend"], "logn": False, "max_regression": 1.0}
+    named = run_tune(
+        ModelSource(str(tiny_dir / "model")), TextSource(str(tiny_dir / "texts")), TuneConfig(**options), tmp_path
+    )
+    loaded = _loaded(tiny_dir)
+    monkeypatch.chdir(tmp_path)
+    ours = hf_posenc.tune(loaded.model, loaded.tokenizer, texts, **options)
+    assert ours.target_length == named.target_length == 128  # twice the trained 64
+    assert [(r.method, r.nll, r.regression, r.rank) for r in ours.rows] == [
+        (r.method, r.nll, r.regression, r.rank) for r in named.rows
+    ]
+    assert ours.best == named.best and ours.dataset == "texts"
+    assert (tmp_path / "hf-posenc-results" / "tune-model" / "tune.json").is_file()  # the CLI's default folder
+    assert hf_posenc.get_patch(loaded.model) is None
 
 
 def test_a_patched_model_or_no_tokenizer_is_refused(tiny_dir):

@@ -3,7 +3,7 @@
 Each candidate's regression inside ``L`` is its perplexity against the unpatched model's on the same windows,
 ``exp(nll - nll_none)``, with the paired standard error of the NLL difference carried through the exponential
 (``ratio * se``). The eligible candidates (every regression within ``max_regression``) are ordered by NLL at ``T``:
-the best first, then those tied with it (within :data:`~hf_posenc.tune.statistics.Z` paired standard errors), then
+the best first, then those tied with it (within :data:`~hf_posenc.tuning.statistics.Z` paired standard errors), then
 the others; the candidates past ``max_regression`` or without a finite loss follow, by NLL.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..reports.runs import PerplexityReport, PerplexityRow
-from ..reports.tuning import TuneRow
+from ..reports.tune_report import TuneRow
 from ..spec import NONE_METHOD
 from .space import Candidate
 from .statistics import Estimate, nll_estimate, paired_difference, tied
@@ -73,7 +73,7 @@ def rank(
     short: Sequence[int],
     max_regression: float,
 ) -> list[TuneRow]:
-    """The candidates' rows of ``report`` as ranked :class:`~hf_posenc.reports.tuning.TuneRow` s (the order of the
+    """The candidates' rows of ``report`` as ranked :class:`~hf_posenc.reports.tune_report.TuneRow` s (the order of the
     module's docstring): rank 1 for the best and every candidate tied with it, else the place; None where not
     eligible."""
     scored = [_score(report, candidate, target, short, max_regression) for candidate in candidates]

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from hf_posenc.tune.statistics import nll_estimate, paired_difference, tied
+from hf_posenc.tuning.statistics import nll_estimate, paired_difference, tied
 
 
 def test_equal_blocks_give_the_textbook_standard_error():

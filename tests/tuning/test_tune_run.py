@@ -20,14 +20,14 @@ from hf_posenc.eval import ModelSource, TextSource
 from hf_posenc.eval import runner as eval_runner
 from hf_posenc.eval.data import build_windows
 from hf_posenc.eval.scoring import score_lengths
-from hf_posenc.reports.tuning import TuneReport
-from hf_posenc.tune import TuneConfig, tune
-from hf_posenc.tune.statistics import Z
+from hf_posenc.reports.tune_report import TuneReport
+from hf_posenc.tuning import TuneConfig, run_tune
+from hf_posenc.tuning.statistics import Z
 
 
 def _tune(tiny_dir, output, **config):
     source, texts = ModelSource(str(tiny_dir / "model")), TextSource(str(tiny_dir / "texts"))
-    return tune(source, texts, TuneConfig(**{"logn": False, **config}), output)
+    return run_tune(source, texts, TuneConfig(**{"logn": False, **config}), output)
 
 
 @pytest.fixture(scope="module")

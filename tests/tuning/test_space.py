@@ -8,7 +8,7 @@ import math
 import pytest
 
 from hf_posenc.registry import get_method
-from hf_posenc.tune.space import FAMILIES, search_space
+from hf_posenc.tuning.space import FAMILIES, search_space
 
 
 def _reach(text: str, trained: int) -> float:

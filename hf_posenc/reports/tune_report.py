@@ -38,7 +38,7 @@ class TuneRow:
         regression_error (`dict[int, float]`): the standard error of each regression (paired, over blocks).
         eligible (`bool`): every regression within the tune's ``max_regression``, and a finite loss at the target.
         rank (`int`, *optional*): 1 for the best and every candidate tied with it (within
-            :data:`~hf_posenc.tune.statistics.Z` paired standard errors), else its place; None where not eligible.
+            :data:`~hf_posenc.tuning.statistics.Z` paired standard errors), else its place; None where not eligible.
         tied (`bool`): within noise of the best: reported as tied, not ranked below it.
         passkey (`float`, *optional*): the passkey accuracy at the target (a tune with passkey trials).
         passkey_trials (`int`, *optional*): the prompts it is over.

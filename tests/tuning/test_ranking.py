@@ -9,9 +9,9 @@ import pytest
 
 from hf_posenc.reports.runs import PerplexityReport
 from hf_posenc.spec import MethodSpec
-from hf_posenc.tune.ranking import rank
-from hf_posenc.tune.space import Candidate
-from hf_posenc.tune.statistics import paired_difference
+from hf_posenc.tuning.ranking import rank
+from hf_posenc.tuning.space import Candidate
+from hf_posenc.tuning.statistics import paired_difference
 
 TOKENS = 100  # per block, 4 blocks
 

@@ -1,6 +1,6 @@
 """``tune``: the best training-free extension of a model to a target length, measured.
 
-The candidates (:func:`~hf_posenc.tune.space.search_space`) and the unpatched model are scored by one perplexity
+The candidates (:func:`~hf_posenc.tuning.space.search_space`) and the unpatched model are scored by one perplexity
 run (:func:`~hf_posenc.eval.run_perplexity`, truncate protocol) at the target ``T`` and at lengths inside the
 trained context ``L``: a method whose output does not depend on the input's length scores each document with one
 forward at ``T`` and reads the shorter lengths from it. That run's folder (``perplexity/`` in the output) resumes:
@@ -39,13 +39,13 @@ from ..eval.runner import (
     run_passkey,
     run_perplexity,
 )
-from ..files import atomic_write_text, json_text
+from ..files import atomic_write_text, default_output, json_text
 from ..patching.dispatch import planner_for_config
 from ..plots.tuning_figure import plot_tune
 from ..registry import get_method
 from ..reports.runs import PerplexityReport
 from ..reports.tasks import LM_EVAL_JSON
-from ..reports.tuning import TUNE_CSV, TUNE_JSON, TuneReport, TuneRow
+from ..reports.tune_report import TUNE_CSV, TUNE_JSON, TuneReport, TuneRow
 from ..spec import NONE_METHOD
 from .ranking import rank
 from .space import Candidate, check_families, search_space
@@ -143,7 +143,7 @@ def _plan(model_config: Any, config: TuneConfig) -> _Plan:
     return _Plan(trained, target, short, candidates)
 
 
-def tune(
+def run_tune(
     model_source: ModelSource | LoadedModel, text_source: TextSource, config: TuneConfig, output: Path
 ) -> TuneReport:
     """Score every candidate that takes the model to the target length, and rank them: the winner is the lowest
@@ -152,7 +152,7 @@ def tune(
 
     The model's config, the candidates, the output folder and the data are checked before the model is loaded.
     Writes ``tune.json``, ``tune.csv`` and ``tune.png`` into ``output``, beside the perplexity run's folder, and
-    the winner as a config-only folder (``best/``, :func:`~hf_posenc.tune.winner.save_winner`).
+    the winner as a config-only folder (``best/``, :func:`~hf_posenc.tuning.winner.save_winner`).
 
     Args:
         model_source (`ModelSource` or `LoadedModel`): the model, and how to load it (or the model in memory).
@@ -202,6 +202,36 @@ def tune(
         _write(output, report, measured)
         save_winner(model_source, report, output / WINNER_FOLDER, commit=measured.model_details.get("commit"))
     return report
+
+
+def tune(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str] | TextSource,
+    target_length: int | None = None,
+    *,
+    output: str | Path | None = None,
+    **options: Any,
+) -> TuneReport:
+    """The tune of a model in memory: :func:`run_tune` on ``LoadedModel(model, tokenizer)``.
+
+    >>> report = hf_posenc.tune(model, tokenizer, texts, target_length=32768)
+    >>> report.best  # a MethodSpec
+
+    Args:
+        model (`PreTrainedModel`): an unpatched causal LM with RoPE; each candidate is patched in and removed again.
+        tokenizer: its tokenizer.
+        texts (`list[str]` or `TextSource`): the documents, or where to read them.
+        target_length (`int`, *optional*): the length ``T`` to reach; None: twice the trained context.
+        output (`str` or `Path`, *optional*): the tune's folder, resumable; None: ``hf-posenc-results/tune-<name>``
+            (the model's name, or its class).
+        **options: the other fields of :class:`TuneConfig` (``methods``, ``budget``, ``max_regression``, ...).
+    """
+    config = TuneConfig(target_length, **options)
+    source = texts if isinstance(texts, TextSource) else TextSource.from_texts(texts)
+    loaded = LoadedModel(model, tokenizer)
+    folder = Path(output) if output is not None else default_output("tune", loaded.label)
+    return run_tune(loaded, source, config, folder)
 
 
 def _full_run(plan: _Plan, candidates: list[Candidate], config: TuneConfig) -> PerplexityConfig:

@@ -23,7 +23,7 @@ from ..hub.markdown import markdown_code, markdown_text
 from ..hub.metadata import METADATA_FILE, METADATA_FORMAT
 from ..patching import patch
 from ..registry import get_method
-from ..reports.tuning import TuneReport
+from ..reports.tune_report import TuneReport
 from ..spec import MethodSpec, format_method_spec
 
 logger = logging.getLogger("hf_posenc")

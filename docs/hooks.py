@@ -1,15 +1,22 @@
-"""MkDocs hooks on the API reference's pages.
+"""MkDocs hooks: the API reference's pages, and MathJax served with the site.
 
 - The docstrings' Sphinx roles (``:func:`~hf_posenc.patch` ``), which the handler leaves as text, become
   cross-references: code naming the object (its last component where the role writes ``~``), linked by
   mkdocs-autorefs to where the reference documents it, plain code where it documents it nowhere.
 - A parameter's type as the docstring writes it (``(`str` or `MethodSpec`)``) is shown without its backticks in
   the type column, which sets it as code already.
+- MathJax (the ``django-static-mathjax`` package of the ``docs`` extra) is copied into the built site, so that the
+  formulas render where no CDN can be reached: its TeX-to-HTML component, its fonts and its licence.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+from importlib import metadata, resources
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
 
 _ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|exc|obj):<code>(~?)([^<]+)</code>")
 _TYPE_CELL = re.compile(r"(<td>\s*<code>)([^<]*`[^<]*)(</code>\s*</td>)")
@@ -27,3 +34,24 @@ def _plain_type(match: re.Match) -> str:
 
 def on_page_content(html: str, **kwargs) -> str:
     return _TYPE_CELL.sub(_plain_type, _ROLE.sub(_reference, html))
+
+
+MATHJAX_FOLDER = "javascripts/mathjax"  # where mkdocs.yml's extra_javascript finds tex-mml-chtml.js
+_MATHJAX_FILES = ("tex-mml-chtml.js", "output/chtml/fonts/woff-v2")
+
+
+def on_post_build(config, **kwargs) -> None:
+    try:
+        es5 = Path(str(resources.files("mathjax") / "static" / "mathjax" / "es5"))
+        licence = metadata.distribution("django-static-mathjax").read_text("LICENSE")
+    except (ModuleNotFoundError, metadata.PackageNotFoundError) as error:
+        raise PluginError(f"MathJax is not installed ({error}): pip install -e '.[docs]'.") from error
+    target = Path(config["site_dir"]) / MATHJAX_FOLDER
+    for name in _MATHJAX_FILES:
+        source, copy = es5 / name, target / name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, copy, dirs_exist_ok=True)
+        else:
+            shutil.copyfile(source, copy)
+    (target / "LICENSE").write_text(licence or "", encoding="utf-8")

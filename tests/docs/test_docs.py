@@ -56,6 +56,14 @@ def test_the_site_builds_strict(tmp_path):
     assert 'href="#hf_posenc.patching.apply.get_patch"><code>hf_posenc.get_patch</code></a>' in api
     assert ":func:" not in api
     assert "<code>str or MethodSpec</code>" in api and "<code>`str`" not in api  # a type cell, without backticks
+    # the formulas render offline: MathJax is served with the site, no page loads a script from elsewhere
+    mathjax = tmp_path / "site" / "javascripts" / "mathjax"
+    assert (mathjax / "tex-mml-chtml.js").stat().st_size > 500_000 and list((mathjax / "output").rglob("*.woff"))
+    rope = (tmp_path / "site" / "rope-scaling" / "index.html").read_text(encoding="utf-8")
+    assert '<script src="../javascripts/mathjax/tex-mml-chtml.js">' in rope and 'class="arithmatex"' in rope
+    pages = [page.read_text(encoding="utf-8") for page in (tmp_path / "site").rglob("*.html")]
+    assert not [page for page in pages if re.search(r'<script[^>]+src="(https?:)?//', page)]
+    assert not (tmp_path / "site" / "hooks.py").exists()
 
 
 # Every page's examples in one interpreter, each page in a namespace and a folder of its own: one import of torch

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import shutil
-from importlib import metadata, resources
+from importlib import resources
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
@@ -37,21 +37,22 @@ def on_page_content(html: str, **kwargs) -> str:
 
 
 MATHJAX_FOLDER = "javascripts/mathjax"  # where mkdocs.yml's extra_javascript finds tex-mml-chtml.js
-_MATHJAX_FILES = ("tex-mml-chtml.js", "output/chtml/fonts/woff-v2")
+# the combined component, its fonts, and what it loads on demand: TeX extensions, the menu, accessibility and speech
+_MATHJAX_FILES = ("tex-mml-chtml.js", "output/chtml/fonts/woff-v2", "input/tex/extensions", "ui", "a11y", "sre")
 
 
 def on_post_build(config, **kwargs) -> None:
     try:
-        es5 = Path(str(resources.files("mathjax") / "static" / "mathjax" / "es5"))
-        licence = metadata.distribution("django-static-mathjax").read_text("LICENSE")
-    except (ModuleNotFoundError, metadata.PackageNotFoundError) as error:
-        raise PluginError(f"MathJax is not installed ({error}): pip install -e '.[docs]'.") from error
-    target = Path(config["site_dir"]) / MATHJAX_FOLDER
-    for name in _MATHJAX_FILES:
-        source, copy = es5 / name, target / name
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, copy, dirs_exist_ok=True)
-        else:
-            shutil.copyfile(source, copy)
-    (target / "LICENSE").write_text(licence or "", encoding="utf-8")
+        root = Path(str(resources.files("mathjax"))) / "static" / "mathjax"
+        target = Path(config["site_dir"]) / MATHJAX_FOLDER
+        for name in _MATHJAX_FILES:
+            source, copy = root / "es5" / name, target / name
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            if source.is_dir():
+                shutil.copytree(source, copy, dirs_exist_ok=True)
+            else:
+                shutil.copyfile(source, copy)
+        shutil.copyfile(root / "LICENSE", target / "LICENSE")
+    except (ModuleNotFoundError, OSError) as error:
+        message = f"MathJax 3 (django-static-mathjax) cannot be copied ({error}): pip install -e '.[docs]'."
+        raise PluginError(message) from error

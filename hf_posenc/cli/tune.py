@@ -1,4 +1,4 @@
-"""``hf-posenc tune``: parse, call :func:`hf_posenc.tuning.tune`, print the ranked table."""
+"""``hf-posenc tune``: parse, call :func:`hf_posenc.tuning.run_tune`, print the ranked table."""
 
 from __future__ import annotations
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from ..hub.errors import refuse_missing_folder
@@ -87,6 +88,16 @@ class TextSource:
     join: str | None = None
     texts: tuple[str, ...] | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.max_documents is not None and (isinstance(self.max_documents, bool) or self.max_documents < 1):
+            raise ValueError(f"`max_documents` must be a whole number >= 1, got {self.max_documents!r}.")
+        if self.texts is None:
+            return
+        hub_only = [name for name in ("config", "split", "streaming") if getattr(self, name)]
+        if hub_only or self.text_column != "text":
+            raise ValueError(f"`{(hub_only or ['text_column'])[0]}` reads a dataset; texts given as strings have none.")
+        object.__setattr__(self, "texts", tuple(self.texts))  # frozen: a list given would make it unhashable
+
     @classmethod
     def from_texts(
         cls,
@@ -97,13 +108,23 @@ class TextSource:
         join: str | None = None,
     ) -> TextSource:
         """Documents given as strings (``["first document", "second"]``), named ``name`` in reports. Raises
-        ``ValueError`` for no documents or one that is not a string."""
-        documents = () if isinstance(texts, str) else tuple(texts)
-        if isinstance(texts, str) or not all(isinstance(text, str) for text in documents):
+        ``ValueError`` for no documents or one that is not a string (a file or folder is ``TextSource(path)``)."""
+        if isinstance(texts, (str, bytes, Path)) or not isinstance(texts, Iterable):
+            raise ValueError(
+                f"`texts` must be a list of strings, one per document, got {type(texts).__name__}; a file or folder "
+                "is read by TextSource(path)."
+            )
+        documents = tuple(texts)
+        if not all(isinstance(text, str) for text in documents):
             raise ValueError("`texts` must be a list of strings, one per document.")
         if not documents:
             raise ValueError("`texts` holds no documents.")
         return cls(name, max_documents=max_documents, join=join, texts=documents)
+
+    @property
+    def on_hub(self) -> bool:
+        """Whether the texts are a Hub dataset (not local files, not texts in memory)."""
+        return self.texts is None and self.local is None
 
     @property
     def local(self) -> Path | None:
@@ -129,8 +150,7 @@ class TextSource:
     def describe(self) -> dict:
         """The source as recorded in results (a resume compares it): texts in memory by count and SHA-256."""
         if self.texts is not None:
-            digest = hashlib.sha256("\0".join(self.texts).encode()).hexdigest()
-            return {"name": self.path, "texts": len(self.texts), "sha256": digest, **self._selection()}
+            return {"name": self.path, "texts": len(self.texts), "sha256": self._digest, **self._selection()}
         return {
             "name": self.path,
             "config": self.config,
@@ -138,6 +158,16 @@ class TextSource:
             "text_column": self.text_column,
             **self._selection(),
         }
+
+    @cached_property
+    def _digest(self) -> str:
+        """SHA-256 of the texts in memory, each preceded by its length: other texts, or the same texts cut elsewhere,
+        differ."""
+        digest = hashlib.sha256()
+        for text in self.texts or ():
+            data = text.encode()
+            digest.update(len(data).to_bytes(8, "little") + data)
+        return digest.hexdigest()
 
     def _selection(self) -> dict:
         return {"max_documents": self.max_documents, "join": self.join}

@@ -160,8 +160,8 @@ class ModelSource:
 class LoadedModel:
     """A model already in memory and its tokenizer, scored where it is (neither loaded, moved nor cast; put in eval
     mode): what :func:`~hf_posenc.eval.run_perplexity`, :func:`~hf_posenc.eval.run_passkey` and
-    :func:`~hf_posenc.tuning.tune` take in place of a :class:`ModelSource`. It must be unpatched: every method evaluated
-    is applied to it, and taken off again.
+    :func:`~hf_posenc.tuning.run_tune` take in place of a :class:`ModelSource`. It must be unpatched: every method
+    evaluated is applied to it, and taken off again.
 
     Attributes:
         model (`PreTrainedModel`): a causal LM.

@@ -268,7 +268,7 @@ def _documents(tokenizer: Any, text_source: TextSource, accelerator: Accelerator
         docs = tokenize_texts(tokenizer, load_texts(text_source))
     details = {
         **text_source.describe(),
-        "local": text_source.local is not None,
+        "local": not text_source.on_hub,  # local files or texts in memory: no Hub dataset for a card to name
         "documents": len(docs),
         "tokens": sum(len(d) for d in docs),
         "document_hashes": document_hashes(docs),

@@ -1,4 +1,4 @@
-"""``tune``: the best training-free extension of a model to a target length, measured.
+"""``run_tune`` and ``tune``: the best training-free extension of a model to a target length, measured.
 
 The candidates (:func:`~hf_posenc.tuning.space.search_space`) and the unpatched model are scored by one perplexity
 run (:func:`~hf_posenc.eval.run_perplexity`, truncate protocol) at the target ``T`` and at lengths inside the
@@ -226,6 +226,11 @@ def tune(
         output (`str` or `Path`, *optional*): the tune's folder, resumable; None: ``hf-posenc-results/tune-<name>``
             (the model's name, or its class).
         **options: the other fields of :class:`TuneConfig` (``methods``, ``budget``, ``max_regression``, ...).
+
+    Raises:
+        ValueError: texts that are not a list of strings, an option out of its bounds, a patched model or no
+            tokenizer, or what :func:`run_tune` refuses (a folder of other texts: a resume compares them).
+        TypeError: an option :class:`TuneConfig` does not have.
     """
     config = TuneConfig(target_length, **options)
     source = texts if isinstance(texts, TextSource) else TextSource.from_texts(texts)

@@ -6,6 +6,7 @@ import hashlib
 import itertools
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -284,8 +285,10 @@ def test_texts_in_memory_are_recorded_by_count_and_digest_never_as_a_path(tmp_pa
     source = TextSource.from_texts(["a", "b"])
     assert source.local is None and source.label == "texts" and source.read_split is None
     described = source.describe()
-    assert described["texts"] == 2 and described["sha256"] == hashlib.sha256(b"a\0b").hexdigest()
+    one = (1).to_bytes(8, "little")
+    assert described["texts"] == 2 and described["sha256"] == hashlib.sha256(one + b"a" + one + b"b").hexdigest()
     assert TextSource.from_texts(["a", "c"]).describe()["sha256"] != described["sha256"]  # a resume sees the change
+    assert TextSource.from_texts(["a\0", "b"]).describe() != TextSource.from_texts(["a", "\0b"]).describe()
     assert load_texts(source) == ["a", "b"]
 
 
@@ -296,3 +299,24 @@ def test_texts_in_memory_are_recorded_by_count_and_digest_never_as_a_path(tmp_pa
 def test_texts_in_memory_that_are_not_documents_are_refused(texts, message):
     with pytest.raises(ValueError, match=message):
         TextSource.from_texts(texts)
+
+
+@pytest.mark.parametrize("given", [Path("essays.txt"), None, 5])
+def test_a_path_or_no_list_given_as_texts_is_sent_to_textsource(given):
+    with pytest.raises(ValueError, match=r"a list of strings, one per document, got .*TextSource\(path\)"):
+        TextSource.from_texts(given)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_documents": 0}, "`max_documents` must be a whole number >= 1"),
+        ({"max_documents": -1}, "`max_documents` must be a whole number >= 1"),
+        ({"split": "test", "texts": ["a"]}, "`split` reads a dataset"),
+        ({"text_column": "body", "texts": ["a"]}, "`text_column` reads a dataset"),
+    ],
+)
+def test_settings_that_cannot_apply_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        TextSource("texts", **options)
+    assert hash(TextSource("texts", texts=["a"])) == hash(TextSource("texts", texts=("a",)))

@@ -355,3 +355,21 @@ def test_the_cards_check_command_is_one_shell_command_in_one_code_span(revision,
     card = str(render_card(yarn_model().config, repo_id="me/tiny-yarn", base_model="org/tiny", base_revision="a" * 40,
                            config_only=True, revision=revision))  # fmt: skip
     assert f"(not run; {command} says the same" in card
+
+
+def test_results_of_texts_in_memory_name_no_hub_dataset(tiny_dir, tmp_path):
+    """A run on texts given as strings records them as no Hub dataset: a card made from it puts no model-index entry
+    claiming a dataset named like them."""
+    from hf_posenc.eval import ModelSource, PerplexityConfig, TextSource, run_perplexity
+
+    texts = TextSource.from_texts([path.read_text() for path in sorted((tiny_dir / "texts").glob("*.txt"))])
+    config = PerplexityConfig(lengths=[32], methods=["none", "yarn:factor=4"])
+    run_perplexity(ModelSource(str(tiny_dir / "model")), texts, config, tmp_path)
+    model = hf_posenc.patch(hf_posenc.from_pretrained(str(tiny_dir / "model")), "yarn", factor=4)
+    table = load_eval_table(tmp_path / "results.json", PatchRecord.from_config(model.config))
+    assert not table.hub_dataset and table.dataset == "texts"
+    card = render_card(
+        model.config, repo_id="me/tiny-yarn", base_model="org/tiny", base_revision="a" * 40, config_only=True,
+        license_info={"license": "apache-2.0"}, eval_table=table,
+    )  # fmt: skip
+    assert not ModelCard(str(card)).data.eval_results

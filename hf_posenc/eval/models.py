@@ -221,6 +221,10 @@ class LoadedModel:
         return None
 
 
+# What an evaluation scores: a model to load, or one already in memory.
+EvalModel = ModelSource | LoadedModel
+
+
 def _no_counterpart(source: ModelSource, error: NoCounterpart) -> ValueError:
     """The error for an ``attn_implementation`` the saved patch cannot run: it names only the transformers names this
     option takes (the patch's own backend names it does not)."""
@@ -252,7 +256,7 @@ def reachable_saved_patch(
     return saved
 
 
-def check_placement(source: ModelSource | LoadedModel, num_processes: int) -> None:
+def check_placement(source: EvalModel, num_processes: int) -> None:
     """Refuse a ``device_map`` under several processes: each would split the whole model over the same GPUs.
     ``accelerate launch`` (data parallel, a model per GPU) and ``device_map`` (one model over many GPUs) are two
     ways to use them; several machines each splitting one model are not supported."""
@@ -297,7 +301,7 @@ def loaded_commit(source: ModelSource, saved: SavedPatch | None = None) -> str |
     return commit.lower() if commit and FULL_COMMIT.fullmatch(commit) else None
 
 
-def load_model_at_commit(source: ModelSource | LoadedModel, device: torch.device, saved: SavedPatch | None = None):
+def load_model_at_commit(source: EvalModel, device: torch.device, saved: SavedPatch | None = None):
     """:func:`load_model` at the commit :func:`loaded_commit` reads (a branch that moves meanwhile does not change
     what is loaded), and that commit: what a results file records as ``model_details.commit``. A
     :class:`LoadedModel`: its model, in eval mode where it is, and the commit it names."""
@@ -314,7 +318,7 @@ def input_device(model) -> torch.device:
     return model.get_input_embeddings().weight.device
 
 
-def load_tokenizer(source: ModelSource | LoadedModel, saved: SavedPatch | None = None):
+def load_tokenizer(source: EvalModel, saved: SavedPatch | None = None):
     """The tokenizer of ``source`` (cheap next to the model: loaded first, to check the data); a config-only
     push's from the repo and commit its weights come from; a :class:`LoadedModel`'s own."""
     if isinstance(source, LoadedModel):
@@ -338,7 +342,7 @@ def load_tokenizer(source: ModelSource | LoadedModel, saved: SavedPatch | None =
         return AutoTokenizer.from_pretrained(source.name, **kwargs)
 
 
-def read_base_config(source: ModelSource | LoadedModel) -> Any:
+def read_base_config(source: EvalModel) -> Any:
     """The config of ``source``'s base model, read without its weights (a saved patch's changes put back; a GGUF
     file's metadata; a loaded model's own)."""
     if isinstance(source, LoadedModel):
@@ -385,7 +389,7 @@ def check_position_table(model, rows: int | None, method: str, longest: int, sho
         )
 
 
-def model_details(model_source: ModelSource | LoadedModel, saved: SavedPatch | None, dtype: str) -> dict[str, Any]:
+def model_details(model_source: EvalModel, saved: SavedPatch | None, dtype: str) -> dict[str, Any]:
     """What the results say of the model: its name, and for a saved patched model the method it was saved
     with and the repo its weights came from (``none`` rows are that base)."""
     local = Path(model_source.name) if model_source.name else None

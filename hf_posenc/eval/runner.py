@@ -36,8 +36,7 @@ from .data import (
 from .defaults import DEFAULT_SEQUENCE_SLICE, MAX_TRIALS, check_sequence_slice
 from .folder import PASSKEY, PERPLEXITY, ResultsFolder
 from .models import (
-    LoadedModel,
-    ModelSource,
+    EvalModel,
     check_placement,
     check_position_table,
     input_device,
@@ -66,7 +65,7 @@ logger = logging.getLogger("hf_posenc")
 
 
 def load_checked(
-    model_source: ModelSource | LoadedModel,
+    model_source: EvalModel,
     saved: SavedPatch | None,
     specs: list[MethodSpec],
     accelerator: Accelerator,
@@ -156,7 +155,7 @@ class _Run:
 
 
 def run_perplexity(
-    model_source: ModelSource | LoadedModel, text_source: TextSource, config: PerplexityConfig, output: Path
+    model_source: EvalModel, text_source: TextSource, config: PerplexityConfig, output: Path
 ) -> PerplexityReport:
     """Perplexity of every method at every length on the same windows; writes ``results.json`` (and its CSV and
     plot) and returns what it holds.
@@ -223,7 +222,7 @@ def run_perplexity(
 
 
 def check_perplexity_output(
-    model_source: ModelSource | LoadedModel, text_source: TextSource, config: PerplexityConfig, output: Path
+    model_source: EvalModel, text_source: TextSource, config: PerplexityConfig, output: Path
 ) -> None:
     """What :func:`run_perplexity` refuses of ``output`` before it reads anything but configs: a folder it cannot
     write, one inside the data, and one holding results of other arguments. For a caller that runs other work
@@ -244,7 +243,7 @@ def _pending(specs: list[MethodSpec], todo: dict[str, list[int]], accelerator: A
 
 
 def _perplexity_arguments(
-    model_source: ModelSource | LoadedModel, text_source: TextSource, config: PerplexityConfig, device: torch.device
+    model_source: EvalModel, text_source: TextSource, config: PerplexityConfig, device: torch.device
 ) -> dict[str, Any]:
     """What a results file's ``arguments`` hold: the inputs that decide its numbers, which a resume compares."""
     return {
@@ -283,7 +282,7 @@ def _windows(doc_lengths: list[int], length: int, config: PerplexityConfig, bos:
 
 
 def _perplexity_report(
-    model_source: ModelSource | LoadedModel, text_source: TextSource, config: PerplexityConfig, bos_id: int | None
+    model_source: EvalModel, text_source: TextSource, config: PerplexityConfig, bos_id: int | None
 ) -> dict[str, Any]:
     """A new results file's first fields: what was measured, on what, and how."""
     return {
@@ -387,7 +386,7 @@ class PasskeyConfig:
         check_sequence_slice(self.sequence_slice)
 
 
-def run_passkey(model_source: ModelSource | LoadedModel, config: PasskeyConfig, output: Path) -> PasskeyReport:
+def run_passkey(model_source: EvalModel, config: PasskeyConfig, output: Path) -> PasskeyReport:
     """Passkey accuracy of every method by length and depth; writes passkey.json and the heatmap, and returns what
     passkey.json holds.
 
@@ -453,14 +452,14 @@ def run_passkey(model_source: ModelSource | LoadedModel, config: PasskeyConfig, 
     return PasskeyReport.from_json(run.report)
 
 
-def _passkey_arguments(model_source: ModelSource | LoadedModel, config: PasskeyConfig, dtype: str) -> dict[str, Any]:
+def _passkey_arguments(model_source: EvalModel, config: PasskeyConfig, dtype: str) -> dict[str, Any]:
     """What a passkey.json's ``arguments`` hold: the inputs that decide its numbers, which a resume compares."""
     arguments = {"model": model_source.name, "gguf_file": model_source.gguf_file, "dtype": dtype}
     arguments |= {**model_source.identity, "depths": config.depths, "trials": config.trials}
     return arguments | {"seed": config.seed, "bos": config.bos}
 
 
-def check_passkey_output(model_source: ModelSource | LoadedModel, config: PasskeyConfig, output: Path) -> None:
+def check_passkey_output(model_source: EvalModel, config: PasskeyConfig, output: Path) -> None:
     """What :func:`run_passkey` refuses of ``output`` before it reads anything but configs: a folder it cannot
     write, and one holding results of other arguments. For a caller that runs other work first (a tune)."""
     folder = ResultsFolder(output, PASSKEY)

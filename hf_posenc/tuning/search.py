@@ -29,7 +29,14 @@ from accelerate import PartialState
 
 from ..eval.data import TextSource, build_windows, load_texts, tokenize_texts
 from ..eval.folder import PASSKEY_JSON, RESULTS_JSON
-from ..eval.models import LoadedModel, ModelSource, load_tokenizer, read_base_config, resolve_bos, trained_context
+from ..eval.models import (
+    EvalModel,
+    LoadedModel,
+    load_tokenizer,
+    read_base_config,
+    resolve_bos,
+    trained_context,
+)
 from ..eval.passkey import build_prompt, random_keys
 from ..eval.runner import (
     PasskeyConfig,
@@ -143,9 +150,7 @@ def _plan(model_config: Any, config: TuneConfig) -> _Plan:
     return _Plan(trained, target, short, candidates)
 
 
-def run_tune(
-    model_source: ModelSource | LoadedModel, text_source: TextSource, config: TuneConfig, output: Path
-) -> TuneReport:
+def run_tune(model_source: EvalModel, text_source: TextSource, config: TuneConfig, output: Path) -> TuneReport:
     """Score every candidate that takes the model to the target length, and rank them: the winner is the lowest
     perplexity at ``T`` among the candidates whose regression inside ``L`` stays within ``max_regression``;
     candidates within noise of it (paired standard errors over blocks of tokens) are reported as tied.
@@ -259,7 +264,7 @@ def _check_output(output: Path) -> None:
 
 
 def _check_before_forwards(
-    model_source: ModelSource | LoadedModel, text_source: TextSource, target: int, screens: bool, passkey: bool
+    model_source: EvalModel, text_source: TextSource, target: int, screens: bool, passkey: bool
 ) -> None:
     """What only the tokenizer can refuse, before any forward: a target no document reaches (the full run checks it
     itself, after a screening's forwards) and one too short for a passkey prompt."""
@@ -275,7 +280,7 @@ def _check_before_forwards(
 
 
 def _screen(
-    model_source: ModelSource | LoadedModel,
+    model_source: EvalModel,
     text_source: TextSource,
     config: TuneConfig,
     plan: _Plan,
@@ -300,7 +305,7 @@ def _passkey_run(candidates: list[Candidate], target: int, config: TuneConfig) -
 
 
 def _with_passkey(
-    model_source: ModelSource | LoadedModel,
+    model_source: EvalModel,
     rows: list[TuneRow],
     candidates: list[Candidate],
     target: int,

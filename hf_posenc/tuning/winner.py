@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from .._version import __version__
-from ..eval.models import LoadedModel, ModelSource, load_tokenizer, read_base_config
+from ..eval.models import EvalModel, load_tokenizer, read_base_config
 from ..files import atomic_write_text, json_text
 from ..hub.markdown import markdown_code, markdown_text
 from ..hub.metadata import METADATA_FILE, METADATA_FORMAT
@@ -32,7 +32,7 @@ WINNER_FOLDER = "best"
 
 
 def save_winner(
-    model_source: ModelSource | LoadedModel, report: TuneReport, folder: Path, *, commit: str | None = None
+    model_source: EvalModel, report: TuneReport, folder: Path, *, commit: str | None = None
 ) -> MethodSpec | None:
     """Write the config-only folder of ``report``'s winner into ``folder``, and return the method written; None,
     and no folder (one of an earlier tune removed), where no candidate won or the base model's weights cannot be
@@ -80,7 +80,7 @@ def save_winner(
     return best
 
 
-def _unnamed_weights(model_source: ModelSource | LoadedModel) -> str | None:
+def _unnamed_weights(model_source: EvalModel) -> str | None:
     """Why a config-only folder cannot name the weights of ``model_source``, or None where it can."""
     if model_source.gguf_file:
         return "its base is a GGUF file, whose weights a folder cannot name"
@@ -101,7 +101,7 @@ def serving_spec(spec: MethodSpec, target: int) -> MethodSpec:
     return MethodSpec.parse(format_method_spec(spec.name, {**spec.params, "max_position_embeddings": target}))
 
 
-def winner_card(model_source: ModelSource | LoadedModel, report: TuneReport, best: MethodSpec) -> str:
+def winner_card(model_source: EvalModel, report: TuneReport, best: MethodSpec) -> str:
     """The folder's model card: what the method is, where the weights come from, and the tune's table."""
     tied = report.tied_with_best
     within = f" (tied within noise: {', '.join(markdown_code(m) for m in tied)})" if tied else ""

@@ -205,7 +205,14 @@ def _method_and_saved(args: argparse.Namespace, *, weights: bool) -> tuple[Metho
     spec = MethodSpec.parse(args.method)
     if spec.unpatched:
         raise ValueError("`method` 'none' is the unpatched model: there is no patch to push or describe.")
-    return spec, reachable_saved_patch(args.model, revision=args.model_revision, token=args.token, weights=weights)
+    saved = reachable_saved_patch(args.model, revision=args.model_revision, token=args.token, weights=weights)
+    if saved is not None and saved.weights_gguf_file:
+        raise ValueError(
+            f"`model` {args.model} takes its weights from the GGUF file {saved.weights_gguf_file} of "
+            f"{saved.weights_from}, which a repo's card cannot name as its base: load it with "
+            "hf_posenc.from_pretrained and push it with its weights (hf_posenc.push_to_hub(..., with_weights=True))."
+        )
+    return spec, saved
 
 
 def _default_repo(base_model: str, method: str, saved: SavedPatch | None) -> str:

@@ -273,12 +273,14 @@ def _device(device: str | None) -> torch.device:
 
 def _tokenizer_name(source: ModelSource | None, saved: SavedPatch | None, tokenizer: Any) -> str | None:
     """The name a task can load the tokenizer by: the one given, or a named model's (its weights' repo for a
-    config-only push); None for a GGUF file or a loaded model."""
+    config-only push); None for a GGUF file (a config-only folder's base's too) or a loaded model."""
     if isinstance(tokenizer, str):
         return tokenizer
     if tokenizer is not None or source is None or source.gguf_file:
         return None
-    return saved.weights_from if saved is not None and saved.weights_from else source.name
+    if saved is not None and saved.weights_from:
+        return None if saved.weights_gguf_file else saved.weights_from
+    return source.name
 
 
 def _with_tokenizer_name(metadata: dict[str, Any] | None, name: str | None) -> dict[str, Any]:

@@ -250,7 +250,11 @@ def reachable_saved_patch(
     saved = saved_patch(name, gguf_file=gguf_file, revision=revision, token=token)
     if saved is not None and saved.weights_from is not None:
         role = f"`model` {name!r} is a config-only push; its base model"
-        require_reachable(saved.weights_from, saved.weights_revision, role=role, weights=weights, token=token)
+        gguf = saved.weights_gguf_file  # then the weights, the config and the tokenizer are that one file
+        require_reachable(
+            saved.weights_from, saved.weights_revision, role=role, filename=gguf or CONFIG_FILE,
+            weights=weights and not gguf, token=token,
+        )  # fmt: skip
     elif weights and gguf_file is None:  # a GGUF file is the weights
         require_reachable(name, revision, weights=True, token=token)
     return saved
@@ -324,9 +328,9 @@ def load_tokenizer(source: EvalModel, saved: SavedPatch | None = None):
     if isinstance(source, LoadedModel):
         return source.tokenizer
     if saved is not None and saved.weights_from is not None:
-        repo, revision = saved.weights_from, saved.weights_revision
+        repo, weights = saved.weights_from, saved.weights_kwargs
         action = f"Reading the tokenizer of {repo!r}"
-        return call_hub(lambda: AutoTokenizer.from_pretrained(repo, revision=revision), HubError, action, None)
+        return call_hub(lambda: AutoTokenizer.from_pretrained(repo, **weights), HubError, action, None)
     folder = Path(source.name)
     if (
         not source.gguf_file

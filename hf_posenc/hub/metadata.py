@@ -1,10 +1,11 @@
-"""``hf_posenc.json``: what a pushed or saved repo says of its weights (its own, or a base model's at a commit),
-beside the config that carries the method; read here, written by :func:`hf_posenc.hub.push.push_to_hub`."""
+"""``hf_posenc.json``: what a pushed or saved repo says of its weights (its own, or a base model's at a commit, and
+the GGUF file in it where they are one), beside the config that carries the method; read here, written by
+:func:`hf_posenc.hub.push.push_to_hub` and a tune's winner folder."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from huggingface_hub import hf_hub_download
@@ -72,6 +73,9 @@ def read_metadata(
             raise ValueError(f"{pretrained_model_name_or_path!r} holds no weights and names no base model to load.")
         if not isinstance(metadata.get("base_revision"), str | None):
             raise ValueError(f"{where} is malformed: 'base_revision' is {metadata['base_revision']!r}, not a commit.")
+        gguf = metadata.get("base_gguf_file")
+        if gguf is not None and (not isinstance(gguf, str) or not _inside(gguf)):
+            raise ValueError(f"{where} is malformed: 'base_gguf_file' is {gguf!r}, not a file in the base model.")
     return metadata
 
 
@@ -81,3 +85,9 @@ def _download_metadata(repo_id: str, **hub_kwargs: Any) -> Path | None:
         return Path(hf_hub_download(repo_id, METADATA_FILE, **hub_kwargs))
     except EntryNotFoundError:  # remote 404, or offline without it in the cache
         return None
+
+
+def _inside(name: str) -> bool:
+    """Whether ``name`` is a relative path that stays inside the folder or repo it is read from."""
+    path = PurePosixPath(name.replace("\\", "/"))
+    return bool(name) and not path.is_absolute() and ".." not in path.parts

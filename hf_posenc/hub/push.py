@@ -343,8 +343,8 @@ def from_pretrained(pretrained_model_name_or_path: str, **kwargs: Any) -> PreTra
     """Load a model pushed by :func:`push_to_hub` (or saved after ``hf_posenc.patch``), patched and ready.
 
     A config-only repo (its ``hf_posenc.json`` says ``"weights": false``) loads the base model's weights
-    from the repo and commit it names, with the pushed config; anything else loads like
-    ``hf_posenc.patching.load_patched_model``.
+    from the repo and commit it names (its GGUF file, where it names one), with the pushed config; anything else
+    loads like ``hf_posenc.patching.load_patched_model``.
 
     Args:
         pretrained_model_name_or_path (`str`): Hub id or local folder.
@@ -362,9 +362,10 @@ def from_pretrained(pretrained_model_name_or_path: str, **kwargs: Any) -> PreTra
         if metadata is None or metadata["weights"]:
             return load_patched_model(name, **kwargs)
         config = AutoConfig.from_pretrained(name, **hub_kwargs)
-        return load_patched_model(
-            metadata["base_model"], **{**kwargs, "revision": metadata["base_revision"], "config": config}
-        )
+        base = {"revision": metadata["base_revision"], "config": config}  # this repo's revision is not the base's
+        if metadata.get("base_gguf_file"):
+            base["gguf_file"] = metadata["base_gguf_file"]
+        return load_patched_model(metadata["base_model"], **{**kwargs, **base})
 
     return call_hub(load, HubError, f"Loading {name!r}", kwargs.get("token"))
 

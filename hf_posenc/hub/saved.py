@@ -47,11 +47,19 @@ class SavedPatch:
         weights_from (`str`, *optional*): the repo holding the weights of a config-only push (its
             ``hf_posenc.json``'s ``base_model``); None when the model has its own weights.
         weights_revision (`str`, *optional*): the commit of ``weights_from``.
+        weights_gguf_file (`str`, *optional*): the GGUF file in ``weights_from`` that holds the weights.
     """
 
     record: PatchRecord
     weights_from: str | None = None
     weights_revision: str | None = None
+    weights_gguf_file: str | None = None
+
+    @property
+    def weights_kwargs(self) -> dict[str, str]:
+        """What loading ``weights_from`` takes besides its name: its commit and its GGUF file, where named."""
+        given = {"revision": self.weights_revision, "gguf_file": self.weights_gguf_file}
+        return {key: value for key, value in given.items() if value is not None}
 
     @property
     def spec(self) -> str:
@@ -96,7 +104,7 @@ def saved_patch(name: str, *, gguf_file: str | None = None, **hub_kwargs: Any) -
     metadata = read_metadata(name, **hub_kwargs)
     if metadata is None or metadata["weights"]:
         return SavedPatch(record)
-    return SavedPatch(record, metadata["base_model"], metadata.get("base_revision"))
+    return SavedPatch(record, metadata["base_model"], metadata.get("base_revision"), metadata.get("base_gguf_file"))
 
 
 def read_config(name: str, **hub_kwargs: Any) -> PreTrainedConfig:

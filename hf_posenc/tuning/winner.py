@@ -3,7 +3,8 @@ tokenizer, ``hf_posenc.json`` naming the base whose weights it loads, and a card
 
 :func:`hf_posenc.from_pretrained` loads it (the base's weights, the patched config); ``hf-posenc push --model`` on it
 shares it. No weights are read or written: the config is patched on a model built on the meta device. A GGUF
-model's winner gets no folder: ``hf_posenc.json`` names the weights by repo and commit, and a GGUF file is neither.
+model's folder names its file too (``base_gguf_file``): it loads where that file is, and is shared by pushing the
+loaded model with its weights.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import copy
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -36,8 +38,8 @@ def save_winner(
 ) -> MethodSpec | None:
     """Write the config-only folder of ``report``'s winner into ``folder``, and return the method written; None,
     and no folder (one of an earlier tune removed), where no candidate won or the base model's weights cannot be
-    named alone (a GGUF file, or a model in memory without a name: patch a loaded model with ``report.best`` and
-    ``save_pretrained`` it).
+    named (a model in memory without a name: patch it with ``report.best`` and ``save_pretrained`` it). A GGUF
+    model's folder names its file too (``base_gguf_file``).
 
     Args:
         model_source (`ModelSource` or `LoadedModel`): the model tuned (a saved patch's base is what the winner
@@ -67,27 +69,24 @@ def save_winner(
     model.config.architectures = [type(model).__name__]
     model.config.save_pretrained(folder)
     load_tokenizer(model_source, saved).save_pretrained(folder)
-    base, revision = (saved.weights_from, saved.weights_revision) if saved and saved.weights_from else (None, None)
-    metadata = {
-        "format": METADATA_FORMAT,
-        "weights": False,
-        "base_model": base or model_source.name,
-        "base_revision": revision or commit or model_source.revision,
-        "hf_posenc_version": __version__,
-    }
+    if saved is not None and saved.weights_from:
+        base, revision, gguf = saved.weights_from, saved.weights_revision, saved.weights_gguf_file
+    else:
+        base, revision, gguf = model_source.name, commit or model_source.revision, model_source.gguf_file
+    metadata = {"format": METADATA_FORMAT, "weights": False, "base_model": base, "base_revision": revision}
+    metadata |= {"base_gguf_file": gguf} if gguf else {}
+    metadata["hf_posenc_version"] = __version__
     atomic_write_text(folder / METADATA_FILE, json_text(metadata))
-    atomic_write_text(folder / "README.md", winner_card(model_source, report, best))
+    atomic_write_text(folder / "README.md", winner_card(report, best, metadata))
     return best
 
 
 def _unnamed_weights(model_source: EvalModel) -> str | None:
     """Why a config-only folder cannot name the weights of ``model_source``, or None where it can."""
-    if model_source.gguf_file:
-        return "its base is a GGUF file, whose weights a folder cannot name"
     if not model_source.name:
         return "its model was built in memory, and no name loads its weights"
     folder = Path(model_source.name)
-    if folder.is_dir() and not (folder / "config.json").is_file():
+    if not model_source.gguf_file and folder.is_dir() and not (folder / "config.json").is_file():
         return f"the folder {model_source.name} holds no config.json that loads its weights (a GGUF file?)"
     return None
 
@@ -101,10 +100,11 @@ def serving_spec(spec: MethodSpec, target: int) -> MethodSpec:
     return MethodSpec.parse(format_method_spec(spec.name, {**spec.params, "max_position_embeddings": target}))
 
 
-def winner_card(model_source: EvalModel, report: TuneReport, best: MethodSpec) -> str:
+def winner_card(report: TuneReport, best: MethodSpec, metadata: dict[str, Any]) -> str:
     """The folder's model card: what the method is, where the weights come from, and the tune's table."""
     tied = report.tied_with_best
     within = f" (tied within noise: {', '.join(markdown_code(m) for m in tied)})" if tied else ""
+    gguf = f" (its GGUF file {markdown_code(metadata['base_gguf_file'])})" if "base_gguf_file" in metadata else ""
     return "\n".join(
         [
             "---",
@@ -113,14 +113,14 @@ def winner_card(model_source: EvalModel, report: TuneReport, best: MethodSpec) -
             "- hf_posenc",
             "---",
             "",
-            f"# {markdown_text(model_source.label)} with {markdown_code(best.text)}",
+            f"# {markdown_text(report.model)} with {markdown_code(best.text)}",
             "",
             f"The training-free extension that `hf-posenc tune` ranked first{within} for taking "
-            f"{markdown_code(model_source.label)} from its trained context of {report.trained_context} tokens to "
+            f"{markdown_code(report.model)} from its trained context of {report.trained_context} tokens to "
             f"{report.target_length}, on {markdown_code(report.dataset)}, among the candidates whose perplexity inside "
             f"the trained context stays within {report.max_regression:.0%} of the unpatched model's.",
             "",
-            f"This folder holds no weights: they load from {markdown_code(model_source.name)}.",
+            f"This folder holds no weights: they load from {markdown_code(metadata['base_model'])}{gguf}.",
             "",
             "```python",
             "import hf_posenc",

@@ -480,6 +480,13 @@ def test_local_folders_without_or_with_a_newer_record(tmp_path):
             '{"format": 1, "weights": false, "base_model": "org/x", "base_revision": 7}',
             r"hf_posenc.json of '.*' is malformed: 'base_revision' is 7, not a commit",
         ),
+        *(
+            (
+                json.dumps({"format": 1, "weights": False, "base_model": "org/x", "base_gguf_file": gguf}),
+                rf"hf_posenc.json of '.*' is malformed: 'base_gguf_file' is {re.escape(repr(gguf))}, not a file in",
+            )
+            for gguf in ["../../etc/model.gguf", "/abs/model.gguf", "", 3]
+        ),
     ],
 )
 def test_a_malformed_record_is_refused_by_name(tmp_path, text, said):

@@ -117,5 +117,6 @@ def tune_command(args: argparse.Namespace) -> int:
         print(f" (tied within noise: {', '.join(tied)})" if tied else "")
         print(f"Results: {output / 'tune.json'} and tune.csv\nPlot:    {output / 'tune.png'}")
         if (output / "best").is_dir():
-            print(f"Winner:  {output / 'best'} (config only: hf_posenc.from_pretrained, hf-posenc push --model)")
+            share = "push_to_hub with_weights=True" if model_source.gguf_file else "hf-posenc push --model"
+            print(f"Winner:  {output / 'best'} (config only: hf_posenc.from_pretrained, {share})")
     return 0

@@ -117,6 +117,9 @@ def tune_command(args: argparse.Namespace) -> int:
         print(f" (tied within noise: {', '.join(tied)})" if tied else "")
         print(f"Results: {output / 'tune.json'} and tune.csv\nPlot:    {output / 'tune.png'}")
         if (output / "best").is_dir():
-            share = "push_to_hub with_weights=True" if model_source.gguf_file else "hf-posenc push --model"
+            from ..hub.metadata import read_metadata
+
+            gguf = "base_gguf_file" in (read_metadata(str(output / "best")) or {})
+            share = "push_to_hub with_weights=True" if gguf else "hf-posenc push --model"
             print(f"Winner:  {output / 'best'} (config only: hf_posenc.from_pretrained, {share})")
     return 0

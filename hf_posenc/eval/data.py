@@ -93,10 +93,11 @@ class TextSource:
             raise ValueError(f"`max_documents` must be a whole number >= 1, got {self.max_documents!r}.")
         if self.texts is None:
             return
+        documents = _documents(self.texts)
         hub_only = [name for name in ("config", "split", "streaming") if getattr(self, name)]
         if hub_only or self.text_column != "text":
             raise ValueError(f"`{(hub_only or ['text_column'])[0]}` reads a dataset; texts given as strings have none.")
-        object.__setattr__(self, "texts", tuple(self.texts))  # frozen: a list given would make it unhashable
+        object.__setattr__(self, "texts", documents)  # frozen: a list given would make it unhashable
 
     @classmethod
     def from_texts(
@@ -109,17 +110,7 @@ class TextSource:
     ) -> TextSource:
         """Documents given as strings (``["first document", "second"]``), named ``name`` in reports. Raises
         ``ValueError`` for no documents or one that is not a string (a file or folder is ``TextSource(path)``)."""
-        if isinstance(texts, (str, bytes, Path)) or not isinstance(texts, Iterable):
-            raise ValueError(
-                f"`texts` must be a list of strings, one per document, got {type(texts).__name__}; a file or folder "
-                "is read by TextSource(path)."
-            )
-        documents = tuple(texts)
-        if not all(isinstance(text, str) for text in documents):
-            raise ValueError("`texts` must be a list of strings, one per document.")
-        if not documents:
-            raise ValueError("`texts` holds no documents.")
-        return cls(name, max_documents=max_documents, join=join, texts=documents)
+        return cls(name, max_documents=max_documents, join=join, texts=_documents(texts))
 
     @property
     def on_hub(self) -> bool:
@@ -171,6 +162,21 @@ class TextSource:
 
     def _selection(self) -> dict:
         return {"max_documents": self.max_documents, "join": self.join}
+
+
+def _documents(texts: Iterable[str]) -> tuple[str, ...]:
+    """``texts`` as a tuple of documents; ``ValueError`` for no documents, or anything but strings."""
+    if isinstance(texts, (str, bytes, Path)) or not isinstance(texts, Iterable):
+        raise ValueError(
+            f"`texts` must be a list of strings, one per document, got {type(texts).__name__}; a file or folder is "
+            "read by TextSource(path)."
+        )
+    documents = tuple(texts)
+    if not all(isinstance(text, str) for text in documents):
+        raise ValueError("`texts` must be a list of strings, one per document.")
+    if not documents:
+        raise ValueError("`texts` holds no documents.")
+    return documents
 
 
 MAX_TOKENS = 2**24  # 16384k: longer than any context evaluated; a longer window is a typo, not a run

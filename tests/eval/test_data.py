@@ -314,6 +314,8 @@ def test_a_path_or_no_list_given_as_texts_is_sent_to_textsource(given):
         ({"max_documents": -1}, "`max_documents` must be a whole number >= 1"),
         ({"split": "test", "texts": ["a"]}, "`split` reads a dataset"),
         ({"text_column": "body", "texts": ["a"]}, "`text_column` reads a dataset"),
+        ({"texts": ["a", 3]}, "a list of strings"),
+        ({"texts": []}, "holds no documents"),
     ],
 )
 def test_settings_that_cannot_apply_are_refused(options, message):
